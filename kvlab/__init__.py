@@ -1,0 +1,9 @@
+"""kvlab: run one prompt under several transformers KV-cache strategies side by side.
+
+The package is the backend: model loading, cache strategies, exact cache byte
+accounting, the side-by-side runner and its typed events, fidelity scoring,
+presets and the command line. It never imports gradio; the browser UI lives in
+`app.py` and `kvlab_ui/`.
+"""
+
+__version__ = "0.1.0"

@@ -1,0 +1,7 @@
+"""`python -m kvlab ...`: see `kvlab.cli`."""
+
+import sys
+
+from .cli import main
+
+sys.exit(main())

@@ -1,0 +1,86 @@
+"""Exact byte accounting of a KV cache, and the analytical prediction beside it.
+
+Bytes are counted from the tensors a cache actually holds, never from process
+RSS: for plain layers `keys` and `values`; for quantized layers the packed data
+plus scales/zero points (quanto's `WeightQBitsTensor` is walked through
+`__tensor_flatten__`, so its dequantized size is never counted) plus the
+full-precision residual; for every layer any other tensor it keeps (a static
+layer's `cumulative_length`). Bytes are split by the device the tensors live on,
+so an offloaded cache shows what sits in host memory. This module measures; it
+does not render.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Mapping
+
+import torch
+
+
+def tensor_bytes_by_device(obj, into: dict[str, int] | None = None) -> dict[str, int]:
+    """Storage bytes of every tensor reachable from `obj`, keyed by device string.
+
+    `obj` may be a tensor (a tensor subclass is broken into its inner tensors),
+    a tuple/list, or a mapping; anything else counts 0.
+    """
+    into = defaultdict(int) if into is None else into
+    if isinstance(obj, torch.Tensor):
+        inner = _inner_tensors(obj)
+        if inner is None:
+            into[str(obj.device)] += obj.nelement() * obj.element_size()
+        else:
+            for part in inner:
+                tensor_bytes_by_device(part, into)
+    elif isinstance(obj, (tuple, list)):
+        for item in obj:
+            tensor_bytes_by_device(item, into)
+    elif isinstance(obj, Mapping):
+        for item in obj.values():
+            tensor_bytes_by_device(item, into)
+    return into
+
+
+def _inner_tensors(tensor: torch.Tensor):
+    if type(tensor) in (torch.Tensor, torch.nn.Parameter) or not hasattr(tensor, "__tensor_flatten__"):
+        return None
+    names, _ = tensor.__tensor_flatten__()
+    return [getattr(tensor, name) for name in names]
+
+
+def layer_bytes_by_device(layer) -> dict[str, int]:
+    """Bytes held by one cache layer (all its tensor attributes), by device."""
+    counted = defaultdict(int)
+    for value in vars(layer).values():
+        tensor_bytes_by_device(value, counted)
+    return counted
+
+
+def cache_bytes_by_device(cache) -> dict[str, int]:
+    """Bytes held by a whole `transformers` Cache (or None), by device string."""
+    counted = defaultdict(int)
+    if cache is None:
+        return {}
+    for layer in getattr(cache, "layers", []):
+        for device, size in layer_bytes_by_device(layer).items():
+            counted[device] += size
+    return dict(counted)
+
+
+def cache_bytes(cache) -> int:
+    """Total bytes held by a cache across devices (0 for None)."""
+    return sum(cache_bytes_by_device(cache).values())
+
+
+def bytes_per_token(config, dtype: torch.dtype) -> int:
+    """Dense K+V bytes one token adds to the cache: 2·layers·kv_heads·head_dim·element_size."""
+    cfg = config.get_text_config(decoder=True)
+    kv_heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
+    head = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    element = torch.empty((), dtype=dtype).element_size()
+    return 2 * cfg.num_hidden_layers * kv_heads * head * element
+
+
+def predicted_cache_bytes(config, dtype: torch.dtype, tokens: int) -> int:
+    """Analytical dense cache size for `tokens` cached tokens, in bytes."""
+    return bytes_per_token(config, dtype) * max(int(tokens), 0)

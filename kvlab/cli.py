@@ -1,0 +1,159 @@
+"""Command line: `python -m kvlab compare|...`.
+
+`compare` runs a preset (or strategies named on the command line) headless,
+prints one summary row per column and optionally writes JSON. The exit status
+is non-zero only when the run cannot start (bad preset or settings, model not
+found), with the reason on stderr; a column that errors is reported in its row.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import threading
+from pathlib import Path
+
+from .generation import GenerationSettings, encode_prompt
+from .report import summary_rows, format_table, run_record
+
+
+def _strategy_list(text: str) -> list[dict]:
+    """`dynamic,quantized:backend=hqq:nbits=4,static:max_cache_len=128` -> column specs."""
+    columns = []
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        name, *pairs = item.split(":")
+        spec: dict = {"strategy": name}
+        for pair in pairs:
+            key, _, value = pair.partition("=")
+            if not _:
+                raise ValueError(f"bad knob {pair!r} in {item!r}: write key=value")
+            spec[key] = _parse_value(value)
+        columns.append(spec)
+    return columns
+
+
+def _parse_value(value: str):
+    import yaml
+
+    return yaml.safe_load(value)
+
+
+def add_compare(sub) -> None:
+    p = sub.add_parser("compare", help="run one prompt under several cache strategies, side by side")
+    p.add_argument("--preset", help="preset YAML file (or the name of one in presets/)")
+    p.add_argument("--prompt", help="prompt text (overrides the preset's)")
+    p.add_argument("--system", help="system prompt for chat models")
+    p.add_argument("--plain", action="store_true", help="tokenize the prompt as plain text, without the chat template")
+    p.add_argument("--strategies", help="comma list, knobs after colons: dynamic,quantized:backend=hqq:nbits=4")
+    p.add_argument("--model", help="'bundled', a hub id or a local folder")
+    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--device", choices=["auto", "cpu", "cuda", "mps"])
+    p.add_argument("--max-new-tokens", type=int)
+    p.add_argument("--sample", action="store_true", help="sample instead of greedy")
+    p.add_argument("--temperature", type=float)
+    p.add_argument("--top-p", type=float)
+    p.add_argument("--top-k", type=int)
+    p.add_argument("--seed", type=int)
+    p.add_argument("--ignore-eos", action="store_true", help="keep generating past the end-of-sequence token")
+    p.add_argument("--no-fidelity", action="store_true", help="skip the teacher-forced fidelity scoring")
+    p.add_argument("--mode", choices=["fair", "parallel", "sequential"])
+    p.add_argument("--json", help="write the full record to this file")
+    p.set_defaults(func=cmd_compare)
+
+
+def resolve_compare(args) -> dict:
+    """Merge preset and flags into {model spec, prompt, settings, columns, mode, baseline}.
+
+    Raises PresetError / ValueError with the reason (the caller prints it).
+    """
+    from .models import ModelSpec
+    from .presets import load_preset, parse_preset
+
+    if args.preset:
+        preset = load_preset(args.preset)
+    else:
+        if not args.prompt or not args.strategies:
+            raise ValueError("give --preset FILE, or both --prompt and --strategies")
+        preset = parse_preset({"name": "command line", "prompt": {"text": args.prompt},
+                               "columns": _strategy_list(args.strategies)}, "command line")
+    data = preset.model_dump()
+    if args.prompt:
+        data["prompt"]["text"] = args.prompt
+    if args.system is not None:
+        data["prompt"]["system"] = args.system
+    if args.plain:
+        data["prompt"]["chat"] = False
+    if args.strategies and args.preset:
+        data["columns"] = _strategy_list(args.strategies)
+    for flag, key in (("model", "source"), ("dtype", "dtype"), ("device", "device")):
+        if getattr(args, flag):
+            data["model"][key] = getattr(args, flag)
+    generation = data["generation"]
+    for flag, key in (("max_new_tokens", "max_new_tokens"), ("temperature", "temperature"), ("top_p", "top_p"),
+                      ("top_k", "top_k"), ("seed", "seed")):
+        if getattr(args, flag) is not None:
+            generation[key] = getattr(args, flag)
+    if args.sample:
+        generation["do_sample"] = True
+    if args.ignore_eos:
+        generation["stop_at_eos"] = False
+    if args.no_fidelity:
+        generation["fidelity"] = False
+    if args.mode:
+        data["mode"] = args.mode
+    preset = parse_preset(data, preset.name)
+    preset.settings().check()
+    return {
+        "preset": preset,
+        "model": ModelSpec(**preset.model.model_dump()),
+        "settings": preset.settings(),
+        "columns": preset.build_columns(),
+    }
+
+
+def cmd_compare(args) -> int:
+    from .models import ModelLoadError, load_model
+    from .runner import run_compare, collect
+
+    try:
+        plan = resolve_compare(args)
+    except ValueError as err:
+        print(f"kvlab compare: {err}", file=sys.stderr)
+        return 2
+    preset = plan["preset"]
+    try:
+        loaded = load_model(plan["model"], progress=lambda f, m: print(f"[model] {m}", file=sys.stderr))
+        prompt_ids = encode_prompt(loaded.tokenizer, preset.prompt.text, preset.prompt.system, preset.prompt.chat)
+    except (ModelLoadError, ValueError) as err:
+        print(f"kvlab compare: {err}", file=sys.stderr)
+        return 2
+    done = collect(run_compare(loaded, prompt_ids, plan["columns"], plan["settings"], preset.mode,
+                               threading.Event(), preset.baseline))
+    print(format_table(summary_rows(done.results)))
+    if args.json:
+        record = run_record(loaded, preset, plan["settings"], done)
+        Path(args.json).write_text(json.dumps(record, indent=1))
+        print(f"wrote {args.json}", file=sys.stderr)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m kvlab", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    add_compare(sub)
+    for module in ("kvlab.chat_cli", "kvlab.perplexity_cli", "kvlab.bench"):
+        try:
+            mod = __import__(module, fromlist=["add_parser"])
+        except ModuleNotFoundError as err:
+            if err.name != module:
+                raise
+            continue
+        mod.add_parser(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    return args.func(args)

@@ -1,0 +1,132 @@
+"""Small typed events the runner streams, and the per-column result they build.
+
+Every consumer (the browser adapter, the CLI, the benchmark) reads these; none
+of them reads runner internals. Times are seconds, sizes are bytes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass
+class ColumnResult:
+    """Everything measured for one column; `to_json()` gives the CLI's JSON record.
+
+    status: `ok` (finished or stopped), `error` (bad settings or a failure while
+    running) or `unavailable` (cannot run here; `message` says why).
+    """
+
+    index: int
+    name: str
+    strategy: str
+    knobs: dict
+    status: str = "pending"
+    message: str = ""
+    lossy: bool = False
+    caveat: str = ""
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    prompt_tokens: int = 0
+    prefill_s: float | None = None
+    per_token_s: list[float] = field(default_factory=list)
+    decode_tok_s: float | None = None
+    cache_bytes: list[int] = field(default_factory=list)
+    predicted_cache_bytes: list[int] = field(default_factory=list)
+    cache_bytes_by_device: dict[str, int] = field(default_factory=dict)
+    peak_cache_bytes: int = 0
+    stopped: bool = False
+    agreement: float | None = None
+    first_divergence: int | None = None
+    top1_agreement: float | None = None
+    mean_kl: float | None = None
+    fidelity_tokens: int = 0
+    is_baseline: bool = False
+
+    def to_json(self) -> dict:
+        record = asdict(self)
+        record["predicted_cache_bytes_final"] = self.predicted_cache_bytes[-1] if self.predicted_cache_bytes else 0
+        return record
+
+    def finish_decode_stats(self) -> None:
+        """Fill `decode_tok_s` from the per-token decode latencies (the first token is prefill)."""
+        decode = self.per_token_s[1:]
+        total = sum(decode)
+        self.decode_tok_s = len(decode) / total if decode and total > 0 else None
+        self.peak_cache_bytes = max(self.cache_bytes, default=0)
+
+
+@dataclass(frozen=True)
+class ColumnStarted:
+    column: int
+    name: str
+    prompt_tokens: int
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    """One generated token: its id and the text it added (may be '' mid-character)."""
+
+    column: int
+    step: int
+    token_id: int
+    text: str
+
+
+@dataclass(frozen=True)
+class StepMetrics:
+    """Measured right after step `step` (0 = prefill + first token).
+
+    elapsed_s: this step's compute time (its turn only, in fair mode).
+    cache_bytes: exact bytes the cache holds now; predicted_cache_bytes: the dense
+    formula for the tokens it holds; seen_tokens: prompt + generated so far.
+    """
+
+    column: int
+    step: int
+    elapsed_s: float
+    cache_bytes: int
+    predicted_cache_bytes: int
+    seen_tokens: int
+
+
+@dataclass(frozen=True)
+class MemorySample:
+    """Process memory sampled during the run: RSS (bytes), CUDA allocated and peak (bytes, 0 without CUDA)."""
+
+    elapsed_s: float
+    rss_bytes: int
+    cuda_allocated_bytes: int
+    cuda_peak_bytes: int
+
+
+@dataclass(frozen=True)
+class ColumnDone:
+    column: int
+    result: ColumnResult
+
+
+@dataclass(frozen=True)
+class ColumnError:
+    """The column could not run (`unavailable`) or failed (`error`); other columns go on."""
+
+    column: int
+    status: str
+    message: str
+    result: ColumnResult
+
+
+@dataclass(frozen=True)
+class FidelityScored:
+    column: int
+    result: ColumnResult
+
+
+@dataclass(frozen=True)
+class RunDone:
+    results: list[ColumnResult]
+    wall_s: float
+    stopped: bool
+
+
+Event = ColumnStarted | TokenEvent | StepMetrics | MemorySample | ColumnDone | ColumnError | FidelityScored | RunDone

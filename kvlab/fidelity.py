@@ -1,0 +1,111 @@
+"""Fidelity of each column against a baseline column (dynamic by default).
+
+Two views, because a lossy cache can keep the text and still change the model:
+
+- text: fraction of the baseline's tokens matched position by position, and the
+  first index where the column's tokens leave the baseline's;
+- teacher-forced: the baseline's continuation is fed through the column's own
+  cache token by token, and at every position the column's next-token
+  distribution is compared with the baseline's (computed the same way under the
+  baseline's cache): top-1 agreement and mean KL(baseline || column) in nats.
+
+Scoring covers at most FIDELITY_MAX_TOKENS continuation tokens.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+
+import torch
+
+from .events import ColumnResult, FidelityScored
+
+FIDELITY_MAX_TOKENS = 256
+
+
+def text_agreement(baseline_ids: list[int], column_ids: list[int]) -> tuple[float, int | None]:
+    """(fraction of baseline tokens matched at the same position, first divergence index or None)."""
+    if not baseline_ids:
+        return (1.0 if not column_ids else 0.0), (None if not column_ids else 0)
+    matched = sum(1 for a, b in zip(baseline_ids, column_ids) if a == b)
+    first = next((i for i, (a, b) in enumerate(zip(baseline_ids, column_ids)) if a != b), None)
+    if first is None and len(baseline_ids) != len(column_ids):
+        first = min(len(baseline_ids), len(column_ids))
+    return matched / len(baseline_ids), first
+
+
+def teacher_forced_logprobs(loaded, strategy, prompt_ids: torch.Tensor, continuation: list[int],
+                            stop: threading.Event | None = None) -> torch.Tensor:
+    """Log-probabilities (len(continuation), vocab), float32, of each continuation token's
+    position under `strategy`'s cache: row t is the distribution that predicts continuation[t].
+
+    Raises:
+        RuntimeError: stopped through `stop`.
+    """
+    from .runner import RunStopped
+
+    model = loaded.model
+    prompt = prompt_ids.to(loaded.device)
+    tokens = torch.tensor([continuation], device=loaded.device)
+    count = len(continuation)
+    with torch.inference_mode():
+        if not strategy.use_cache:
+            sequence = torch.cat([prompt, tokens[:, :-1]], dim=1)
+            logits = model(input_ids=sequence, use_cache=False, logits_to_keep=count).logits[0]
+            return torch.log_softmax(logits.float(), dim=-1)
+        cache = strategy.build_cache(loaded, prompt.shape[1] + count)
+        rows = [model(input_ids=prompt, cache=cache, use_cache=True, logits_to_keep=1).logits[0, -1]]
+        for t in range(count - 1):
+            if stop is not None and stop.is_set():
+                raise RunStopped
+            rows.append(model(input_ids=tokens[:, t:t + 1], cache=cache, use_cache=True).logits[0, -1])
+        return torch.log_softmax(torch.stack(rows).float(), dim=-1)
+
+
+def compare_distributions(baseline: torch.Tensor, column: torch.Tensor) -> tuple[float, float]:
+    """(top-1 agreement, mean KL(baseline || column) in nats) of two (T, vocab) log-prob tables."""
+    top1 = (baseline.argmax(-1) == column.argmax(-1)).float().mean().item()
+    kl = (baseline.exp() * (baseline - column)).sum(-1).clamp_min(0).mean().item()
+    return top1, kl
+
+
+def pick_baseline(columns, results: list[ColumnResult], baseline: int | None) -> int | None:
+    """Index of the baseline: the given one if ok, else the first ok `dynamic`, else the first ok column."""
+    ok = [i for i, r in enumerate(results) if r.status == "ok" and r.token_ids]
+    if baseline is not None and baseline in ok:
+        return baseline
+    dynamic = [i for i in ok if columns[i].strategy.name == "dynamic"]
+    return (dynamic or ok or [None])[0]
+
+
+def score_fidelity(loaded, prompt_ids, columns, results: list[ColumnResult], baseline: int | None,
+                   stop: threading.Event) -> Iterator[FidelityScored]:
+    """Fill agreement, first_divergence, top1_agreement and mean_kl on every ok column."""
+    from .runner import RunStopped
+
+    base_index = pick_baseline(columns, results, baseline)
+    if base_index is None:
+        return
+    base = results[base_index]
+    base.is_baseline = True
+    continuation = base.token_ids[:FIDELITY_MAX_TOKENS]
+    try:
+        reference = teacher_forced_logprobs(loaded, columns[base_index].strategy, prompt_ids, continuation, stop)
+    except RunStopped:
+        return
+    for i, result in enumerate(results):
+        if result.status != "ok" or not result.token_ids:
+            continue
+        result.agreement, result.first_divergence = text_agreement(base.token_ids, result.token_ids)
+        try:
+            scored = teacher_forced_logprobs(loaded, columns[i].strategy, prompt_ids, continuation, stop)
+        except RunStopped:
+            return
+        except Exception as err:  # noqa: BLE001 - scoring failure is reported in the column, the run goes on
+            result.message = (result.message + "; " if result.message else "") + f"fidelity not scored: {err}"
+            yield FidelityScored(i, result)
+            continue
+        result.top1_agreement, result.mean_kl = compare_distributions(reference, scored)
+        result.fidelity_tokens = len(continuation)
+        yield FidelityScored(i, result)

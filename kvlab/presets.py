@@ -1,0 +1,126 @@
+"""Presets: short YAML files describing one comparison, validated by one schema.
+
+A preset names the model, the prompt, the generation settings, the mode and the
+columns (each `strategy:` plus its knobs, and optionally per-column
+`generation:` overrides). Validation errors name the field and the allowed
+values. This module parses and validates; running is `kvlab.runner`'s job.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from .generation import MAX_NEW_TOKENS_CAP, GenerationSettings
+from .runner import MAX_COLUMNS, MODES, Column
+from .strategies import STRATEGIES, StrategyError, make_strategy
+
+PRESETS_DIR = Path(__file__).resolve().parent.parent / "presets"
+
+
+class PresetError(ValueError):
+    """A preset file is missing, not YAML, or fails the schema; the message says which field and why."""
+
+
+class PromptSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    text: str = Field(min_length=1)
+    system: str = ""
+    chat: bool = True
+
+
+class GenerationSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    max_new_tokens: int = Field(64, ge=1, le=MAX_NEW_TOKENS_CAP)
+    do_sample: bool = False
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    repetition_penalty: float = 1.0
+    seed: int = 0
+    stop_at_eos: bool = True
+    fidelity: bool = True
+
+
+class ModelSection(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    source: str = "bundled"
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    device: Literal["auto", "cpu", "cuda", "mps"] = "auto"
+
+
+class Preset(BaseModel):
+    """The schema of `presets/*.yaml`."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: str
+    description: str = ""
+    model: ModelSection = ModelSection()
+    prompt: PromptSpec
+    generation: GenerationSpec = GenerationSpec()
+    mode: Literal[MODES] = "fair"  # type: ignore[valid-type]
+    baseline: int | None = None
+    columns: list[dict] = Field(min_length=1, max_length=MAX_COLUMNS)
+
+    @field_validator("columns")
+    @classmethod
+    def _columns_valid(cls, columns: list[dict]) -> list[dict]:
+        for i, spec in enumerate(columns):
+            if not isinstance(spec, dict) or "strategy" not in spec:
+                raise ValueError(f"column {i + 1} needs a `strategy:` (one of {', '.join(STRATEGIES)})")
+            overrides = spec.get("generation") or {}
+            try:
+                knobs = {k: v for k, v in spec.items() if k != "generation"}
+                make_strategy(knobs)
+                GenerationSettings().with_overrides(overrides)
+            except (StrategyError, ValueError) as err:
+                raise ValueError(f"column {i + 1}: {err}") from err
+        return columns
+
+    @model_validator(mode="after")
+    def _baseline_in_range(self):
+        if self.baseline is not None and not 0 <= self.baseline < len(self.columns):
+            raise ValueError(f"baseline must be a column index 0..{len(self.columns) - 1}, got {self.baseline}")
+        return self
+
+    def settings(self) -> GenerationSettings:
+        return GenerationSettings(**self.generation.model_dump())
+
+    def build_columns(self) -> list[Column]:
+        return [Column.from_spec(spec) for spec in self.columns]
+
+
+def parse_preset(data: dict, source: str = "preset") -> Preset:
+    """Validate a preset mapping. Raises PresetError naming the field and the problem."""
+    if not isinstance(data, dict):
+        raise PresetError(f"{source}: expected a YAML mapping at the top level")
+    try:
+        return Preset.model_validate(data)
+    except ValidationError as err:
+        problems = []
+        for item in err.errors():
+            where = ".".join(str(p) for p in item["loc"]) or "(top level)"
+            problems.append(f"{where}: {item['msg']}")
+        raise PresetError(f"{source}: " + "; ".join(problems)) from None
+
+
+def load_preset(path: str | Path) -> Preset:
+    """Read and validate one preset file (a name like `quickstart` looks in `presets/`)."""
+    path = Path(path)
+    if not path.exists() and (PRESETS_DIR / f"{path}.yaml").exists():
+        path = PRESETS_DIR / f"{path}.yaml"
+    if not path.is_file():
+        raise PresetError(f"preset file not found: {path}")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as err:
+        raise PresetError(f"{path.name}: not valid YAML: {err}") from None
+    return parse_preset(data, path.name)
+
+
+def list_presets() -> dict[str, Path]:
+    """Preset name (file stem) -> path, for every `presets/*.yaml`."""
+    return {p.stem: p for p in sorted(PRESETS_DIR.glob("*.yaml"))}

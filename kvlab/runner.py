@@ -1,0 +1,312 @@
+"""The side-by-side runner: one prompt, N cache strategies, streamed as typed events.
+
+Each column runs its own decode loop (prefill, then one forward per token) in a
+worker thread against the one shared model. Modes:
+
+- `fair` (default): threads take turns, one forward pass at a time in arrival
+  order (a ticket lock), so each column's measured step time is what it would be
+  alone while all columns stream together.
+- `parallel`: free threads, for throughput; per-token times then include
+  contention.
+- `sequential`: one column after another.
+
+A stop event ends every loop within a token. An exception ends its own column
+only (a `ColumnError`); the consumer never waits on a dead thread. After the
+columns finish, fidelity against the baseline column is scored (see
+`kvlab.fidelity`). This module runs and measures; it does not render.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import queue
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import torch
+
+from .accounting import cache_bytes, cache_bytes_by_device, predicted_cache_bytes
+from .events import (
+    ColumnDone,
+    ColumnError,
+    ColumnResult,
+    ColumnStarted,
+    Event,
+    MemorySample,
+    RunDone,
+    StepMetrics,
+    TokenEvent,
+)
+from .generation import GenerationSettings, IncrementalDetokenizer, TokenChooser, eos_token_ids
+from .memory import MemoryTracker
+from .strategies import Strategy, make_strategy
+
+MODES = ("fair", "parallel", "sequential")
+MAX_COLUMNS = 8
+MEMORY_SAMPLE_EVERY_S = 0.25
+QUEUE_POLL_S = 0.05
+JOIN_TIMEOUT_S = 30.0
+
+
+class RunStopped(Exception):
+    """Raised inside a column loop when the stop event is set."""
+
+
+class FairTurns:
+    """A FIFO ticket lock: whoever asked first computes next, one at a time."""
+
+    def __init__(self):
+        self._cond = threading.Condition()
+        self._next_ticket = 0
+        self._serving = 0
+
+    @contextlib.contextmanager
+    def turn(self):
+        with self._cond:
+            ticket = self._next_ticket
+            self._next_ticket += 1
+            while ticket != self._serving:
+                self._cond.wait()
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._serving += 1
+                self._cond.notify_all()
+
+
+class FreeTurns:
+    """No turn-taking (parallel and sequential modes)."""
+
+    @contextlib.contextmanager
+    def turn(self):
+        yield
+
+
+@dataclass
+class Column:
+    """One column: a strategy and optional per-column generation overrides."""
+
+    strategy: Strategy
+    overrides: dict = field(default_factory=dict)
+
+    @classmethod
+    def from_spec(cls, spec: dict | Strategy | "Column") -> "Column":
+        """`{"strategy": name, knobs..., "generation": {...}}` -> Column (StrategyError on bad knobs)."""
+        if isinstance(spec, Column):
+            return spec
+        if isinstance(spec, Strategy):
+            return cls(spec)
+        spec = dict(spec)
+        overrides = spec.pop("generation", None) or {}
+        return cls(make_strategy(spec), dict(overrides))
+
+
+def forward_step(loaded, strategy: Strategy, cache, sequence: torch.Tensor, new_tokens: int) -> torch.Tensor:
+    """One forward pass; returns last-position logits (1, vocab).
+
+    sequence: (1, seq) all token ids so far; the last `new_tokens` are fed to a
+    cached strategy, the whole sequence to `no_cache`.
+    """
+    if not strategy.use_cache:
+        out = loaded.model(input_ids=sequence, use_cache=False, logits_to_keep=1)
+    else:
+        out = loaded.model(input_ids=sequence[:, -new_tokens:], cache=cache, use_cache=True, logits_to_keep=1)
+    return out.logits[:, -1, :]
+
+
+def forward_for(loaded, strategy: Strategy):
+    """The forward function a column uses (a compiled one for `static` with compile=True)."""
+    if getattr(strategy, "compile", False):
+        from .compiled import compiled_forward
+
+        return compiled_forward(loaded)
+    return forward_step
+
+
+def new_result(index: int, strategy: Strategy, prompt_tokens: int) -> ColumnResult:
+    return ColumnResult(
+        index=index,
+        name=strategy.describe(),
+        strategy=strategy.name,
+        knobs=strategy.knobs(),
+        lossy=strategy.lossy,
+        caveat=strategy.caveat(),
+        prompt_tokens=prompt_tokens,
+    )
+
+
+def run_column(
+    loaded,
+    index: int,
+    column: Column,
+    prompt_ids: torch.Tensor,
+    settings: GenerationSettings,
+    emit,
+    turns,
+    stop: threading.Event,
+) -> ColumnResult:
+    """Generate for one column, calling `emit(event)` as it goes. Returns its result.
+
+    Raises nothing: failures become a `ColumnError` event and status `error`.
+    """
+    strategy = column.strategy
+    prompt_tokens = prompt_ids.shape[1]
+    result = new_result(index, strategy, prompt_tokens)
+    emit(ColumnStarted(index, result.name, prompt_tokens))
+    reason = strategy.unavailable_reason(loaded)
+    if reason:
+        result.status, result.message = "unavailable", reason
+        emit(ColumnError(index, "unavailable", reason, result))
+        return result
+    try:
+        run_settings = settings.with_overrides(column.overrides)
+        run_settings.check()
+        strategy.check_fits(prompt_tokens, run_settings.max_new_tokens)
+        _decode(loaded, index, strategy, prompt_ids, run_settings, emit, turns, stop, result)
+    except RunStopped:
+        result.stopped = True
+    except Exception as err:  # noqa: BLE001 - any failure ends this column only
+        result.status, result.message = "error", f"{type(err).__name__}: {err}" if not isinstance(err, ValueError) else str(err)
+        result.finish_decode_stats()
+        emit(ColumnError(index, "error", result.message, result))
+        return result
+    result.status = "ok"
+    if result.stopped:
+        result.message = f"stopped after {len(result.token_ids)} tokens"
+    result.finish_decode_stats()
+    emit(ColumnDone(index, result))
+    return result
+
+
+def _decode(loaded, index, strategy, prompt_ids, settings, emit, turns, stop, result) -> None:
+    max_total = prompt_ids.shape[1] + settings.max_new_tokens
+    dtype = loaded.model.dtype
+    chooser = TokenChooser(settings, loaded.device)
+    detok = IncrementalDetokenizer(loaded.tokenizer)
+    eos = eos_token_ids(loaded) if settings.stop_at_eos else set()
+    forward = forward_for(loaded, strategy)
+    cache = strategy.build_cache(loaded, max_total)
+    sequence = prompt_ids.to(loaded.device)
+    new_tokens = sequence.shape[1]
+    with torch.inference_mode():
+        for step in range(settings.max_new_tokens):
+            if stop.is_set():
+                raise RunStopped
+            with turns.turn():
+                if stop.is_set():
+                    raise RunStopped
+                started = time.perf_counter()
+                logits = forward(loaded, strategy, cache, sequence, new_tokens)
+                token = chooser(sequence, logits)
+                elapsed = time.perf_counter() - started
+            if step == 0:
+                result.prefill_s = elapsed
+            sequence = torch.cat([sequence, torch.tensor([[token]], device=sequence.device)], dim=1)
+            new_tokens = 1
+            seen = sequence.shape[1] - 1
+            size = cache_bytes(cache)
+            predicted = predicted_cache_bytes(loaded.config, dtype, strategy.held_tokens(seen, max_total)) if strategy.use_cache else 0
+            result.token_ids.append(token)
+            result.per_token_s.append(elapsed)
+            result.cache_bytes.append(size)
+            result.predicted_cache_bytes.append(predicted)
+            text = detok.push(token)
+            result.text = detok.text
+            emit(TokenEvent(index, step, token, text))
+            emit(StepMetrics(index, step, elapsed, size, predicted, seen))
+            if token in eos:
+                break
+    result.cache_bytes_by_device = cache_bytes_by_device(cache)
+
+
+def run_compare(
+    loaded,
+    prompt_ids: torch.Tensor,
+    columns: list,
+    settings: GenerationSettings | None = None,
+    mode: str = "fair",
+    stop: threading.Event | None = None,
+    baseline: int | None = None,
+) -> Iterator[Event]:
+    """Run every column and yield events as they happen; the last one is `RunDone`.
+
+    Args:
+        loaded: a `kvlab.models.LoadedModel`.
+        prompt_ids: (1, prompt_tokens) token ids.
+        columns: `Column`s, `Strategy`s or spec dicts (1..MAX_COLUMNS).
+        settings: shared generation settings (a column may override some).
+        mode: one of MODES.
+        stop: set it to end every column within a token.
+        baseline: index of the fidelity baseline column (default: first `dynamic`, else the first ok column).
+
+    Raises:
+        ValueError: bad mode, no columns or too many (before anything runs).
+        StrategyError: a column spec names an unknown strategy or knob.
+    """
+    from .fidelity import score_fidelity
+
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {list(MODES)}, got {mode!r}")
+    if not columns:
+        raise ValueError("no strategy picked: add at least one column")
+    if len(columns) > MAX_COLUMNS:
+        raise ValueError(f"at most {MAX_COLUMNS} columns, got {len(columns)}")
+    columns = [Column.from_spec(spec) for spec in columns]
+    settings = settings or GenerationSettings()
+    stop = stop or threading.Event()
+    events: queue.Queue = queue.Queue()
+    results: list[ColumnResult | None] = [None] * len(columns)
+    turns = FairTurns() if mode == "fair" else FreeTurns()
+    tracker = MemoryTracker(loaded.device)
+    started = time.perf_counter()
+
+    def work(indices):
+        for i in indices:
+            results[i] = run_column(loaded, i, columns[i], prompt_ids, settings, events.put, turns, stop)
+
+    if mode == "sequential":
+        workers = [threading.Thread(target=work, args=(range(len(columns)),), daemon=True, name="kvlab-seq")]
+    else:
+        workers = [threading.Thread(target=work, args=([i],), daemon=True, name=f"kvlab-col{i}") for i in range(len(columns))]
+    for worker in workers:
+        worker.start()
+    next_sample = 0.0
+    try:
+        while any(w.is_alive() for w in workers) or not events.empty():
+            try:
+                yield events.get(timeout=QUEUE_POLL_S)
+            except queue.Empty:
+                pass
+            now = time.perf_counter() - started
+            if now >= next_sample:
+                next_sample = now + MEMORY_SAMPLE_EVERY_S
+                yield MemorySample(now, *tracker.sample())
+        for i, result in enumerate(results):
+            if result is None:
+                lost = new_result(i, columns[i].strategy, prompt_ids.shape[1])
+                lost.status, lost.message = "error", "the column's worker ended without a result"
+                results[i] = lost
+                yield ColumnError(i, "error", lost.message, lost)
+        if settings.fidelity and not stop.is_set():
+            yield from score_fidelity(loaded, prompt_ids, columns, results, baseline, stop)
+        yield MemorySample(time.perf_counter() - started, *tracker.sample())
+        yield RunDone(list(results), time.perf_counter() - started, stop.is_set())
+    finally:
+        if any(w.is_alive() for w in workers):
+            stop.set()
+        for worker in workers:
+            worker.join(JOIN_TIMEOUT_S)
+
+
+def collect(events: Iterator[Event]) -> RunDone:
+    """Drain a run and return its `RunDone` (for the CLI and tests)."""
+    done = None
+    for event in events:
+        if isinstance(event, RunDone):
+            done = event
+    if done is None:
+        raise RuntimeError("the run ended without a RunDone event")
+    return done

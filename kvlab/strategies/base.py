@@ -1,0 +1,121 @@
+"""The contract every cache strategy follows, and the registry that lists them.
+
+One strategy = one small dataclass in its own module: its fields are its knobs,
+`__post_init__` validates them (messages list the allowed values), `build_cache`
+makes the transformers cache, `unavailable_reason` says in one sentence why it
+cannot run here (or None). Adding a strategy: write the module, register it with
+`@register`, import it in `kvlab/strategies/__init__.py`, add it to the test
+matrix in `tests/unit/test_strategies.py`, add its README line.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import ClassVar
+
+STRATEGIES: dict[str, type["Strategy"]] = {}
+
+
+class StrategyError(ValueError):
+    """A strategy's knobs are invalid or it cannot serve this run; the message says why."""
+
+
+def register(cls: type["Strategy"]) -> type["Strategy"]:
+    """Class decorator adding a strategy to `STRATEGIES` under its `name`."""
+    STRATEGIES[cls.name] = cls
+    return cls
+
+
+@dataclass
+class Strategy:
+    """Base of all strategies. `label` names the column (defaults to `describe()`)."""
+
+    name: ClassVar[str] = ""
+    summary: ClassVar[str] = ""
+    lossy: ClassVar[bool] = False
+    use_cache: ClassVar[bool] = True
+    label: str = ""
+
+    def knobs(self) -> dict:
+        """The strategy's settings (fields other than `label`)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "label"}
+
+    def describe(self) -> str:
+        """Short column title, e.g. `quantized quanto int4 r16`."""
+        return self.label or self.name
+
+    def caveat(self) -> str:
+        """What to keep in mind when reading this column's numbers ('' if nothing)."""
+        return ""
+
+    def unavailable_reason(self, loaded) -> str | None:
+        """One sentence saying why this strategy cannot run on `loaded` here, or None."""
+        return None
+
+    def check_fits(self, prompt_tokens: int, max_new_tokens: int) -> None:
+        """Raise `StrategyError` before any compute when the run cannot fit this cache."""
+
+    def build_cache(self, loaded, max_total_tokens: int):
+        """A fresh transformers `Cache` for one run of at most `max_total_tokens` tokens, or None."""
+        raise NotImplementedError
+
+    def held_tokens(self, seen_tokens: int, max_total_tokens: int) -> int:
+        """Tokens whose K/V the cache holds (or has allocated) after `seen_tokens` of a run of at most
+        `max_total_tokens`, for the analytical prediction."""
+        return seen_tokens
+
+    def cache_code(self) -> tuple[list[str], str]:
+        """(imports, code building a variable `cache` or '' for none) for the reproduce-it snippet."""
+        return [], ""
+
+    def generate_kwargs_code(self) -> str:
+        """Extra `generate()` keyword arguments in the snippet."""
+        return "cache=cache"
+
+
+def make_strategy(spec: dict | Strategy) -> Strategy:
+    """Build a strategy from `{"strategy": name, **knobs}` (or return a Strategy as is).
+
+    Raises:
+        StrategyError: unknown name or knob, or an invalid knob value; the message
+            lists the allowed names, knobs or values.
+    """
+    if isinstance(spec, Strategy):
+        return spec
+    spec = dict(spec)
+    name = spec.pop("strategy", None) or spec.pop("name", None)
+    if name not in STRATEGIES:
+        raise StrategyError(f"unknown strategy {name!r}; allowed: {', '.join(STRATEGIES)}")
+    cls = STRATEGIES[name]
+    allowed = [f.name for f in dataclasses.fields(cls)]
+    unknown = sorted(set(spec) - set(allowed))
+    if unknown:
+        raise StrategyError(f"{name}: unknown setting(s) {unknown}; allowed: {allowed}")
+    try:
+        return cls(**spec)
+    except StrategyError:
+        raise
+    except (TypeError, ValueError) as err:
+        raise StrategyError(f"{name}: {err}") from err
+
+
+def sliding_layer_types(loaded) -> list[str]:
+    """The model's non-full-attention layer types (e.g. `sliding_attention`), if any."""
+    cfg = loaded.config.get_text_config(decoder=True)
+    return sorted(set(getattr(cfg, "layer_types", None) or []) - {"full_attention"})
+
+
+def cuda_reason() -> str | None:
+    import torch
+
+    if not torch.cuda.is_available():
+        return "needs a CUDA GPU: offloading moves each layer's cache between GPU and CPU memory, and this torch has no CUDA"
+    return None
+
+
+def require_int(name: str, value, low: int, high: int | None = None) -> None:
+    """Raise StrategyError unless `low <= value (<= high)`, naming the allowed range."""
+    if not isinstance(value, int) or isinstance(value, bool) or value < low or (high is not None and value > high):
+        allowed = f">= {low}" if high is None else f"{low}..{high}"
+        raise StrategyError(f"{name} must be an integer {allowed}, got {value!r}")

@@ -1,0 +1,22 @@
+"""`no_cache`: `use_cache=False`, the whole sequence is recomputed at every step."""
+
+from dataclasses import dataclass
+
+from .base import Strategy, register
+
+
+@register
+@dataclass
+class NoCache(Strategy):
+    name = "no_cache"
+    summary = "Keeps nothing: every new token re-reads the whole sequence. Zero cache memory, time per token grows with length."
+    use_cache = False
+
+    def build_cache(self, loaded, max_total_tokens: int):
+        return None
+
+    def held_tokens(self, seen_tokens: int, max_total_tokens: int) -> int:
+        return 0
+
+    def generate_kwargs_code(self) -> str:
+        return "use_cache=False"

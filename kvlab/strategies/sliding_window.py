@@ -1,0 +1,28 @@
+"""`sliding_window`: the model's own sliding-window layers (e.g. Gemma 3) keep only
+their window; full-attention layers keep everything. Model-native only: a model
+without sliding layers gets a clear message (use `sink` for a window on any model)."""
+
+from dataclasses import dataclass
+
+from .base import Strategy, register, sliding_layer_types
+
+
+@register
+@dataclass
+class SlidingWindow(Strategy):
+    name = "sliding_window"
+    summary = "Uses the model's own sliding-window layers: those keep only the last `sliding_window` tokens. Exact for models trained that way."
+
+    def unavailable_reason(self, loaded) -> str | None:
+        if not sliding_layer_types(loaded):
+            return ("this model has no sliding-window layers (config.layer_types is all full attention); "
+                    "sliding_window is model-native only, use sink for a window on any model")
+        return None
+
+    def build_cache(self, loaded, max_total_tokens: int):
+        from transformers import DynamicCache
+
+        return DynamicCache(config=loaded.config)
+
+    def cache_code(self):
+        return ["from transformers import DynamicCache"], "cache = DynamicCache(config=model.config)"
