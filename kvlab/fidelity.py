@@ -55,11 +55,13 @@ def teacher_forced_logprobs(loaded, strategy, prompt_ids: torch.Tensor, continua
             logits = model(input_ids=sequence, use_cache=False, logits_to_keep=count).logits[0]
             return torch.log_softmax(logits.float(), dim=-1)
         cache = strategy.build_cache(loaded, prompt.shape[1] + count)
-        rows = [model(input_ids=prompt, cache=cache, use_cache=True, logits_to_keep=1).logits[0, -1]]
-        for t in range(count - 1):
+        sequence = torch.cat([prompt, tokens], dim=1)
+        rows = []
+        for t in range(count):
             if stop is not None and stop.is_set():
                 raise RunStopped
-            rows.append(model(input_ids=tokens[:, t:t + 1], cache=cache, use_cache=True).logits[0, -1])
+            end = prompt.shape[1] + t
+            rows.append(strategy.forward(loaded, cache, sequence[:, :end], prompt.shape[1] if t == 0 else 1)[0])
         return torch.log_softmax(torch.stack(rows).float(), dim=-1)
 
 

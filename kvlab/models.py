@@ -268,3 +268,37 @@ def _explain_load_error(source: str, err: OSError) -> str:
             f"could not provide it (no network, or no such model). Details: {text.splitlines()[0]}"
         )
     return f"could not load {source!r}: {text.splitlines()[0]}"
+
+
+class ModelPool:
+    """Loaded models shared by every session and column, keyed by spec.
+
+    Loading the same spec twice at once loads it once (the second caller waits).
+    At most `max_models` stay loaded; the least recently used is dropped.
+    """
+
+    def __init__(self, max_models: int = int(os.environ.get("KVLAB_MAX_MODELS", "2"))):
+        self.max_models = max_models
+        self._models: dict[ModelSpec, LoadedModel] = {}
+        self._locks: dict[ModelSpec, threading.Lock] = {}
+        self._guard = threading.Lock()
+
+    def get(self, spec: ModelSpec, progress: ProgressFn | None = None) -> LoadedModel:
+        """The loaded model for `spec`, loading it if needed. Raises ModelLoadError."""
+        with self._guard:
+            lock = self._locks.setdefault(spec, threading.Lock())
+        with lock:
+            with self._guard:
+                if spec in self._models:
+                    self._models[spec] = self._models.pop(spec)
+                    return self._models[spec]
+            loaded = load_model(spec, progress)
+            with self._guard:
+                self._models[spec] = loaded
+                while len(self._models) > self.max_models:
+                    self._models.pop(next(iter(self._models)))
+            return loaded
+
+    def loaded(self, spec: ModelSpec) -> LoadedModel | None:
+        with self._guard:
+            return self._models.get(spec)

@@ -103,7 +103,7 @@ def parse_preset(data: dict, source: str = "preset") -> Preset:
         problems = []
         for item in err.errors():
             where = ".".join(str(p) for p in item["loc"]) or "(top level)"
-            problems.append(f"{where}: {item['msg']}")
+            problems.append(f"{where}: {item['msg'].removeprefix('Value error, ')}")
         raise PresetError(f"{source}: " + "; ".join(problems)) from None
 
 

@@ -104,28 +104,6 @@ class Column:
         return cls(make_strategy(spec), dict(overrides))
 
 
-def forward_step(loaded, strategy: Strategy, cache, sequence: torch.Tensor, new_tokens: int) -> torch.Tensor:
-    """One forward pass; returns last-position logits (1, vocab).
-
-    sequence: (1, seq) all token ids so far; the last `new_tokens` are fed to a
-    cached strategy, the whole sequence to `no_cache`.
-    """
-    if not strategy.use_cache:
-        out = loaded.model(input_ids=sequence, use_cache=False, logits_to_keep=1)
-    else:
-        out = loaded.model(input_ids=sequence[:, -new_tokens:], cache=cache, use_cache=True, logits_to_keep=1)
-    return out.logits[:, -1, :]
-
-
-def forward_for(loaded, strategy: Strategy):
-    """The forward function a column uses (a compiled one for `static` with compile=True)."""
-    if getattr(strategy, "compile", False):
-        from .compiled import compiled_forward
-
-        return compiled_forward(loaded)
-    return forward_step
-
-
 def new_result(index: int, strategy: Strategy, prompt_tokens: int) -> ColumnResult:
     return ColumnResult(
         index=index,
@@ -187,7 +165,6 @@ def _decode(loaded, index, strategy, prompt_ids, settings, emit, turns, stop, re
     chooser = TokenChooser(settings, loaded.device)
     detok = IncrementalDetokenizer(loaded.tokenizer)
     eos = eos_token_ids(loaded) if settings.stop_at_eos else set()
-    forward = forward_for(loaded, strategy)
     cache = strategy.build_cache(loaded, max_total)
     sequence = prompt_ids.to(loaded.device)
     new_tokens = sequence.shape[1]
@@ -199,7 +176,7 @@ def _decode(loaded, index, strategy, prompt_ids, settings, emit, turns, stop, re
                 if stop.is_set():
                     raise RunStopped
                 started = time.perf_counter()
-                logits = forward(loaded, strategy, cache, sequence, new_tokens)
+                logits = strategy.forward(loaded, cache, sequence, new_tokens)
                 token = chooser(sequence, logits)
                 elapsed = time.perf_counter() - started
             if step == 0:

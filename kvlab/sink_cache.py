@@ -169,8 +169,10 @@ class KeyRerotator:
             if len(self._table) > 64:
                 self._table.clear()
             angles = shift * self.inv_freq
-            angles = torch.cat([angles, angles])
-            self._table[key] = (angles.cos().float().to(device), angles.sin().float().to(device))
+            sin = angles.sin()
+            # rotate_half(k) * sin == roll(k, half) * [-sin, sin]: the sign is folded into the table.
+            self._table[key] = (torch.cat([angles.cos(), angles.cos()]).float().to(device),
+                                torch.cat([-sin, sin]).float().to(device))
         return self._table[key]
 
     def rotate(self, keys: torch.Tensor, shift: int) -> torch.Tensor:
@@ -193,11 +195,10 @@ class KeyRerotator:
             )
         if shift == 0 or keys.shape[-2] == 0:
             return keys
-        cos, sin = self._cos_sin(int(shift), keys.device)
+        cos, signed_sin = self._cos_sin(int(shift), keys.device)
         work = keys.float()
-        half = work.shape[-1] // 2
-        rotated_half = torch.cat([-work[..., half:], work[..., :half]], dim=-1)
-        return (work * cos + rotated_half * sin).to(keys.dtype)
+        rotated = (work * cos).addcmul_(work.roll(work.shape[-1] // 2, dims=-1), signed_sin)
+        return rotated.to(keys.dtype)
 
 
 def _query_start(kwargs: dict, default: int) -> int:
@@ -208,8 +209,10 @@ def _query_start(kwargs: dict, default: int) -> int:
     position_ids = source.get("position_ids")
     if not isinstance(position_ids, torch.Tensor) or position_ids.numel() == 0:
         return default
+    if position_ids.numel() == position_ids.shape[-1]:
+        return int(position_ids.reshape(-1)[0])
     starts = position_ids.reshape(-1, position_ids.shape[-1])[:, 0]
-    if starts.numel() > 1 and not bool((starts == starts[0]).all()):
+    if not bool((starts == starts[0]).all()):
         raise ValueError(
             "SinkCache needs every row of the batch at the same positions (no padding); got start positions "
             f"{starts.tolist()}"
@@ -294,17 +297,22 @@ class SinkLayer(CacheLayerMixin):
         kept = held - evicted
         query_shift = _query_start(kwargs, default=held) - kept
 
+        # Frames: stored keys sit at their cache index; the queries sit `query_shift` further on.
         sink_keys, recent_keys = self.keys[..., :sinks, :], self.keys[..., sinks + evicted:, :]
         sink_values, recent_values = self.values[..., :sinks, :], self.values[..., sinks + evicted:, :]
-        attend_keys = torch.cat(
-            [self._rotate(sink_keys, query_shift), self._rotate(recent_keys, query_shift - evicted), key_states],
-            dim=-2,
-        )
+        recent_shift = query_shift - evicted
+        if recent_shift == 0:
+            # The model's default positions: kept recent keys are already where the queries expect
+            # them, and recent + new keys move back by the same amount to be stored.
+            attend_keys = torch.cat([self._rotate(sink_keys, query_shift), recent_keys, key_states], dim=-2)
+            tail_keys = self._rotate(attend_keys[..., sinks:, :], -query_shift)
+        else:
+            attend_keys = torch.cat(
+                [self._rotate(sink_keys, query_shift), self._rotate(recent_keys, recent_shift), key_states], dim=-2)
+            tail_keys = torch.cat([self._rotate(recent_keys, -evicted), self._rotate(key_states, -query_shift)],
+                                  dim=-2)
         attend_values = torch.cat([sink_values, recent_values, value_states], dim=-2)
-
-        stored_keys = torch.cat(
-            [sink_keys, self._rotate(recent_keys, -evicted), self._rotate(key_states, -query_shift)], dim=-2
-        )
+        stored_keys = torch.cat([sink_keys, tail_keys], dim=-2)
         stored_values = attend_values
         total = kept + q
         if total > self.window_length:

@@ -60,6 +60,14 @@ class Strategy:
         """A fresh transformers `Cache` for one run of at most `max_total_tokens` tokens, or None."""
         raise NotImplementedError
 
+    def forward(self, loaded, cache, sequence, new_tokens: int):
+        """One forward pass feeding the last `new_tokens` of `sequence` (1, seq) through `cache`.
+
+        Returns the last position's logits, shape (1, vocab).
+        """
+        out = loaded.model(input_ids=sequence[:, -new_tokens:], cache=cache, use_cache=True, logits_to_keep=1)
+        return out.logits[:, -1, :]
+
     def held_tokens(self, seen_tokens: int, max_total_tokens: int) -> int:
         """Tokens whose K/V the cache holds (or has allocated) after `seen_tokens` of a run of at most
         `max_total_tokens`, for the analytical prediction."""

@@ -15,6 +15,11 @@ class NoCache(Strategy):
     def build_cache(self, loaded, max_total_tokens: int):
         return None
 
+    def forward(self, loaded, cache, sequence, new_tokens: int):
+        """Recompute the whole `sequence` (1, seq); returns last-position logits (1, vocab)."""
+        out = loaded.model(input_ids=sequence, use_cache=False, logits_to_keep=1)
+        return out.logits[:, -1, :]
+
     def held_tokens(self, seen_tokens: int, max_total_tokens: int) -> int:
         return 0
 

@@ -41,6 +41,14 @@ class Static(Strategy):
 
         return StaticCache(config=loaded.config, max_cache_len=self.capacity(max_total_tokens))
 
+    def forward(self, loaded, cache, sequence, new_tokens: int):
+        if self.compile and new_tokens == 1:
+            from ..compiled import compiled_decode
+
+            out = compiled_decode(loaded)(input_ids=sequence[:, -1:], cache=cache, use_cache=True, logits_to_keep=1)
+            return out.logits[:, -1, :]
+        return super().forward(loaded, cache, sequence, new_tokens)
+
     def held_tokens(self, seen_tokens: int, max_total_tokens: int) -> int:
         return self.capacity(max_total_tokens)
 

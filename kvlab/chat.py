@@ -1,0 +1,625 @@
+"""Multi-turn chat that keeps one KV cache across turns, and measures what reuse saves.
+
+A `ChatSession` holds the conversation, one transformers `Cache` and the exact
+token ids that went through that cache. Each turn renders the whole
+conversation with the tokenizer's chat template, compares its ids with the
+cached ids and feeds only what the cache does not hold yet:
+
+- `reuse`: the input starts with the cached ids, only the new tail is fed.
+- `crop`: the input diverges from the cached ids (undo, regenerate, or the
+  template re-tokenized a reply differently from how it was generated); the
+  cache is cropped to the common prefix (`Cache.crop(-n)`) and the rest is fed.
+- `rebuild`: the cache cannot be cropped (quantized layers), or it was dropped
+  (strategy changed, static cache grown); the whole input is fed into a fresh cache.
+- `stream`: a sink cache (StreamingLLM) holds only its window, so its ids are
+  not a prefix of the conversation; the ids streamed through it are tracked
+  instead, only the new turn's tokens are fed, and the history before them lives
+  on only as the window.
+- `fresh`: the first turn.
+
+The last generated token is not in the cache when generation stops (it was
+chosen but never fed back); it is tracked and fed with the next turn.
+
+After each turn the same input can be re-run "without reuse" (the whole history
+prefilled into an empty cache of the same strategy, honestly timed), and with
+`verify` the whole reply is generated again that way and compared.
+
+This module runs and measures; it does not render. It never imports gradio.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from .accounting import cache_bytes
+from .generation import GenerationSettings, IncrementalDetokenizer, TokenChooser, encode_prompt, eos_token_ids
+from .sink_cache import SinkCache
+from .strategies import Strategy, StrategyError
+
+DEFAULT_CHAT_CACHE_TOKENS = 1024
+"""Capacity (tokens) given to a preallocating cache (static) whose `max_cache_len` is not set."""
+
+CAPACITY_ROUNDING = 256
+"""Suggested static capacities are rounded up to a multiple of this many tokens."""
+
+ACTIONS = ("fresh", "reuse", "crop", "rebuild", "stream")
+
+
+class ChatInputError(ValueError):
+    """A message cannot be sent (empty, no chat template, nothing to regenerate); nothing was run."""
+
+
+class ChatCapacityError(ChatInputError):
+    """The conversation plus the reply would outgrow a fixed-size (static) cache.
+
+    Attributes:
+        needed: tokens the next turn needs (conversation + max_new_tokens).
+        capacity: tokens the cache holds at most.
+        suggested: a capacity with room for a few more turns, a multiple of CAPACITY_ROUNDING.
+    """
+
+    def __init__(self, needed: int, capacity: int):
+        self.needed = needed
+        self.capacity = capacity
+        self.suggested = suggested_capacity(needed)
+        super().__init__(
+            f"the conversation needs {needed} tokens (history + max_new_tokens) but the static cache holds "
+            f"max_cache_len={capacity}: rebuild it larger (max_cache_len={self.suggested}), switch to the dynamic "
+            f"strategy, or clear the conversation"
+        )
+
+
+def suggested_capacity(needed: int) -> int:
+    """Twice `needed`, rounded up to a multiple of CAPACITY_ROUNDING tokens."""
+    return -(-2 * needed // CAPACITY_ROUNDING) * CAPACITY_ROUNDING
+
+
+def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
+    """Number of leading positions where the two id sequences agree."""
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def is_streaming(cache) -> bool:
+    """Whether `cache` evicts by its own rule (a sink cache), so its ids are not a conversation prefix."""
+    return isinstance(cache, SinkCache)
+
+
+def is_croppable(cache) -> bool:
+    """Whether every layer of `cache` supports `crop(-n)` (dynamic and static do, quantized and sink do not)."""
+    return all(getattr(layer, "is_croppable", False) for layer in getattr(cache, "layers", []))
+
+
+def cache_capacity(cache) -> int | None:
+    """Most tokens `cache` can hold, or None when it grows (dynamic, quantized) or streams (sink)."""
+    if cache is None or is_streaming(cache) or not getattr(cache, "layers", None):
+        return None
+    limit = cache.get_max_length()
+    return int(limit) if limit and limit > 0 else None
+
+
+def held_tokens(cache) -> int:
+    """Tokens whose keys/values `cache` holds now (layer 0)."""
+    return int(cache.get_seq_length()) if cache is not None else 0
+
+
+@dataclass(frozen=True)
+class ReusePlan:
+    """What to do with a cache before feeding a new input.
+
+    action: one of ACTIONS. reused_tokens: input tokens not fed again.
+    crop_tokens: tokens to remove from the end of the cache first (0 = none).
+    rebuild: drop the cache and start from an empty one. note: one sentence for the stats.
+    """
+
+    action: str
+    reused_tokens: int
+    crop_tokens: int = 0
+    rebuild: bool = False
+    note: str = ""
+
+
+def plan_reuse(cached_ids: Sequence[int], input_ids: Sequence[int], croppable: bool,
+               streaming: bool = False, reason: str = "") -> ReusePlan:
+    """Decide how much of `input_ids` a cache that went through `cached_ids` can serve.
+
+    At least one input token is always fed (its logits give the first new token),
+    so an input that is a prefix of the cached ids reuses all but its last token.
+
+    Args:
+        cached_ids: ids that went through the cache, in order (for a streaming
+            cache: every id streamed through it, not just the ones it holds).
+        input_ids: the new turn's full input ids (at least one).
+        croppable: the cache supports `crop(-n)`.
+        streaming: the cache is a sink cache (see `is_streaming`).
+        reason: why the ids may have diverged (e.g. "undo"), for the note.
+
+    Raises:
+        ValueError: empty `input_ids`.
+    """
+    if not input_ids:
+        raise ValueError("input_ids is empty: there is nothing to feed")
+    if not cached_ids:
+        return ReusePlan("fresh", 0, note="first turn: the whole input is prefilled")
+    common = common_prefix_length(cached_ids, input_ids)
+    usable = min(common, len(input_ids) - 1)
+    why = f" ({reason})" if reason else " (the chat template re-tokenized the history differently from the generated ids)"
+    if usable == len(cached_ids):
+        if streaming:
+            return ReusePlan("stream", usable, note=(
+                f"only the new turn's tokens were fed; the earlier {usable} tokens were streamed through the "
+                f"sink window, which keeps the sink tokens and the most recent ones"))
+        return ReusePlan("reuse", usable, note=f"the input starts with the {usable} cached tokens: only the new tail was prefilled")
+    if streaming:
+        return ReusePlan("rebuild", 0, rebuild=True, note=(
+            f"the input diverges from the streamed ids at token {common}{why}; a sink cache cannot be cropped "
+            f"(evicted tokens are gone), so the whole conversation was streamed through a fresh one"))
+    if not croppable:
+        return ReusePlan("rebuild", 0, rebuild=True, note=(
+            f"the input diverges from the cached ids at token {common}{why}; this cache's layers cannot be "
+            f"cropped (quantized), so it was rebuilt from the whole conversation"))
+    return ReusePlan("crop", usable, crop_tokens=len(cached_ids) - usable, note=(
+        f"the input diverges from the cached ids at token {common}{why}; the cache was cropped by "
+        f"{len(cached_ids) - usable} tokens to the common prefix of {usable}"))
+
+
+def feed(loaded, cache, ids: torch.Tensor) -> torch.Tensor:
+    """Feed `ids` (1, n) through the model into `cache`; returns last-position logits (1, vocab).
+
+    A sink cache is fed in chunks of `window_length - num_sink_tokens` so that
+    every query attends to at most `window_length` keys (as `prefill_in_chunks`).
+    """
+    chunk = ids.shape[1]
+    if is_streaming(cache):
+        chunk = max(1, cache.window_length - cache.num_sink_tokens)
+    logits = None
+    for part in ids.split(chunk, dim=1):
+        logits = loaded.model(input_ids=part, cache=cache, use_cache=True, logits_to_keep=1).logits[:, -1, :]
+    return logits
+
+
+@dataclass(frozen=True)
+class ChatToken:
+    """One reply token: its id and the text it added (may be '' mid-character)."""
+
+    token_id: int
+    text: str
+
+
+@dataclass(frozen=True)
+class ChatStatus:
+    """A phase of the turn, e.g. measuring without reuse."""
+
+    text: str
+
+
+@dataclass(frozen=True)
+class ChatTurnDone:
+    """The turn finished and was added to the conversation."""
+
+    stats: TurnStats
+
+
+@dataclass(frozen=True)
+class ChatTurnFailed:
+    """The turn failed; the conversation is as before it, the cache was dropped."""
+
+    message: str
+
+
+ChatEvent = ChatToken | ChatStatus | ChatTurnDone | ChatTurnFailed
+
+
+@dataclass
+class Generation:
+    """One reply: token ids, text and timings (seconds).
+
+    ttft_s: from the start of the turn (crop included) to the first token chosen.
+    step_s: per decode step after the first token. stop_reason: eos | length | stopped.
+    """
+
+    token_ids: list[int] = field(default_factory=list)
+    text: str = ""
+    ttft_s: float = 0.0
+    step_s: list[float] = field(default_factory=list)
+    stop_reason: str = "length"
+
+    @property
+    def decode_tok_s(self) -> float | None:
+        """Tokens per second over the decode steps (the first token is prefill), None if there were none."""
+        total = sum(self.step_s)
+        return len(self.step_s) / total if self.step_s and total > 0 else None
+
+
+def stream_reply(loaded, cache, input_ids: Sequence[int], feed_from: int, settings: GenerationSettings,
+                 result: Generation, seed: int | None = None, stop: threading.Event | None = None,
+                 started: float | None = None, on_fed: Callable[[list[int]], None] | None = None,
+                 ) -> Iterator[ChatToken]:
+    """Feed `input_ids[feed_from:]` into `cache` (which holds the rest), then generate, yielding each token.
+
+    One forward per token (like `kvlab.runner.forward_step`), choosing with
+    `TokenChooser`; `result` is filled as it goes. The last chosen token is NOT
+    fed back, so afterwards the cache holds `input_ids` plus all reply tokens but
+    the last. Every forward runs in its own `torch.inference_mode()` block, never
+    across a `yield`, so the generator may be resumed from any thread.
+
+    Args:
+        loaded: a `kvlab.models.LoadedModel`.
+        cache: the transformers Cache to extend (already cropped by the caller).
+        input_ids: the full input, (seq,) ids.
+        feed_from: index of the first input id the cache does not hold, 0 <= feed_from < len(input_ids).
+        settings: validated generation settings (`max_new_tokens`, sampling, `stop_at_eos`).
+        result: filled with the token ids, text and timings.
+        seed: sampling seed (default `settings.seed`).
+        stop: set it to end the reply within a token (at least one token is produced).
+        started: `time.perf_counter()` value TTFT counts from (default: now).
+        on_fed: called with the ids just fed into the cache, after each forward.
+
+    Raises:
+        ValueError: `feed_from` out of range.
+    """
+    if not 0 <= feed_from < len(input_ids):
+        raise ValueError(f"feed_from must be in 0..{len(input_ids) - 1}, got {feed_from}")
+    started = time.perf_counter() if started is None else started
+    run_settings = settings if seed is None else dataclasses.replace(settings, seed=seed)
+    chooser = TokenChooser(run_settings, loaded.device)
+    detok = IncrementalDetokenizer(loaded.tokenizer)
+    eos = eos_token_ids(loaded) if settings.stop_at_eos else set()
+    with torch.inference_mode():
+        sequence = torch.tensor([list(input_ids)], device=loaded.device)
+        logits = feed(loaded, cache, sequence[:, feed_from:])
+        token = chooser(sequence, logits)
+    result.ttft_s = time.perf_counter() - started
+    if on_fed is not None:
+        on_fed(list(input_ids[feed_from:]))
+    while True:
+        result.token_ids.append(token)
+        delta = detok.push(token)
+        result.text = detok.text
+        yield ChatToken(token, delta)
+        if token in eos:
+            result.stop_reason = "eos"
+            return
+        if len(result.token_ids) >= settings.max_new_tokens:
+            result.stop_reason = "length"
+            return
+        if stop is not None and stop.is_set():
+            result.stop_reason = "stopped"
+            return
+        step_started = time.perf_counter()
+        with torch.inference_mode():
+            sequence = torch.cat([sequence, torch.tensor([[token]], device=sequence.device)], dim=1)
+            logits = feed(loaded, cache, sequence[:, -1:])
+            fed, token = token, chooser(sequence, logits)
+        result.step_s.append(time.perf_counter() - step_started)
+        if on_fed is not None:
+            on_fed([fed])
+
+
+def generate(loaded, cache, input_ids: Sequence[int], feed_from: int, settings: GenerationSettings,
+             seed: int | None = None) -> Generation:
+    """`stream_reply` run to the end; returns the filled `Generation`."""
+    result = Generation()
+    for _ in stream_reply(loaded, cache, input_ids, feed_from, settings, result, seed):
+        pass
+    return result
+
+
+def time_to_first_token(loaded, cache, input_ids: Sequence[int], settings: GenerationSettings,
+                        seed: int | None = None) -> tuple[int, float]:
+    """Prefill all of `input_ids` into the (empty) `cache` and choose one token: (token id, seconds)."""
+    run_settings = settings if seed is None else dataclasses.replace(settings, seed=seed)
+    started = time.perf_counter()
+    sequence = torch.tensor([list(input_ids)], device=loaded.device)
+    with torch.inference_mode():
+        token = TokenChooser(run_settings, loaded.device)(sequence, feed(loaded, cache, sequence))
+    return token, time.perf_counter() - started
+
+
+@dataclass
+class TurnStats:
+    """What one turn did and cost. Times in seconds, sizes in bytes, counts in tokens.
+
+    input_tokens: the whole rendered conversation fed this turn (history + new message + template glue).
+    reused_tokens: input tokens served by the cache (not fed again).
+    prefilled_tokens: input tokens fed this turn (input_tokens - reused_tokens).
+    cropped_tokens: tokens removed from the cache end before feeding.
+    cache_tokens: tokens held by the cache after the turn; cache_bytes: its tensor bytes.
+    no_reuse_ttft_s: TTFT of the same input prefilled into an empty cache (None if not measured).
+    saved_s: no_reuse_ttft_s - ttft_s. verify_reply/match: the reply generated without reuse and
+    whether its token ids equal the reply's (None unless verified).
+    """
+
+    turn: int
+    strategy: str
+    action: str
+    note: str
+    input_tokens: int
+    reused_tokens: int
+    prefilled_tokens: int
+    cropped_tokens: int
+    generated_tokens: int
+    ttft_s: float
+    decode_tok_s: float | None
+    cache_tokens: int
+    cache_bytes: int
+    stop_reason: str
+    reply: str
+    reply_ids: list[int] = field(default_factory=list)
+    user: str = ""
+    no_reuse_ttft_s: float | None = None
+    saved_s: float | None = None
+    verify_reply: str | None = None
+    match: bool | None = None
+    lossy: bool = False
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+
+
+class ChatSession:
+    """One conversation with one cache kept across turns. Not thread-safe: one session per user.
+
+    `cache` is the transformers Cache; `cached_ids` are exactly the ids that went
+    through it, in order (for a sink cache: every id streamed through it), kept
+    in step after every forward, so a reply interrupted at any token leaves them
+    consistent.
+
+    Args:
+        loaded: a `kvlab.models.LoadedModel` whose tokenizer has a chat template.
+        strategy: a cache strategy that keeps a cache (see `set_strategy`).
+        settings: generation settings for every turn (may be replaced between turns).
+        system: system prompt ('' = the template's default, if it has one).
+
+    Raises:
+        StrategyError: the strategy keeps no cache or cannot run here.
+    """
+
+    def __init__(self, loaded, strategy: Strategy, settings: GenerationSettings | None = None, system: str = ""):
+        self.loaded = loaded
+        self.settings = settings or GenerationSettings()
+        self.system = system
+        self.history: list[dict] = []
+        self.turns: list[TurnStats] = []
+        self.cache = None
+        self.cached_ids: list[int] = []
+        self.generations = 0
+        self._reason = ""
+        self.strategy = self._checked(strategy)
+
+    def _checked(self, strategy: Strategy) -> Strategy:
+        if not strategy.use_cache:
+            raise StrategyError(f"{strategy.name} keeps no cache, so there is nothing to reuse across turns")
+        reason = strategy.unavailable_reason(self.loaded)
+        if reason:
+            raise StrategyError(f"{strategy.describe()} cannot run here: {reason}")
+        return strategy
+
+    def set_strategy(self, strategy: Strategy) -> None:
+        """Use `strategy` from the next turn on; the cache is dropped and the next turn rebuilds it.
+
+        Raises:
+            StrategyError: the strategy keeps no cache (no_cache), or cannot run on this model here.
+        """
+        self.strategy = self._checked(strategy)
+        self.drop_cache(f"the strategy changed to {strategy.describe()}")
+
+    def drop_cache(self, reason: str) -> None:
+        """Forget the cache; the next turn prefills the whole conversation into a new one and says `reason`."""
+        self.cache, self.cached_ids = None, []
+        self._reason = reason
+
+    def grow_cache(self, capacity: int | None = None) -> int:
+        """Switch a static strategy to `max_cache_len=capacity` (default: `suggested_capacity` of the next turn).
+
+        The cache is rebuilt at the next turn. Returns the new capacity.
+
+        Raises:
+            StrategyError: the strategy has no `max_cache_len`.
+        """
+        if not hasattr(self.strategy, "max_cache_len"):
+            raise StrategyError(f"{self.strategy.name} has no max_cache_len to grow; only static caches have a fixed size")
+        capacity = capacity or suggested_capacity(self.needed_tokens())
+        self.strategy = self._checked(dataclasses.replace(self.strategy, max_cache_len=capacity))
+        self.drop_cache(f"the static cache was rebuilt with max_cache_len={capacity}")
+        return capacity
+
+    def messages(self, history: list[dict] | None = None) -> list[dict]:
+        """The system message (if any) followed by `history` (default: the conversation)."""
+        system = [{"role": "system", "content": self.system}] if self.system.strip() else []
+        return system + list(self.history if history is None else history)
+
+    def input_ids(self, history: list[dict] | None = None) -> list[int]:
+        """Ids of the conversation rendered by the chat template with the generation prompt.
+
+        Raises:
+            ChatInputError: the tokenizer has no chat template, the conversation is empty or too long.
+        """
+        if not getattr(self.loaded.tokenizer, "chat_template", None):
+            raise ChatInputError("this model's tokenizer has no chat template, so it cannot hold a conversation")
+        try:
+            return encode_prompt(self.loaded.tokenizer, self.messages(history))[0].tolist()
+        except ValueError as err:
+            raise ChatInputError(str(err)) from err
+
+    def new_cache(self):
+        """A fresh, empty cache of the session's strategy (DEFAULT_CHAT_CACHE_TOKENS if it needs a size)."""
+        return self.strategy.build_cache(self.loaded, DEFAULT_CHAT_CACHE_TOKENS)
+
+    def capacity(self) -> int | None:
+        """Most tokens the strategy's cache holds, or None when it grows or streams."""
+        return cache_capacity(self.cache if self.cache is not None else self.new_cache())
+
+    def needed_tokens(self, history: list[dict] | None = None) -> int:
+        """Tokens a turn on `history` needs: its rendered input plus max_new_tokens."""
+        return len(self.input_ids(history)) + self.settings.max_new_tokens
+
+    def send(self, text: str, baseline: bool = True, verify: bool = False,
+             stop: threading.Event | None = None) -> Iterator[ChatEvent]:
+        """Add a user message and stream the turn as events; the last is ChatTurnDone or ChatTurnFailed.
+
+        Every check runs before this returns, so an error leaves the session untouched.
+        The conversation changes only when the turn is done.
+
+        Args:
+            text: the user message.
+            baseline: also time the same input without reuse (an empty cache prefilled with the whole conversation).
+            verify: also generate the whole reply without reuse and compare token ids (implies baseline).
+            stop: set it to end the reply within a token.
+
+        Raises:
+            ChatInputError: empty message, no chat template, conversation too long.
+            ChatCapacityError: a static cache too small for the conversation plus max_new_tokens.
+            ValueError: invalid generation settings.
+        """
+        if not isinstance(text, str) or not text.strip():
+            raise ChatInputError("the message is empty: type something to send")
+        history = self.history + [{"role": "user", "content": text}]
+        return self._turn(history, self._prepare(history), baseline, verify, stop)
+
+    def regenerate(self, baseline: bool = True, verify: bool = False,
+                   stop: threading.Event | None = None) -> Iterator[ChatEvent]:
+        """Replace the last reply with a new one for the same user message; events and errors as `send`."""
+        if not self.history or self.history[-1]["role"] != "assistant":
+            raise ChatInputError("there is no reply to regenerate yet: send a message first")
+        history = self.history[:-1]
+        return self._turn(history, self._prepare(history), baseline, verify, stop)
+
+    def undo(self) -> bool:
+        """Remove the last user message and its reply. Returns False when there is nothing to undo.
+
+        The cache is left as is: the next turn crops it to the shorter conversation (or rebuilds it).
+        """
+        if not self.history:
+            return False
+        cut = max((i for i, m in enumerate(self.history) if m["role"] == "user"), default=0)
+        self.history = self.history[:cut]
+        self.turns = self.turns[:_user_count(self.history)]
+        self._reason = "undo removed the last turn"
+        return True
+
+    def clear(self) -> None:
+        """Forget the conversation, its stats and the cache (the system prompt and strategy stay)."""
+        self.history, self.turns = [], []
+        self.cache, self.cached_ids = None, []
+        self._reason = ""
+
+    def set_system(self, text: str) -> None:
+        """Change the system prompt; the next turn reuses the cache only as far as the ids still agree."""
+        if text != self.system:
+            self.system = text
+            self._reason = "the system prompt changed"
+
+    def _prepare(self, history: list[dict]) -> list[int]:
+        self.settings.check()
+        ids = self.input_ids(history)
+        capacity = self.capacity()
+        needed = len(ids) + self.settings.max_new_tokens
+        if capacity is not None and needed > capacity:
+            raise ChatCapacityError(needed, capacity)
+        return ids
+
+    def _turn(self, history: list[dict], ids: list[int], baseline: bool, verify: bool,
+              stop: threading.Event | None) -> Iterator[ChatEvent]:
+        seed = self.settings.seed + self.generations
+        self.generations += 1
+        reply = Generation()
+        finished = False
+        try:
+            started = time.perf_counter()
+            plan = self._apply_plan(ids, history)
+            yield from stream_reply(self.loaded, self.cache, ids, plan.reused_tokens, self.settings, reply, seed,
+                                    stop, started, self.cached_ids.extend)
+            if not is_streaming(self.cache) and held_tokens(self.cache) != len(self.cached_ids):
+                raise RuntimeError(f"the cache holds {held_tokens(self.cache)} tokens but "
+                                   f"{len(self.cached_ids)} ids were tracked")
+            finished = True
+        except Exception as err:  # noqa: BLE001 - a failure ends this turn only, reported as an event
+            self.drop_cache("the previous turn failed, so its cache was dropped")
+            yield ChatTurnFailed(f"{type(err).__name__}: {err}")
+            return
+        finally:
+            if not finished and self.cache is not None:
+                self._reason = "the previous reply was interrupted before it finished"
+        stats = TurnStats(
+            turn=_user_count(history), strategy=self.strategy.describe(), action=plan.action, note=plan.note,
+            input_tokens=len(ids), reused_tokens=plan.reused_tokens, prefilled_tokens=len(ids) - plan.reused_tokens,
+            cropped_tokens=plan.crop_tokens, generated_tokens=len(reply.token_ids), ttft_s=reply.ttft_s,
+            decode_tok_s=reply.decode_tok_s, cache_tokens=held_tokens(self.cache), cache_bytes=cache_bytes(self.cache),
+            stop_reason=reply.stop_reason, reply=reply.text, reply_ids=list(reply.token_ids),
+            user=history[-1]["content"], lossy=self.strategy.lossy,
+        )
+        if baseline or verify:
+            yield ChatStatus("measuring the same turn without reuse (the whole history prefilled from scratch)")
+            try:
+                self._measure_without_reuse(stats, ids, seed, verify)
+            except Exception as err:  # noqa: BLE001 - the reply stands; only the comparison failed
+                stats.note += f"; the no-reuse measurement failed: {type(err).__name__}: {err}"
+        self.history = history + [{"role": "assistant", "content": reply.text}]
+        self.turns = self.turns[: stats.turn - 1] + [stats]
+        self._reason = ""
+        yield ChatTurnDone(stats)
+
+    def _apply_plan(self, ids: list[int], history: list[dict]) -> ReusePlan:
+        reason = self._reason
+        if self.cache is None:
+            self.cache, self.cached_ids = self.new_cache(), []
+            if _user_count(history) > 1 or reason:
+                why = reason or "there was no cache yet"
+                return ReusePlan("rebuild", 0, rebuild=True,
+                                 note=f"{why}: the whole conversation was prefilled into a new cache")
+        plan = plan_reuse(self.cached_ids, ids, is_croppable(self.cache), is_streaming(self.cache), reason)
+        if plan.rebuild:
+            self.cache, self.cached_ids = self.new_cache(), []
+        elif plan.crop_tokens:
+            self.cache.crop(-plan.crop_tokens)
+            del self.cached_ids[plan.reused_tokens:]
+        return plan
+
+    def _measure_without_reuse(self, stats: TurnStats, ids: list[int], seed: int, verify: bool) -> None:
+        if verify:
+            fresh = generate(self.loaded, self.new_cache(), ids, 0, self.settings, seed)
+            stats.no_reuse_ttft_s = fresh.ttft_s
+            stats.verify_reply = fresh.text
+            stats.match = fresh.token_ids == stats.reply_ids
+        else:
+            _, stats.no_reuse_ttft_s = time_to_first_token(self.loaded, self.new_cache(), ids, self.settings, seed)
+        stats.saved_s = stats.no_reuse_ttft_s - stats.ttft_s
+
+
+def _user_count(history: list[dict]) -> int:
+    return sum(1 for message in history if message["role"] == "user")
+
+
+def turn_rows(turns: Sequence[TurnStats]) -> list[dict]:
+    """One flat dict per turn for a table: tokens, times (s), bytes, action, match."""
+    return [
+        {
+            "turn": t.turn,
+            "action": t.action,
+            "reused": t.reused_tokens,
+            "prefilled": t.prefilled_tokens,
+            "cropped": t.cropped_tokens,
+            "generated": t.generated_tokens,
+            "ttft_s": round(t.ttft_s, 4),
+            "no_reuse_ttft_s": None if t.no_reuse_ttft_s is None else round(t.no_reuse_ttft_s, 4),
+            "saved_s": None if t.saved_s is None else round(t.saved_s, 4),
+            "decode_tok_s": None if t.decode_tok_s is None else round(t.decode_tok_s, 2),
+            "cache_tokens": t.cache_tokens,
+            "cache_bytes": t.cache_bytes,
+            "match": t.match,
+        }
+        for t in turns
+    ]

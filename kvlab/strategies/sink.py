@@ -1,0 +1,68 @@
+"""`sink`: StreamingLLM's attention-sink cache (Xiao et al. 2023, "Efficient
+Streaming Language Models with Attention Sinks", arXiv:2309.17453), which
+transformers 5 removed. It keeps the first `num_sink_tokens` tokens plus the most
+recent ones, `window_length` in all, so memory stays constant however long the
+run. `num_sink_tokens: 0` is the paper's window-attention baseline."""
+
+from dataclasses import dataclass
+
+from .base import Strategy, StrategyError, register
+
+
+@register
+@dataclass
+class Sink(Strategy):
+    """Knobs: `window_length` (tokens kept, sinks included) and `num_sink_tokens`."""
+
+    name = "sink"
+    summary = ("Keeps the first few tokens (attention sinks) and a window of the most recent ones; constant memory "
+               "for endless runs. Approximate once the window is full.")
+    lossy = True
+    window_length: int = 256
+    num_sink_tokens: int = 4
+
+    def __post_init__(self):
+        from ..sink_cache import validate_knobs
+
+        try:
+            validate_knobs(self.window_length, self.num_sink_tokens)
+        except ValueError as err:
+            raise StrategyError(str(err)) from err
+
+    def describe(self) -> str:
+        if self.label:
+            return self.label
+        if self.num_sink_tokens == 0:
+            return f"window {self.window_length}"
+        return f"sink {self.num_sink_tokens}+{self.window_length - self.num_sink_tokens}"
+
+    def caveat(self) -> str:
+        return (f"exact until {self.window_length} tokens are cached; after that older tokens are evicted "
+                "and the output is approximate")
+
+    def unavailable_reason(self, loaded) -> str | None:
+        from ..sink_cache import unsupported_reason
+
+        return unsupported_reason(loaded.config)
+
+    def build_cache(self, loaded, max_total_tokens: int):
+        from ..sink_cache import SinkCache
+
+        return SinkCache.from_model(loaded.model, self.window_length, self.num_sink_tokens)
+
+    def forward(self, loaded, cache, sequence, new_tokens: int):
+        """Feeds long inputs through the window in chunks (see `prefill_in_chunks`); (1, vocab) logits."""
+        from ..sink_cache import prefill_in_chunks
+
+        if new_tokens <= self.window_length - self.num_sink_tokens:
+            return super().forward(loaded, cache, sequence, new_tokens)
+        return prefill_in_chunks(loaded.model, sequence[:, -new_tokens:], cache).logits[:, -1, :]
+
+    def held_tokens(self, seen_tokens: int, max_total_tokens: int) -> int:
+        return min(seen_tokens, self.window_length)
+
+    def cache_code(self):
+        return ["from kvlab.sink_cache import SinkCache"], (
+            f"cache = SinkCache.from_model(model, window_length={self.window_length}, "
+            f"num_sink_tokens={self.num_sink_tokens})"
+        )

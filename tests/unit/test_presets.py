@@ -1,0 +1,58 @@
+"""The preset schema: every shipped preset validates; bad ones name the field and the allowed values."""
+
+import pytest
+import yaml
+
+from kvlab.presets import PresetError, list_presets, load_preset, parse_preset
+
+MINIMAL = {"name": "t", "prompt": {"text": "hi"}, "columns": [{"strategy": "dynamic"}]}
+
+
+def test_every_shipped_preset_validates():
+    presets = list_presets()
+    assert "quickstart" in presets
+    for name, path in presets.items():
+        preset = load_preset(path)
+        assert preset.name and preset.columns and preset.build_columns()
+
+
+def test_quickstart_has_the_promised_columns():
+    preset = load_preset("quickstart")
+    assert preset.model.source == "bundled" and preset.generation.max_new_tokens == 64
+    assert not preset.generation.do_sample
+    names = [(c["strategy"], c.get("backend")) for c in preset.columns]
+    assert names == [("no_cache", None), ("dynamic", None), ("static", None), ("quantized", "quanto"),
+                     ("quantized", "hqq"), ("offloaded", None)]
+
+
+@pytest.mark.parametrize("change,message", [
+    ({"mode": "turbo"}, "mode: Input should be 'fair', 'parallel' or 'sequential'"),
+    ({"columns": []}, "columns: List should have at least 1 item"),
+    ({"columns": [{"strategy": "paged"}]}, "unknown strategy 'paged'; allowed: no_cache, dynamic"),
+    ({"columns": [{"strategy": "quantized", "backend": "quanto", "nbits": 3}]}, "column 1: nbits=3 is not supported by the quanto backend; allowed: [2, 4]"),
+    ({"columns": [{"backend": "hqq"}]}, "column 1 needs a `strategy:`"),
+    ({"generation": {"max_new_tokens": 0}}, "generation.max_new_tokens: Input should be greater than or equal to 1"),
+    ({"model": {"dtype": "float8"}}, "model.dtype: Input should be 'float32', 'bfloat16' or 'float16'"),
+    ({"colums": []}, "colums: Extra inputs are not permitted"),
+    ({"prompt": {"text": ""}}, "prompt.text: String should have at least 1 character"),
+    ({"baseline": 5}, "baseline must be a column index 0..0, got 5"),
+    ({"columns": [{"strategy": "dynamic", "generation": {"top": 1}}]}, "unknown generation setting(s) ['top']"),
+])
+def test_bad_presets_name_the_field_and_allowed_values(change, message):
+    with pytest.raises(PresetError) as err:
+        parse_preset({**MINIMAL, **change}, "bad.yaml")
+    assert message in str(err.value)
+    assert str(err.value).startswith("bad.yaml: ")
+
+
+def test_missing_and_malformed_files(tmp_path):
+    with pytest.raises(PresetError, match="preset file not found"):
+        load_preset(tmp_path / "nope.yaml")
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("name: [unclosed\n")
+    with pytest.raises(PresetError, match="broken.yaml: not valid YAML"):
+        load_preset(broken)
+    listed = tmp_path / "list.yaml"
+    listed.write_text(yaml.safe_dump(["a", "b"]))
+    with pytest.raises(PresetError, match="expected a YAML mapping"):
+        load_preset(listed)

@@ -1,0 +1,192 @@
+"""The runner on a tiny random Llama: event order, stop, error isolation, modes, turn-taking."""
+
+import threading
+import time
+
+import pytest
+import torch
+
+from kvlab.events import ColumnDone, ColumnError, ColumnStarted, FidelityScored, MemorySample, RunDone, StepMetrics, TokenEvent
+from kvlab.generation import GenerationSettings
+from kvlab.runner import Column, FairTurns, collect, run_compare
+from kvlab.strategies import make_strategy
+from kvlab.strategies.dynamic import Dynamic
+
+PROMPT = torch.tensor([[1, 400, 401, 402, 403, 404]])
+GREEDY = GenerationSettings(max_new_tokens=12, stop_at_eos=False)
+
+
+def events_of(tiny, columns, settings=GREEDY, **kwargs):
+    return list(run_compare(tiny, PROMPT, columns, settings, **kwargs))
+
+
+@pytest.mark.parametrize("mode", ["fair", "parallel", "sequential"])
+def test_exact_strategies_agree_and_events_come_in_order(tiny, mode):
+    events = events_of(tiny, [{"strategy": "no_cache"}, {"strategy": "dynamic"}, {"strategy": "static"}], mode=mode)
+    assert isinstance(events[-1], RunDone)
+    results = events[-1].results
+    assert [r.status for r in results] == ["ok", "ok", "ok"]
+    assert results[0].token_ids == results[1].token_ids == results[2].token_ids
+    assert len(results[1].token_ids) == GREEDY.max_new_tokens
+    for column in range(3):
+        mine = [e for e in events if getattr(e, "column", None) == column and not isinstance(e, FidelityScored)]
+        assert isinstance(mine[0], ColumnStarted)
+        assert isinstance(mine[-1], ColumnDone)
+        steps = [e.step for e in mine if isinstance(e, TokenEvent)]
+        assert steps == list(range(GREEDY.max_new_tokens))
+        metric_steps = [e.step for e in mine if isinstance(e, StepMetrics)]
+        assert metric_steps == steps
+    assert any(isinstance(e, MemorySample) for e in events)
+    assert results[1].is_baseline and results[0].agreement == 1.0 and results[0].first_divergence is None
+    assert results[2].top1_agreement == 1.0 and results[2].mean_kl < 1e-6
+
+
+def test_token_texts_add_up_to_the_column_text(tiny):
+    events = events_of(tiny, [{"strategy": "dynamic"}])
+    streamed = "".join(e.text for e in events if isinstance(e, TokenEvent))
+    assert streamed == events[-1].results[0].text
+    assert events[-1].results[0].text == tiny.tokenizer.decode(events[-1].results[0].token_ids, skip_special_tokens=True)
+
+
+def test_dynamic_bytes_equal_prediction_every_step(tiny):
+    events = events_of(tiny, [{"strategy": "dynamic"}])
+    metrics = [e for e in events if isinstance(e, StepMetrics)]
+    assert metrics and all(m.cache_bytes == m.predicted_cache_bytes > 0 for m in metrics)
+    assert [m.seen_tokens for m in metrics] == list(range(PROMPT.shape[1], PROMPT.shape[1] + GREEDY.max_new_tokens))
+
+
+class Exploding(Dynamic):
+    """A dynamic cache whose forward fails at a given step."""
+
+    def __init__(self, fail_at):
+        super().__init__()
+        self.fail_at, self.calls = fail_at, 0
+
+    def forward(self, loaded, cache, sequence, new_tokens):
+        self.calls += 1
+        if self.calls > self.fail_at:
+            raise RuntimeError("boom at step %d" % self.calls)
+        return super().forward(loaded, cache, sequence, new_tokens)
+
+
+@pytest.mark.parametrize("mode", ["fair", "parallel", "sequential"])
+def test_an_error_ends_its_own_column_only(tiny, mode):
+    events = events_of(tiny, [Exploding(fail_at=3), {"strategy": "dynamic"}], mode=mode)
+    done = events[-1]
+    assert done.results[0].status == "error" and "boom" in done.results[0].message
+    assert len(done.results[0].token_ids) == 3
+    assert done.results[1].status == "ok" and len(done.results[1].token_ids) == GREEDY.max_new_tokens
+    assert [e.column for e in events if isinstance(e, ColumnError)] == [0]
+
+
+def test_invalid_sampling_in_one_column_errors_fast_and_the_rest_finish(tiny):
+    columns = [
+        Column(make_strategy({"strategy": "dynamic"}), {"do_sample": True, "top_p": 0.0}),
+        Column(make_strategy({"strategy": "dynamic"}), {"repetition_penalty": 0.0}),
+        {"strategy": "static"},
+    ]
+    done = events_of(tiny, columns)[-1]
+    assert done.results[0].status == "error" and "top_p must be in (0, 1]" in done.results[0].message
+    assert done.results[1].status == "error" and "repetition_penalty must be > 0" in done.results[1].message
+    assert done.results[0].token_ids == [] and done.results[1].token_ids == []
+    assert done.results[2].status == "ok"
+    again = events_of(tiny, [{"strategy": "dynamic"}])[-1]
+    assert again.results[0].status == "ok"
+
+
+def test_static_too_small_fails_before_compute_and_others_finish(tiny):
+    done = events_of(tiny, [{"strategy": "static", "max_cache_len": 8}, {"strategy": "dynamic"}])[-1]
+    assert done.results[0].status == "error"
+    assert "max_cache_len=8" in done.results[0].message and str(PROMPT.shape[1] + GREEDY.max_new_tokens) in done.results[0].message
+    assert done.results[0].prefill_s is None
+    assert done.results[1].status == "ok"
+
+
+def test_unavailable_column_reports_its_reason(tiny):
+    done = events_of(tiny, [{"strategy": "sliding_window"}, {"strategy": "dynamic"}])[-1]
+    assert done.results[0].status == "unavailable" and "no sliding-window layers" in done.results[0].message
+    assert done.results[1].status == "ok"
+
+
+class Counting(Dynamic):
+    """Counts its forward passes; the first column sets the stop event at its 20th and
+    snapshots every column's count at that moment."""
+
+    def __init__(self, board, index, stop):
+        super().__init__()
+        self.board, self.index, self.stop = board, index, stop
+
+    def forward(self, loaded, cache, sequence, new_tokens):
+        logits = super().forward(loaded, cache, sequence, new_tokens)
+        with self.board["lock"]:
+            self.board["calls"][self.index] += 1
+            if self.index == 0 and self.board["calls"][0] == 20:
+                self.stop.set()
+                self.board["at_stop"] = list(self.board["calls"])
+        return logits
+
+
+@pytest.mark.parametrize("mode", ["fair", "parallel"])
+def test_stop_ends_every_column_within_two_tokens(tiny, mode):
+    stop = threading.Event()
+    board = {"lock": threading.Lock(), "calls": [0, 0, 0], "at_stop": None}
+    long = GenerationSettings(max_new_tokens=2000, stop_at_eos=False, fidelity=False)
+    columns = [Counting(board, i, stop) for i in range(3)]
+    done = collect(run_compare(tiny, PROMPT, columns, long, mode, stop))
+    assert done.stopped and board["at_stop"] is not None
+    for result, before in zip(done.results, board["at_stop"]):
+        assert result.status == "ok" and result.stopped and "stopped after" in result.message
+        assert len(result.token_ids) - before <= 2
+    assert not [t for t in threading.enumerate() if t.name.startswith("kvlab-")]
+
+
+def test_abandoning_the_event_stream_stops_the_workers(tiny):
+    long = GenerationSettings(max_new_tokens=2000, stop_at_eos=False, fidelity=False)
+    stream = run_compare(tiny, PROMPT, [{"strategy": "dynamic"}, {"strategy": "dynamic"}], long)
+    for event in stream:
+        if isinstance(event, TokenEvent) and event.step == 5:
+            break
+    stream.close()
+    assert not [t for t in threading.enumerate() if t.name.startswith("kvlab-")]
+
+
+def test_fair_turns_serve_in_arrival_order_one_at_a_time():
+    turns, active, order, peak = FairTurns(), [0], [], [0]
+    lock = threading.Lock()
+
+    def worker(name):
+        for _ in range(5):
+            with turns.turn():
+                with lock:
+                    active[0] += 1
+                    peak[0] = max(peak[0], active[0])
+                order.append(name)
+                time.sleep(0.002)
+                with lock:
+                    active[0] -= 1
+
+    threads = [threading.Thread(target=worker, args=(n,)) for n in "abc"]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert peak[0] == 1
+    assert sorted(order) == sorted("abc" * 5)
+
+
+def test_bad_mode_and_column_counts_fail_before_running(tiny):
+    with pytest.raises(ValueError, match="mode must be one of"):
+        events_of(tiny, [{"strategy": "dynamic"}], mode="turbo")
+    with pytest.raises(ValueError, match="no strategy picked"):
+        events_of(tiny, [])
+    with pytest.raises(ValueError, match="at most 8 columns"):
+        events_of(tiny, [{"strategy": "dynamic"}] * 9)
+
+
+def test_sampling_columns_draw_the_same_random_numbers(tiny):
+    sampled = GenerationSettings(max_new_tokens=10, do_sample=True, temperature=1.5, top_k=50, seed=3, stop_at_eos=False)
+    done = events_of(tiny, [{"strategy": "dynamic"}, {"strategy": "static"}, {"strategy": "no_cache"}], sampled)[-1]
+    assert done.results[0].token_ids == done.results[1].token_ids == done.results[2].token_ids
+    other_seed = events_of(tiny, [{"strategy": "dynamic"}], GenerationSettings(
+        max_new_tokens=10, do_sample=True, temperature=1.5, top_k=50, seed=4, stop_at_eos=False))[-1]
+    assert other_seed.results[0].token_ids != done.results[0].token_ids

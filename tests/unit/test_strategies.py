@@ -1,0 +1,135 @@
+"""Strategy registry, knob validation messages and availability reasons (no real model)."""
+
+import pytest
+import torch
+
+from kvlab.strategies import STRATEGIES, StrategyError, make_strategy
+
+# The test matrix: every registered strategy with a valid knob set. Adding a strategy adds a row.
+MATRIX = {
+    "no_cache": {},
+    "dynamic": {},
+    "static": {"max_cache_len": 64},
+    "offloaded": {},
+    "offloaded_static": {"max_cache_len": 64},
+    "quantized": {"backend": "quanto", "nbits": 2, "residual_length": 4},
+    "sliding_window": {},
+    "sink": {"window_length": 32, "num_sink_tokens": 4},
+}
+
+
+def test_matrix_covers_every_registered_strategy():
+    assert set(STRATEGIES) == set(MATRIX)
+
+
+@pytest.mark.parametrize("name", sorted(MATRIX))
+def test_every_strategy_builds_and_describes_itself(name, tiny):
+    strategy = make_strategy({"strategy": name, **MATRIX[name]})
+    assert strategy.name == name
+    assert strategy.summary
+    assert strategy.describe()
+    reason = strategy.unavailable_reason(tiny)
+    if reason is None:
+        cache = strategy.build_cache(tiny, 40)
+        assert (cache is None) == (not strategy.use_cache)
+    else:
+        assert name in ("offloaded", "offloaded_static", "sliding_window"), reason
+
+
+def test_unknown_strategy_lists_allowed_names():
+    with pytest.raises(StrategyError) as err:
+        make_strategy({"strategy": "paged_attention"})
+    assert "unknown strategy 'paged_attention'" in str(err.value)
+    for name in ("dynamic", "static", "quantized", "no_cache"):
+        assert name in str(err.value)
+
+
+def test_unknown_knob_lists_allowed_knobs():
+    with pytest.raises(StrategyError, match=r"unknown setting\(s\) \['bits'\]; allowed: .*'nbits'"):
+        make_strategy({"strategy": "quantized", "bits": 4})
+
+
+def test_quanto_nbits_3_lists_allowed_values():
+    with pytest.raises(StrategyError, match=r"nbits=3 is not supported by the quanto backend; allowed: \[2, 4\]"):
+        make_strategy({"strategy": "quantized", "backend": "quanto", "nbits": 3})
+
+
+def test_hqq_accepts_3_bits_and_rejects_5():
+    assert make_strategy({"strategy": "quantized", "backend": "hqq", "nbits": 3}).nbits == 3
+    with pytest.raises(StrategyError, match=r"allowed: \[1, 2, 3, 4, 8\]"):
+        make_strategy({"strategy": "quantized", "backend": "hqq", "nbits": 5})
+
+
+def test_unknown_backend_lists_backends():
+    with pytest.raises(StrategyError, match=r"backend must be one of \['quanto', 'hqq', 'fp8'\], got 'int8'"):
+        make_strategy({"strategy": "quantized", "backend": "int8"})
+
+
+def test_quantized_axis_rules_per_backend():
+    with pytest.raises(StrategyError, match=r"axis_key=1 is not supported by the quanto backend; allowed: \[0, -1\]"):
+        make_strategy({"strategy": "quantized", "backend": "quanto", "axis_key": 1})
+    assert make_strategy({"strategy": "quantized", "backend": "hqq", "axis_key": 1}).axis_key == 1
+
+
+def test_each_backend_gets_its_own_default_bits():
+    assert make_strategy({"strategy": "quantized", "backend": "fp8"}).nbits == 8
+    assert make_strategy({"strategy": "quantized", "backend": "hqq"}).nbits == 4
+
+
+def test_static_too_small_names_both_numbers_before_compute():
+    strategy = make_strategy({"strategy": "static", "max_cache_len": 50})
+    strategy.check_fits(10, 40)
+    with pytest.raises(StrategyError) as err:
+        strategy.check_fits(30, 64)
+    text = str(err.value)
+    assert "max_cache_len=50" in text and "(30)" in text and "(64)" in text and "94" in text
+
+
+def test_static_rejects_non_positive_length():
+    with pytest.raises(StrategyError, match="max_cache_len must be an integer >= 1, got 0"):
+        make_strategy({"strategy": "static", "max_cache_len": 0})
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only reason")
+@pytest.mark.parametrize("name", ["offloaded", "offloaded_static"])
+def test_offloading_is_unavailable_without_cuda_and_says_why(name, tiny):
+    reason = make_strategy({"strategy": name}).unavailable_reason(tiny)
+    assert reason.startswith("needs a CUDA GPU")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks what the CPU-only torch really does")
+def test_the_offloading_reason_matches_what_transformers_raises_on_cpu():
+    from transformers import DynamicCache
+
+    cache = DynamicCache(offloading=True)
+    with pytest.raises((AssertionError, RuntimeError), match="CUDA"):
+        cache.update(torch.zeros(1, 1, 2, 4), torch.zeros(1, 1, 2, 4), 0)
+
+
+def test_sliding_window_explains_models_without_sliding_layers(tiny):
+    reason = make_strategy({"strategy": "sliding_window"}).unavailable_reason(tiny)
+    assert "no sliding-window layers" in reason and "sink" in reason
+
+
+def test_quantized_refuses_models_with_sliding_layers(tiny):
+    from types import SimpleNamespace
+
+    cfg = tiny.config.__class__(**{**tiny.config.to_dict(), "layer_types": ["sliding_attention", "full_attention"]})
+    fake = SimpleNamespace(config=cfg)
+    reason = make_strategy({"strategy": "quantized"}).unavailable_reason(fake)
+    assert "full-attention models only" in reason and "sliding_attention" in reason
+
+
+def test_fresh_cache_per_build_keeps_each_backend(tiny):
+    quanto = make_strategy({"strategy": "quantized", "backend": "quanto"})
+    hqq = make_strategy({"strategy": "quantized", "backend": "hqq"})
+    for _ in range(2):
+        assert type(quanto.build_cache(tiny, 10).layers[0]).__name__ == "QuantoQuantizedLayer"
+        assert type(hqq.build_cache(tiny, 10).layers[0]).__name__ == "HQQQuantizedLayer"
+
+
+@pytest.mark.parametrize("name", sorted(MATRIX))
+def test_snippet_code_compiles(name):
+    strategy = make_strategy({"strategy": name, **MATRIX[name]})
+    imports, code = strategy.cache_code()
+    compile("\n".join(imports + [code, f"kwargs = dict({strategy.generate_kwargs_code()})"]), name, "exec")
