@@ -41,10 +41,18 @@ def tensor_bytes_by_device(obj, into: dict[str, int] | None = None) -> dict[str,
     return into
 
 
+_INNER_NAMES: dict[type, list[str]] = {}
+"""Inner tensor attribute names per tensor subclass: `__tensor_flatten__` is costly on quanto's
+tensors (it rebuilds size/stride strings) and the names never change within a type."""
+
+
 def _inner_tensors(tensor: torch.Tensor):
-    if type(tensor) in (torch.Tensor, torch.nn.Parameter) or not hasattr(tensor, "__tensor_flatten__"):
+    kind = type(tensor)
+    if kind in (torch.Tensor, torch.nn.Parameter) or not hasattr(tensor, "__tensor_flatten__"):
         return None
-    names, _ = tensor.__tensor_flatten__()
+    names = _INNER_NAMES.get(kind)
+    if names is None:
+        names = _INNER_NAMES[kind] = list(tensor.__tensor_flatten__()[0])
     return [getattr(tensor, name) for name in names]
 
 

@@ -14,29 +14,10 @@ import sys
 import threading
 from pathlib import Path
 
-from .generation import GenerationSettings, encode_prompt
-from .report import summary_rows, format_table, run_record
-
-
-def _strategy_list(text: str) -> list[dict]:
-    """`dynamic,quantized:backend=hqq:nbits=4,static:max_cache_len=128` -> column specs."""
-    columns = []
-    for item in filter(None, (part.strip() for part in text.split(","))):
-        name, *pairs = item.split(":")
-        spec: dict = {"strategy": name}
-        for pair in pairs:
-            key, _, value = pair.partition("=")
-            if not _:
-                raise ValueError(f"bad knob {pair!r} in {item!r}: write key=value")
-            spec[key] = _parse_value(value)
-        columns.append(spec)
-    return columns
-
-
-def _parse_value(value: str):
-    import yaml
-
-    return yaml.safe_load(value)
+from . import bench, chat_cli, perplexity_cli
+from .generation import encode_prompt
+from .strategies.base import parse_strategy_list
+from .report import format_table, run_record, summary_rows
 
 
 def add_compare(sub) -> None:
@@ -76,7 +57,7 @@ def resolve_compare(args) -> dict:
         if not args.prompt or not args.strategies:
             raise ValueError("give --preset FILE, or both --prompt and --strategies")
         preset = parse_preset({"name": "command line", "prompt": {"text": args.prompt},
-                               "columns": _strategy_list(args.strategies)}, "command line")
+                               "columns": parse_strategy_list(args.strategies)}, "command line")
     data = preset.model_dump()
     if args.prompt:
         data["prompt"]["text"] = args.prompt
@@ -85,7 +66,7 @@ def resolve_compare(args) -> dict:
     if args.plain:
         data["prompt"]["chat"] = False
     if args.strategies and args.preset:
-        data["columns"] = _strategy_list(args.strategies)
+        data["columns"] = parse_strategy_list(args.strategies)
     for flag, key in (("model", "source"), ("dtype", "dtype"), ("device", "device")):
         if getattr(args, flag):
             data["model"][key] = getattr(args, flag)
@@ -142,14 +123,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m kvlab", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     add_compare(sub)
-    for module in ("kvlab.chat_cli", "kvlab.perplexity_cli", "kvlab.bench"):
-        try:
-            mod = __import__(module, fromlist=["add_parser"])
-        except ModuleNotFoundError as err:
-            if err.name != module:
-                raise
-            continue
-        mod.add_parser(sub)
+    for module in (chat_cli, perplexity_cli, bench):
+        module.add_parser(sub)
     return parser
 
 

@@ -179,12 +179,12 @@ def _decode(loaded, index, strategy, prompt_ids, settings, emit, turns, stop, re
                 logits = strategy.forward(loaded, cache, sequence, new_tokens)
                 token = chooser(sequence, logits)
                 elapsed = time.perf_counter() - started
+                size = cache_bytes(cache)
             if step == 0:
                 result.prefill_s = elapsed
             sequence = torch.cat([sequence, torch.tensor([[token]], device=sequence.device)], dim=1)
             new_tokens = 1
             seen = sequence.shape[1] - 1
-            size = cache_bytes(cache)
             predicted = predicted_cache_bytes(loaded.config, dtype, strategy.held_tokens(seen, max_total)) if strategy.use_cache else 0
             result.token_ids.append(token)
             result.per_token_s.append(elapsed)
@@ -250,17 +250,9 @@ def run_compare(
         workers = [threading.Thread(target=work, args=([i],), daemon=True, name=f"kvlab-col{i}") for i in range(len(columns))]
     for worker in workers:
         worker.start()
-    next_sample = 0.0
+    sampler = _Sampler(tracker, started)
     try:
-        while any(w.is_alive() for w in workers) or not events.empty():
-            try:
-                yield events.get(timeout=QUEUE_POLL_S)
-            except queue.Empty:
-                pass
-            now = time.perf_counter() - started
-            if now >= next_sample:
-                next_sample = now + MEMORY_SAMPLE_EVERY_S
-                yield MemorySample(now, *tracker.sample())
+        yield from _relay(workers, events, sampler)
         for i, result in enumerate(results):
             if result is None:
                 lost = new_result(i, columns[i].strategy, prompt_ids.shape[1])
@@ -268,14 +260,52 @@ def run_compare(
                 results[i] = lost
                 yield ColumnError(i, "error", lost.message, lost)
         if settings.fidelity and not stop.is_set():
-            yield from score_fidelity(loaded, prompt_ids, columns, results, baseline, stop)
-        yield MemorySample(time.perf_counter() - started, *tracker.sample())
+            scorer = threading.Thread(target=_drain_into, daemon=True, name="kvlab-fidelity", args=(
+                score_fidelity(loaded, prompt_ids, columns, results, baseline, stop), events))
+            workers.append(scorer)
+            scorer.start()
+            yield from _relay([scorer], events, sampler)
+        yield sampler.sample()
         yield RunDone(list(results), time.perf_counter() - started, stop.is_set())
     finally:
         if any(w.is_alive() for w in workers):
             stop.set()
         for worker in workers:
             worker.join(JOIN_TIMEOUT_S)
+
+
+class _Sampler:
+    """Process memory samples at most every MEMORY_SAMPLE_EVERY_S seconds of a run."""
+
+    def __init__(self, tracker: MemoryTracker, started: float):
+        self.tracker, self.started, self.next_at = tracker, started, 0.0
+
+    def sample(self) -> MemorySample:
+        now = time.perf_counter() - self.started
+        self.next_at = now + MEMORY_SAMPLE_EVERY_S
+        return MemorySample(now, *self.tracker.sample())
+
+    def due(self) -> bool:
+        return time.perf_counter() - self.started >= self.next_at
+
+
+def _relay(threads: list[threading.Thread], events: queue.Queue, sampler: _Sampler) -> Iterator[Event]:
+    """Yield queued events (and due memory samples) until the threads end and the queue is empty."""
+    while any(t.is_alive() for t in threads) or not events.empty():
+        try:
+            yield events.get(timeout=QUEUE_POLL_S)
+        except queue.Empty:
+            pass
+        if sampler.due():
+            yield sampler.sample()
+
+
+def _drain_into(stream, events: queue.Queue) -> None:
+    """Run a generator to its end in this (worker) thread, queueing what it yields.
+
+    Model work stays off the consumer's thread, like the columns' decode loops."""
+    for event in stream:
+        events.put(event)
 
 
 def collect(events: Iterator[Event]) -> RunDone:

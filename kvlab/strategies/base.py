@@ -127,3 +127,26 @@ def require_int(name: str, value, low: int, high: int | None = None) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value < low or (high is not None and value > high):
         allowed = f">= {low}" if high is None else f"{low}..{high}"
         raise StrategyError(f"{name} must be an integer {allowed}, got {value!r}")
+
+
+def parse_strategy_list(text: str) -> list[dict]:
+    """Column specs from the command-line syntax `dynamic,quantized:backend=hqq:nbits=4,static:max_cache_len=128`.
+
+    Knob values are read as YAML scalars (`4` -> int, `true` -> bool).
+
+    Raises:
+        ValueError: a knob not written as key=value.
+    """
+    import yaml
+
+    columns = []
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        name, *pairs = item.split(":")
+        spec: dict = {"strategy": name}
+        for pair in pairs:
+            key, equals, value = pair.partition("=")
+            if not equals:
+                raise ValueError(f"bad knob {pair!r} in {item!r}: write key=value")
+            spec[key] = yaml.safe_load(value)
+        columns.append(spec)
+    return columns

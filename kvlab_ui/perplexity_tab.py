@@ -1,0 +1,130 @@
+"""The Perplexity tab: StreamingLLM's central figure, live on the loaded model.
+
+A long text streams token by token through dense, window and sink caches (and
+the model's own sliding window where it has one); the running log-perplexity of
+each grows on the plot as it is measured, with cache bytes beside it. Measuring
+is `kvlab.perplexity`'s job; this module builds components and wires events.
+Per-session state (the stop event) lives in `gr.State`.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import threading
+import time
+
+import gradio as gr
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from kvlab.models import ModelLoadError, ModelSpec  # noqa: E402
+from kvlab.perplexity import STRATEGY_NAMES, cache_makers, default_text, moving_log_ppl, ppl_by_segment, stream_many  # noqa: E402
+
+MAX_TOKENS_CAP = int(os.environ.get("KVLAB_MAX_PERPLEXITY_TOKENS", "8192"))
+CONCURRENCY = int(os.environ.get("KVLAB_CONCURRENCY", "1"))
+MODEL_CONCURRENCY_ID = "kvlab-model"
+PLOT_EVERY_S = 1.5
+COLORS = {"dense": "#1f77b4", "window": "#d62728", "sink": "#2ca02c", "sliding_window": "#9467bd"}
+BUILT_IN = "Python's help topics (pydoc_data.topics)"
+PASTED = "the text pasted below"
+EXPLAIN = (
+    "Each token of a long text is predicted from what the cache still holds. **dense** keeps everything; "
+    "**window** keeps only the last `window` tokens (the paper's window-attention baseline); **sink** keeps the "
+    "first `sinks` tokens as attention sinks plus the recent ones (Xiao et al. 2023, *Efficient Streaming Language "
+    "Models with Attention Sinks*). Past the window, window attention's perplexity shoots up while sink stays "
+    "close to dense at constant memory. Curves show log-perplexity (nats) over the last `window` tokens."
+)
+
+
+def render(curves: dict[str, list[float]], sizes: dict[str, list[int]], window: int):
+    """Two panels: running log-PPL vs position, cache bytes vs position."""
+    fig, (ax_ppl, ax_mem) = plt.subplots(1, 2, figsize=(12, 3.8))
+    for name, nll in curves.items():
+        if nll:
+            xs = range(1, len(nll) + 1)
+            ax_ppl.plot(xs, moving_log_ppl(nll, window), label=name, color=COLORS.get(name))
+            ax_mem.plot(xs, [b / 2**20 for b in sizes[name]], label=name, color=COLORS.get(name))
+    for ax in (ax_ppl, ax_mem):
+        ax.axvline(window, color="grey", linestyle=":", linewidth=1)
+        ax.set_xlabel("position (tokens)")
+        ax.grid(alpha=0.3)
+    ax_ppl.set_ylabel(f"log-perplexity, last {window} tokens (nats)")
+    ax_mem.set_ylabel("cache tensor bytes (MiB)")
+    ax_ppl.legend(loc="upper left")
+    fig.tight_layout()
+    return fig
+
+
+def segment_rows(curves: dict[str, list[float]], window: int) -> list[list]:
+    """Rows `[strategy, ppl of segment 1, ...]` for the table (segments of `window` tokens)."""
+    segments = {name: [round(s["ppl"], 2) for s in ppl_by_segment(nll, window)] for name, nll in curves.items()}
+    width = max((len(values) for values in segments.values()), default=0)
+    return [[name] + values + [None] * (width - len(values)) for name, values in segments.items()]
+
+
+def build_perplexity_tab(pool) -> None:
+    """Components and events of the tab, inside the caller's `gr.Tab`."""
+    gr.Markdown(EXPLAIN)
+    with gr.Row():
+        source = gr.Textbox("bundled", label="model ('bundled', hub id or local folder)", scale=2)
+        text_choice = gr.Radio([BUILT_IN, PASTED], value=BUILT_IN, label="text", scale=2)
+        strategies = gr.CheckboxGroup(list(STRATEGY_NAMES), value=["dense", "window", "sink"], label="caches", scale=2)
+    with gr.Row():
+        tokens = gr.Slider(64, MAX_TOKENS_CAP, value=1024, step=64, label="tokens to stream")
+        window = gr.Slider(16, 2048, value=256, step=16, label="window_length (tokens)")
+        sinks = gr.Slider(0, 16, value=4, step=1, label="num_sink_tokens (sink)")
+    pasted = gr.Textbox(label="your text (used when 'the text pasted below' is picked)", lines=3)
+    with gr.Row():
+        run = gr.Button("Run perplexity", variant="primary")
+        stop = gr.Button("Stop")
+    status = gr.Markdown("")
+    plot = gr.Plot(label="log-perplexity and cache bytes vs position")
+    table = gr.Dataframe(label="perplexity per window-sized segment", interactive=False)
+    session = gr.State(None)
+
+    def stream(source, text_choice, strategies, tokens, window, sinks, pasted, progress=gr.Progress()):
+        stop_event = threading.Event()
+        yield {session: stop_event, status: "loading the model…"}
+        try:
+            loaded = pool.get(ModelSpec(source=(source or "").strip() or "bundled"))
+            text = pasted if text_choice == PASTED else default_text()
+            if not text or not text.strip():
+                raise ValueError("the text is empty: paste a long text or pick the built-in one")
+            ids = loaded.tokenizer(text, return_tensors="pt")["input_ids"][:, : int(tokens)]
+            if ids.shape[1] < 2:
+                raise ValueError("the text has fewer than 2 tokens")
+            makers = cache_makers(loaded, list(strategies or []), int(window), int(sinks))
+            if not makers:
+                raise ValueError("pick at least one cache")
+        except (ValueError, ModelLoadError) as err:
+            yield {status: f"⚠️ {err}"}
+            return
+        curves = {name: [] for name in makers}
+        sizes = {name: [] for name in makers}
+        total = ids.shape[1] - 1
+        last_plot = 0.0
+        for name, position, nll, size in stream_many(loaded.model, ids, makers, stop_event):
+            curves[name].append(nll)
+            sizes[name].append(size)
+            now = time.perf_counter()
+            if now - last_plot >= PLOT_EVERY_S:
+                last_plot = now
+                fig = render(curves, sizes, int(window))
+                yield {plot: fig, status: f"token {position} of {total} · "
+                       + " · ".join(f"{n} ppl {math.exp(sum(v[-int(window):]) / len(v[-int(window):])):.1f}"
+                                    for n, v in curves.items() if v)}
+                plt.close(fig)
+        fig = render(curves, sizes, int(window))
+        word = "stopped" if stop_event.is_set() else "done"
+        yield {plot: fig, table: segment_rows(curves, int(window)),
+               status: f"{word}: {min(len(v) for v in curves.values())} tokens per cache"}
+        plt.close(fig)
+
+    run.click(stream, [source, text_choice, strategies, tokens, window, sinks, pasted],
+              [session, status, plot, table], concurrency_limit=CONCURRENCY, concurrency_id=MODEL_CONCURRENCY_ID,
+              api_visibility="private")
+    stop.click(lambda event: event.set() if event is not None else None, session, None,
+               concurrency_limit=None, api_visibility="private")

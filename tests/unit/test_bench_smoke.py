@@ -1,0 +1,114 @@
+"""`python -m kvlab bench --size smoke` on the real bundled model: the record's shape and the plots.
+
+Times are never asserted (the machine is shared); only that every section ran,
+every figure carries median/min/max and every check carries its target and verdict.
+"""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kvlab.bench import SECTIONS, format_markdown, format_report, make_check, parse_only, status_of
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+HANG_GUARD_S = 1800
+EXPECTED_PLOTS = {"overhead.png", "fair.png", "parallel.png", "scaling_latency.png", "scaling_bytes.png",
+                  "startup.png", "roofline.png"}
+CHECK_KEYS = {"section", "name", "value", "min", "max", "unit", "target", "met", "reason"}
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench")
+    proc = subprocess.run(
+        [sys.executable, "-m", "kvlab", "bench", "--size", "smoke", "--json", str(out / "b.json"),
+         "--plots", str(out / "plots"), "--markdown", str(out / "bench.md")],
+        cwd=REPO, capture_output=True, text=True, timeout=HANG_GUARD_S,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return {"record": json.loads((out / "b.json").read_text()), "stdout": proc.stdout, "out": out}
+
+
+def assert_stats(stats):
+    assert {"median", "min", "max", "n", "values"} <= set(stats)
+    assert stats["min"] <= stats["median"] <= stats["max"]
+    assert stats["n"] == len(stats["values"]) >= 1
+
+
+def test_every_section_ran_with_checks(smoke):
+    record = smoke["record"]
+    assert record["kvlab_bench"] == 1 and record["size"]["name"] == "smoke"
+    assert {"cpu", "cores_available", "torch", "transformers"} <= set(record["machine"])
+    assert set(record["sections"]) == set(SECTIONS)
+    for name, section in record["sections"].items():
+        assert "error" not in section, f"{name}: {section.get('error')}"
+        assert section["checks"], name
+        for check in section["checks"]:
+            assert set(check) == CHECK_KEYS
+            assert check["section"] == name and check["target"]
+            assert check["met"] in (True, False, None)
+            if check["met"] is False:
+                assert check["reason"], check["name"]
+    assert len(record["checks"]) == sum(len(s["checks"]) for s in record["sections"].values())
+
+
+def test_figures_carry_median_min_max(smoke):
+    sections = smoke["record"]["sections"]
+    for row in sections["overhead"]["rows"]:
+        for key in ("bare_tok_s", "kvlab_tok_s", "kvlab_outside_forward_ms_per_token", "ratio"):
+            assert_stats(row[key])
+    assert len(sections["fair"]["rows"]) == 4
+    for row in sections["fair"]["rows"]:
+        for key in ("together_ms", "alone_ms", "ratio"):
+            assert_stats(row[key])
+    assert_stats(sections["parallel"]["ratio"])
+    assert {r["mode"] for r in sections["parallel"]["rows"]} == {"parallel", "sequential"}
+    scaling = sections["scaling"]
+    assert set(scaling["series"]) == {"no_cache", "dynamic", "static", "quantized int4", "quantized int2", "sink 4+252"}
+    for series in scaling["series"].values():
+        assert len(series["latency_ms"]) == len(series["cache_bytes"]) == len(scaling["lengths"])
+        for stats in series["latency_ms"] + series["cache_bytes"]:
+            assert_stats(stats)
+    assert scaling["series"]["no_cache"]["cache_bytes"][-1]["median"] == 0
+    assert_stats(sections["startup"]["second"]["ready_s"])
+    assert "skipped" in sections["startup"]["first"]
+    roofline = sections["roofline"]
+    assert roofline["bandwidth_gb_s"] > 0
+    for variant in roofline["variants"]:
+        assert_stats(variant["tok_s"])
+        assert_stats(variant["fraction"])
+        assert variant["bound_tok_s"] > 0 and variant["weight_bytes"] > 0
+
+
+def test_plots_and_text(smoke):
+    plots = smoke["out"] / "plots"
+    assert {p.name for p in plots.glob("*.png")} >= EXPECTED_PLOTS
+    for name in EXPECTED_PLOTS:
+        assert (plots / name).stat().st_size > 1000
+    assert "median [min–max]" in smoke["stdout"] and "target" in smoke["stdout"]
+    assert smoke["stdout"].strip() == format_report(smoke["record"]).strip()
+    markdown = (smoke["out"] / "bench.md").read_text()
+    assert markdown == format_markdown(smoke["record"])
+    assert markdown.count("\n| ") == len(smoke["record"]["checks"]) + 1
+
+
+def test_only_lists_allowed_sections():
+    assert parse_only("roofline,overhead") == ["overhead", "roofline"]
+    assert parse_only(None) == list(SECTIONS)
+    with pytest.raises(ValueError, match="allowed: overhead,fair"):
+        parse_only("overhead,speed")
+
+
+def test_check_verdicts():
+    met = make_check("s", "n", [0.99, 1.0, 1.02], "≥ 0.98", lambda v: v >= 0.98, "why")
+    assert (met["value"], met["min"], met["max"], met["met"], met["reason"]) == (1.0, 0.99, 1.02, True, "")
+    assert status_of(met) == "met"
+    missed = make_check("s", "n", [0.5, 0.9], "≥ 0.98", lambda v: v >= 0.98, "runner work")
+    assert missed["met"] is False and status_of(missed) == "MISSED (runner work)"
+    assert status_of(make_check("s", "n", [0.3], "report", None, "r")) == "reported"
+    assert status_of(make_check("s", "n", [], "flat", None, "needs longer runs")) == "n/a (needs longer runs)"
