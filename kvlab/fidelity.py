@@ -5,7 +5,7 @@ Two views, because a lossy cache can keep the text and still change the model:
 - text: fraction of the baseline's tokens matched position by position, and the
   first index where the column's tokens leave the baseline's;
 - teacher-forced: the baseline's continuation is fed through the column's own
-  cache token by token, and at every position the column's next-token
+  cache token by token (one full forward for exact caches), and at every position the column's next-token
   distribution is compared with the baseline's (computed the same way under the
   baseline's cache): top-1 agreement and mean KL(baseline || column) in nats.
 
@@ -40,6 +40,11 @@ def teacher_forced_logprobs(loaded, strategy, prompt_ids: torch.Tensor, continua
     """Log-probabilities (len(continuation), vocab), float32, of each continuation token's
     position under `strategy`'s cache: row t is the distribution that predicts continuation[t].
 
+    An exact (non-lossy) strategy computes the same attention as a full causal
+    forward, so it is scored with one forward over prompt + continuation; a lossy
+    one feeds the continuation token by token through its own cache, so every
+    eviction or quantization step acts as it did while generating.
+
     Raises:
         RuntimeError: stopped through `stop`.
     """
@@ -50,7 +55,7 @@ def teacher_forced_logprobs(loaded, strategy, prompt_ids: torch.Tensor, continua
     tokens = torch.tensor([continuation], device=loaded.device)
     count = len(continuation)
     with torch.inference_mode():
-        if not strategy.use_cache:
+        if not strategy.lossy:
             sequence = torch.cat([prompt, tokens[:, :-1]], dim=1)
             logits = model(input_ids=sequence, use_cache=False, logits_to_keep=count).logits[0]
             return torch.log_softmax(logits.float(), dim=-1)

@@ -21,11 +21,10 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from kvlab.models import ModelLoadError, ModelSpec  # noqa: E402
+from kvlab_ui.compare_tab import CONCURRENCY, MODEL_CONCURRENCY_ID  # noqa: E402
 from kvlab.perplexity import STRATEGY_NAMES, cache_makers, default_text, moving_log_ppl, ppl_by_segment, stream_many  # noqa: E402
 
 MAX_TOKENS_CAP = int(os.environ.get("KVLAB_MAX_PERPLEXITY_TOKENS", "8192"))
-CONCURRENCY = int(os.environ.get("KVLAB_CONCURRENCY", "1"))
-MODEL_CONCURRENCY_ID = "kvlab-model"
 PLOT_EVERY_S = 1.5
 COLORS = {"dense": "#1f77b4", "window": "#d62728", "sink": "#2ca02c", "sliding_window": "#9467bd"}
 BUILT_IN = "Python's help topics (pydoc_data.topics)"
@@ -58,11 +57,16 @@ def render(curves: dict[str, list[float]], sizes: dict[str, list[int]], window: 
     return fig
 
 
-def segment_rows(curves: dict[str, list[float]], window: int) -> list[list]:
-    """Rows `[strategy, ppl of segment 1, ...]` for the table (segments of `window` tokens)."""
-    segments = {name: [round(s["ppl"], 2) for s in ppl_by_segment(nll, window)] for name, nll in curves.items()}
-    width = max((len(values) for values in segments.values()), default=0)
-    return [[name] + values + [None] * (width - len(values)) for name, values in segments.items()]
+def segment_table(curves: dict[str, list[float]], window: int):
+    """A frame: one row per cache, one column per `window`-token segment (perplexity, not log)."""
+    import pandas as pd
+
+    segments = {name: ppl_by_segment(nll, window) for name, nll in curves.items()}
+    longest = max(segments.values(), key=len, default=[])
+    headers = [f"tokens {s['start'] + 1}-{s['end']}" for s in longest]
+    rows = [[name] + [round(s["ppl"], 2) for s in parts] + [None] * (len(longest) - len(parts))
+            for name, parts in segments.items()]
+    return pd.DataFrame(rows, columns=["cache"] + headers)
 
 
 def build_perplexity_tab(pool) -> None:
@@ -73,21 +77,30 @@ def build_perplexity_tab(pool) -> None:
         text_choice = gr.Radio([BUILT_IN, PASTED], value=BUILT_IN, label="text", scale=2)
         strategies = gr.CheckboxGroup(list(STRATEGY_NAMES), value=["dense", "window", "sink"], label="caches", scale=2)
     with gr.Row():
-        tokens = gr.Slider(64, MAX_TOKENS_CAP, value=1024, step=64, label="tokens to stream")
-        window = gr.Slider(16, 2048, value=256, step=16, label="window_length (tokens)")
+        tokens = gr.Slider(64, MAX_TOKENS_CAP, value=1024, step=64, label="tokens to stream", elem_id="ppl-tokens")
+        window = gr.Slider(16, 2048, value=256, step=16, label="window_length (tokens)", elem_id="ppl-window")
         sinks = gr.Slider(0, 16, value=4, step=1, label="num_sink_tokens (sink)")
     pasted = gr.Textbox(label="your text (used when 'the text pasted below' is picked)", lines=3)
     with gr.Row():
-        run = gr.Button("Run perplexity", variant="primary")
-        stop = gr.Button("Stop")
-    status = gr.Markdown("")
-    plot = gr.Plot(label="log-perplexity and cache bytes vs position")
-    table = gr.Dataframe(label="perplexity per window-sized segment", interactive=False)
-    session = gr.State(None)
+        run = gr.Button("Run perplexity", variant="primary", elem_id="ppl-run")
+        stop = gr.Button("Stop", elem_id="ppl-stop")
+    status = gr.Markdown("", elem_id="ppl-status")
+    plot = gr.Plot(label="log-perplexity and cache bytes vs position", elem_id="ppl-plot")
+    table = gr.Dataframe(label="perplexity per window-sized segment", interactive=False, elem_id="ppl-table")
+    session = gr.State({})
 
-    def stream(source, text_choice, strategies, tokens, window, sinks, pasted, progress=gr.Progress()):
-        stop_event = threading.Event()
-        yield {session: stop_event, status: "loading the model…"}
+    def prepare(state: dict):
+        """Run clicked (before queueing): a fresh stop event for this session's run."""
+        state["stop"] = threading.Event()
+        return "waiting for a free slot…"
+
+    def stop_run(state: dict):
+        if state.get("stop") is not None:
+            state["stop"].set()
+
+    def stream(state, source, text_choice, strategies, tokens, window, sinks, pasted):
+        stop_event = state.get("stop") or threading.Event()
+        yield {status: "loading the model…"}
         try:
             loaded = pool.get(ModelSpec(source=(source or "").strip() or "bundled"))
             text = pasted if text_choice == PASTED else default_text()
@@ -119,12 +132,11 @@ def build_perplexity_tab(pool) -> None:
                 plt.close(fig)
         fig = render(curves, sizes, int(window))
         word = "stopped" if stop_event.is_set() else "done"
-        yield {plot: fig, table: segment_rows(curves, int(window)),
+        yield {plot: fig, table: segment_table(curves, int(window)),
                status: f"{word}: {min(len(v) for v in curves.values())} tokens per cache"}
         plt.close(fig)
 
-    run.click(stream, [source, text_choice, strategies, tokens, window, sinks, pasted],
-              [session, status, plot, table], concurrency_limit=CONCURRENCY, concurrency_id=MODEL_CONCURRENCY_ID,
-              api_visibility="private")
-    stop.click(lambda event: event.set() if event is not None else None, session, None,
-               concurrency_limit=None, api_visibility="private")
+    run.click(prepare, session, status, concurrency_limit=None, api_visibility="private").then(
+        stream, [session, source, text_choice, strategies, tokens, window, sinks, pasted], [status, plot, table],
+        concurrency_limit=CONCURRENCY, concurrency_id=MODEL_CONCURRENCY_ID, api_visibility="private")
+    stop.click(stop_run, session, None, concurrency_limit=None, api_visibility="private")

@@ -1,0 +1,51 @@
+"""kvlab's web app: builds the tabs around one shared ModelPool and wires their events.
+
+`create_app()` returns the `gr.Blocks`; `python app.py` serves it on 0.0.0.0,
+port `GRADIO_SERVER_PORT`, else `PORT`, else 7860. Everything a tab does lives
+in its `kvlab_ui` module; this file only assembles them.
+"""
+
+import os
+
+import gradio as gr
+
+from kvlab.models import ModelPool
+from kvlab_ui.compare_tab import CSS as COMPARE_CSS
+from kvlab_ui.compare_tab import build_compare_tab
+from kvlab_ui.chat_tab import build_chat_tab
+from kvlab_ui.perplexity_tab import build_perplexity_tab
+
+DEFAULT_PORT = 7860
+TITLE = "kvlab: KV-cache strategies side by side"
+CACHE_CLEANUP = (3600, 3600)
+"""Every hour, delete gradio's cached copies of served files (exports) older than an hour."""
+CSS = COMPARE_CSS + "\n.kv-header h1 { margin-bottom: 0; }\n"
+
+
+def create_app(pool: ModelPool | None = None, preload: bool = True) -> gr.Blocks:
+    """The whole app. `pool` holds the model weights every tab and session shares; `preload` starts
+    loading the bundled model in the background right away."""
+    pool = pool or ModelPool()
+    with gr.Blocks(title=TITLE, analytics_enabled=False, fill_width=True, delete_cache=CACHE_CLEANUP) as demo:
+        gr.Markdown(f"# {TITLE}", elem_classes=["kv-header"])
+        with gr.Tab("Compare"):
+            build_compare_tab(pool, preload=preload)
+        with gr.Tab("Chat"):
+            build_chat_tab(pool)
+        with gr.Tab("Perplexity"):
+            build_perplexity_tab(pool)
+    # Light events (presets, strategy pickers, Stop) run at once; model-bound ones set their own limit.
+    demo.queue(default_concurrency_limit=None)
+    return demo
+
+
+def server_port() -> int:
+    return int(os.environ.get("GRADIO_SERVER_PORT") or os.environ.get("PORT") or DEFAULT_PORT)
+
+
+def launch() -> None:
+    create_app().launch(server_name="0.0.0.0", server_port=server_port(), css=CSS, show_error=True)
+
+
+if __name__ == "__main__":
+    launch()

@@ -1,0 +1,93 @@
+"""Background model loading for the browser tabs, with progress the page can poll.
+
+`BackgroundLoader` wraps the one shared `kvlab.models.ModelPool`: `start(spec)`
+loads on a daemon thread and returns at once, so the page stays usable while
+weights load; `status(spec)` says where that load is (fraction, message, error,
+model info). `get(spec)` blocks until the model is ready, reusing a load in
+flight. Load outcomes are shared by every session, like the weights themselves.
+This module does not import gradio.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+from kvlab.models import LoadedModel, ModelLoadError, ModelPool, ModelSpec
+
+
+@dataclass(frozen=True)
+class LoadStatus:
+    """Where a spec's load stands. state: `idle` (never asked), `loading`, `ready` or `error`."""
+
+    state: str
+    fraction: float = 0.0
+    message: str = ""
+    loaded: LoadedModel | None = None
+
+
+class BackgroundLoader:
+    """Loads specs into `pool` on daemon threads and remembers each load's progress and outcome."""
+
+    def __init__(self, pool: ModelPool):
+        self.pool = pool
+        self._status: dict[ModelSpec, LoadStatus] = {}
+        self._threads: dict[ModelSpec, threading.Thread] = {}
+        self._guard = threading.Lock()
+
+    def status(self, spec: ModelSpec) -> LoadStatus:
+        loaded = self.pool.loaded(spec)
+        if loaded is not None:
+            return LoadStatus("ready", 1.0, f"{loaded.name} ready", loaded)
+        with self._guard:
+            status = self._status.get(spec, LoadStatus("idle"))
+        if status.state == "ready":
+            # Loaded once, then dropped from the pool (least recently used): it would load again.
+            return LoadStatus("idle")
+        return status
+
+    def start(self, spec: ModelSpec) -> LoadStatus:
+        """Begin loading `spec` in the background unless it is loaded or loading; returns its status."""
+        with self._guard:
+            thread = self._threads.get(spec)
+            if self.pool.loaded(spec) is None and (thread is None or not thread.is_alive()):
+                self._status[spec] = LoadStatus("loading", 0.0, f"loading {spec.source}…")
+                thread = threading.Thread(target=self._load, args=(spec,), daemon=True, name="kvlab-load")
+                self._threads[spec] = thread
+                thread.start()
+        return self.status(spec)
+
+    def get(self, spec: ModelSpec) -> LoadedModel:
+        """The loaded model, loading it here if needed (a load in flight is joined, not repeated).
+
+        Raises:
+            ModelLoadError: the spec cannot be loaded; the message says why.
+        """
+        loaded = self.pool.loaded(spec)
+        if loaded is not None:
+            return loaded
+        self.start(spec)
+        with self._guard:
+            thread = self._threads.get(spec)
+        if thread is not None:
+            thread.join()
+        status = self.status(spec)
+        if status.loaded is None:
+            raise ModelLoadError(status.message or f"could not load {spec.source!r}")
+        return status.loaded
+
+    def _load(self, spec: ModelSpec) -> None:
+        def progress(fraction: float, message: str) -> None:
+            with self._guard:
+                self._status[spec] = LoadStatus("loading", fraction, message)
+
+        try:
+            loaded = self.pool.get(spec, progress=progress)
+        except (ModelLoadError, ValueError) as err:
+            outcome = LoadStatus("error", 1.0, str(err))
+        except Exception as err:  # noqa: BLE001 - any failure is reported on the page, never raised in a thread
+            outcome = LoadStatus("error", 1.0, f"could not load {spec.source!r}: {type(err).__name__}: {err}")
+        else:
+            outcome = LoadStatus("ready", 1.0, f"{loaded.name} ready")  # the pool holds the model, not this record
+        with self._guard:
+            self._status[spec] = outcome

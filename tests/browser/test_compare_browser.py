@@ -1,0 +1,157 @@
+"""The Compare tab in headless chromium against the real app (bundled model, CPU).
+
+- Picking a preset fills the form; Run streams text into at least three columns
+  while the run is still going (sampled several times, so text dumped at the end
+  would fail), then the plots and the summary table appear. A screenshot of the
+  finished page goes to artifacts/ (and to docs/screenshot.png with
+  KVLAB_UPDATE_SCREENSHOT=1).
+- On a long run (1500 tokens, EOS ignored) another tab's Run waits in the queue
+  and shows its position; Stop halts every column, and the next Run works.
+
+No wall-clock time is asserted; waits only guard against a hung run.
+"""
+
+import os
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.browser
+
+QUICKSTART_PROMPT = "Explain in three sentences why the sky is blue."
+SAMPLING_PROMPT = "Give me three creative names for a coffee shop run by cats."
+QUICKSTART_STRATEGIES = ["no_cache", "dynamic", "static", "quantized", "quantized", "offloaded", "(none)", "(none)"]
+RUNNING_COLUMNS = range(5)  # quickstart's sixth column (offloaded) needs CUDA: unavailable here
+RUN_TIMEOUT_S = 900
+MODEL_TIMEOUT_MS = 240_000
+POLL_S = 0.3
+REPO_ROOT = Path(__file__).resolve().parents[2]
+ARTIFACTS = REPO_ROOT / "artifacts"
+SCREENSHOT = ARTIFACTS / "compare-quickstart.png"
+DOCS_SCREENSHOT = REPO_ROOT / "docs" / "screenshot.png"
+
+SNAPSHOT_JS = """() => {
+  const q = (sel) => document.querySelector(sel);
+  const slots = [...Array(8).keys()];
+  return {
+    status: (q('#kv-run-status') || {}).innerText || '',
+    texts: slots.map(i => { const t = q(`#kv-col-${i}-text textarea`); return t ? t.value : null; }),
+    badges: slots.map(i => { const b = q(`#kv-col-${i}-status .kv-badge`); return b ? b.innerText.trim() : null; }),
+  };
+}"""
+
+
+def snapshot(page) -> dict:
+    return page.evaluate(SNAPSHOT_JS)
+
+
+def wait_for_model(page) -> None:
+    page.wait_for_function("document.querySelector('#kv-model-status').innerText.includes('ready')",
+                           timeout=MODEL_TIMEOUT_MS)
+
+
+def pick_preset(page, name: str) -> None:
+    page.locator("#kv-preset input").click()
+    page.get_by_role("option", name=name, exact=True).click()
+
+
+def strategies(page) -> list[str]:
+    """The strategy picked in each column (the dropdown shows its label, e.g. `offloaded  ⊘ unavailable here`)."""
+    return [page.locator(f"#kv-col-{i}-strategy input").input_value().split("  ")[0] for i in range(8)]
+
+
+def wait_for_status(page, *prefixes: str) -> dict:
+    """Poll until the run status line starts with one of `prefixes`; returns that snapshot."""
+    deadline = time.monotonic() + RUN_TIMEOUT_S
+    while time.monotonic() < deadline:
+        snap = snapshot(page)
+        if snap["status"].startswith(prefixes):
+            return snap
+        time.sleep(POLL_S)
+    raise AssertionError(f"the run status never started with {prefixes}; last: {snap['status']!r}")
+
+
+def test_quickstart_streams_into_columns_then_summarizes(page):
+    wait_for_model(page)
+    pick_preset(page, "sampling")
+    page.wait_for_function(f"document.querySelector('#kv-prompt textarea').value === {SAMPLING_PROMPT!r}")
+    pick_preset(page, "quickstart")
+    page.wait_for_function(f"document.querySelector('#kv-prompt textarea').value === {QUICKSTART_PROMPT!r}")
+    assert strategies(page) == QUICKSTART_STRATEGIES
+    assert page.locator("#kv-col-3-knob-2 input").input_value() == "16"  # residual_length from the preset
+
+    page.click("#kv-run")
+    running = []
+    deadline = time.monotonic() + RUN_TIMEOUT_S
+    while time.monotonic() < deadline:
+        snap = snapshot(page)
+        if snap["status"].startswith("running"):
+            running.append(snap["texts"])
+        elif snap["status"].startswith(("finished", "stopped", "✖", "columns finished")):
+            break
+        time.sleep(POLL_S)
+    grew = set()
+    for column in RUNNING_COLUMNS:
+        seen = [texts[column] for texts in running if texts[column]]
+        if any(later.startswith(earlier) and len(later) > len(earlier) for earlier in seen for later in seen):
+            grew.add(column)
+    assert len(grew) >= 3, f"text grew while running in columns {sorted(grew)} only ({len(running)} samples)"
+
+    snap = wait_for_status(page, "finished", "stopped", "✖")
+    assert snap["status"].startswith("finished"), snap["status"]
+    assert snap["badges"][:6] == ["done"] * 5 + ["unavailable"]
+    assert all(snap["texts"][i] for i in RUNNING_COLUMNS)
+    page.locator("#kv-plot img").wait_for(state="visible")
+    summary = page.locator("#kv-summary")
+    summary.wait_for(state="visible")
+    table = summary.inner_text()
+    for name in ("no_cache", "dynamic", "static", "quantized quanto int4 r16", "quantized hqq int4 r16", "offloaded"):
+        assert name in table
+    assert "★" in table
+    assert page.locator("#kv-exports").inner_text().count("kvlab-") >= 3
+
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(SCREENSHOT), full_page=True)
+    if os.environ.get("KVLAB_UPDATE_SCREENSHOT") == "1":
+        DOCS_SCREENSHOT.parent.mkdir(exist_ok=True)
+        shutil.copyfile(SCREENSHOT, DOCS_SCREENSHOT)
+
+
+def test_stop_halts_every_column_a_second_tab_waits_and_the_next_run_works(page, other_page):
+    wait_for_model(page)
+    assert strategies(page) == QUICKSTART_STRATEGIES  # the page opens on the quickstart preset
+    page.locator("#kv-max-new input").fill("1500")
+    page.locator("#kv-ignore-eos input[type=checkbox]").check()
+    page.click("#kv-run")
+    deadline = time.monotonic() + RUN_TIMEOUT_S
+    while time.monotonic() < deadline:
+        snap = snapshot(page)
+        if snap["status"].startswith("running") and sum(bool(snap["texts"][i]) for i in RUNNING_COLUMNS) >= 3:
+            break
+        time.sleep(POLL_S)
+
+    # Another tab's run waits in line (one model-bound job at a time) and shows its place in the queue.
+    other_page.click("#kv-run")
+    other_page.wait_for_function("document.querySelector('#kv-run-status').innerText.includes('queue:')")
+    other_page.click("#kv-stop")
+
+    page.click("#kv-stop")
+    snap = wait_for_status(page, "stopped", "finished", "✖")
+    assert snap["status"].startswith("stopped"), snap["status"]
+    assert snap["badges"][:6] == ["stopped"] * 5 + ["unavailable"]
+    time.sleep(2)
+    assert snapshot(page)["texts"] == snap["texts"], "a column kept generating after Stop"
+    other_page.wait_for_function(
+        "document.querySelector('#kv-run-status').innerText.includes('stopped before the run started')")
+
+    page.locator("#kv-run:not([disabled])").wait_for()
+    page.locator("#kv-max-new input").fill("6")
+    page.locator("#kv-ignore-eos input[type=checkbox]").uncheck()
+    page.click("#kv-run")
+    wait_for_status(page, "running", "columns finished", "finished")
+    snap = wait_for_status(page, "finished", "stopped", "✖")
+    assert snap["status"].startswith("finished"), snap["status"]
+    assert snap["badges"][:6] == ["done"] * 5 + ["unavailable"]
+    assert all(snap["texts"][i] for i in RUNNING_COLUMNS)
