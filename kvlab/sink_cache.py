@@ -107,7 +107,8 @@ def unsupported_reason(config) -> str | None:
         )
     rope = getattr(cfg, "rope_parameters", None)
     if not isinstance(rope, dict) or "rope_type" not in rope:
-        return "config.rope_parameters has no single 'rope_type': the sink cache needs one rotary embedding for all layers"
+        return ("config.rope_parameters has no single 'rope_type': "
+                "the sink cache needs one rotary embedding for all layers")
     if rope["rope_type"] not in SUPPORTED_ROPE_TYPES:
         return (
             f"rope_type {rope['rope_type']!r} is not one of {SUPPORTED_ROPE_TYPES}: its frequencies change with "
