@@ -153,24 +153,28 @@ def plan_reuse(cached_ids: Sequence[int], input_ids: Sequence[int], croppable: b
         return ReusePlan("fresh", 0, note="first turn: the whole input is prefilled")
     common = common_prefix_length(cached_ids, input_ids)
     usable = min(common, len(input_ids) - 1)
-    why = f" ({reason})" if reason else " (the chat template re-tokenized the history differently from the generated ids)"
+    why = (f" ({reason})" if reason
+           else " (the chat template re-tokenized the history differently from the generated ids)")
+    where = (f"the cached ids run past the input ({len(cached_ids)} cached, {len(input_ids)} in the input)"
+             if common == len(input_ids) else f"the input diverges from the cached ids after {common} matching tokens")
     if usable == len(cached_ids):
         if streaming:
             return ReusePlan("stream", usable, note=(
                 f"only the new turn's tokens were fed; the earlier {usable} tokens were streamed through the "
                 f"sink window, which keeps the sink tokens and the most recent ones"))
-        return ReusePlan("reuse", usable, note=f"the input starts with the {usable} cached tokens: only the new tail was prefilled")
+        return ReusePlan("reuse", usable,
+                         note=f"the input starts with the {usable} cached tokens: only the new tail was prefilled")
     if streaming:
         return ReusePlan("rebuild", 0, rebuild=True, note=(
-            f"the input diverges from the streamed ids at token {common}{why}; a sink cache cannot be cropped "
-            f"(evicted tokens are gone), so the whole conversation was streamed through a fresh one"))
+            f"{where}{why}; a sink cache cannot be cropped (evicted tokens are gone), "
+            f"so the whole conversation was streamed through a fresh one"))
     if not croppable:
         return ReusePlan("rebuild", 0, rebuild=True, note=(
-            f"the input diverges from the cached ids at token {common}{why}; this cache's layers cannot be "
-            f"cropped (quantized), so it was rebuilt from the whole conversation"))
+            f"{where}{why}; this cache's layers cannot be cropped (quantized), "
+            f"so it was rebuilt from the whole conversation"))
     return ReusePlan("crop", usable, crop_tokens=len(cached_ids) - usable, note=(
-        f"the input diverges from the cached ids at token {common}{why}; the cache was cropped by "
-        f"{len(cached_ids) - usable} tokens to the common prefix of {usable}"))
+        f"{where}{why}; the cache was cropped by {len(cached_ids) - usable} tokens "
+        f"to the common prefix of {usable}"))
 
 
 def feed(loaded, cache, ids: torch.Tensor) -> torch.Tensor:
@@ -367,15 +371,13 @@ class TurnStats:
         return dataclasses.asdict(self)
 
 
-
-
 class ChatSession:
     """One conversation with one cache kept across turns. Not thread-safe: one session per user.
 
     `cache` is the transformers Cache; `cached_ids` are exactly the ids that went
     through it, in order (for a sink cache: every id streamed through it), kept
     in step after every forward, so a reply interrupted at any token leaves them
-    consistent.
+    consistent. `refused` is the last `ChatCapacityError` (None after a turn that fit).
 
     Args:
         loaded: a `kvlab.models.LoadedModel` whose tokenizer has a chat template.
@@ -396,6 +398,7 @@ class ChatSession:
         self.cache = None
         self.cached_ids: list[int] = []
         self.generations = 0
+        self.refused: ChatCapacityError | None = None
         self._reason = ""
         self.strategy = self._checked(strategy)
 
@@ -422,7 +425,10 @@ class ChatSession:
         self._reason = reason
 
     def grow_cache(self, capacity: int | None = None) -> int:
-        """Switch a static strategy to `max_cache_len=capacity` (default: `suggested_capacity` of the next turn).
+        """Switch a static strategy to `max_cache_len=capacity`.
+
+        The default is the suggestion of the last refused turn, else room for the
+        conversation so far plus a few turns (`suggested_capacity`).
 
         The cache is rebuilt at the next turn. Returns the new capacity.
 
@@ -430,10 +436,15 @@ class ChatSession:
             StrategyError: the strategy has no `max_cache_len`.
         """
         if not hasattr(self.strategy, "max_cache_len"):
-            raise StrategyError(f"{self.strategy.name} has no max_cache_len to grow; only static caches have a fixed size")
-        capacity = capacity or suggested_capacity(self.needed_tokens())
+            raise StrategyError(f"{self.strategy.name} has no max_cache_len to grow; "
+                                "only static caches have a fixed size")
+        if capacity is None and self.refused is not None:
+            capacity = self.refused.suggested
+        elif capacity is None:
+            capacity = suggested_capacity(self.needed_tokens() if self.history else self.capacity() or 1)
         self.strategy = self._checked(dataclasses.replace(self.strategy, max_cache_len=capacity))
         self.drop_cache(f"the static cache was rebuilt with max_cache_len={capacity}")
+        self.refused = None
         return capacity
 
     def messages(self, history: list[dict] | None = None) -> list[dict]:
@@ -495,7 +506,9 @@ class ChatSession:
         if not self.history or self.history[-1]["role"] != "assistant":
             raise ChatInputError("there is no reply to regenerate yet: send a message first")
         history = self.history[:-1]
-        return self._turn(history, self._prepare(history), baseline, verify, stop)
+        ids = self._prepare(history)
+        self._reason = self._reason or "regenerate replaces the last reply"
+        return self._turn(history, ids, baseline, verify, stop)
 
     def undo(self) -> bool:
         """Remove the last user message and its reply. Returns False when there is nothing to undo.
@@ -527,8 +540,9 @@ class ChatSession:
         ids = self.input_ids(history)
         capacity = self.capacity()
         needed = len(ids) + self.settings.max_new_tokens
-        if capacity is not None and needed > capacity:
-            raise ChatCapacityError(needed, capacity)
+        self.refused = ChatCapacityError(needed, capacity) if capacity is not None and needed > capacity else None
+        if self.refused is not None:
+            raise self.refused
         return ids
 
     def _turn(self, history: list[dict], ids: list[int], baseline: bool, verify: bool,
@@ -536,47 +550,50 @@ class ChatSession:
         seed = self.settings.seed + self.generations
         self.generations += 1
         reply = Generation()
-        finished = False
+        done = False
         try:
-            started = time.perf_counter()
-            plan = self._apply_plan(ids, history)
-            yield from stream_reply(self.loaded, self.cache, ids, plan.reused_tokens, self.settings, reply, seed,
-                                    stop, started, self.cached_ids.extend)
-            if not is_streaming(self.cache) and held_tokens(self.cache) != len(self.cached_ids):
-                raise RuntimeError(f"the cache holds {held_tokens(self.cache)} tokens but "
-                                   f"{len(self.cached_ids)} ids were tracked")
-            finished = True
-        except Exception as err:  # noqa: BLE001 - a failure ends this turn only, reported as an event
-            self.drop_cache("the previous turn failed, so its cache was dropped")
-            yield ChatTurnFailed(f"{type(err).__name__}: {err}")
-            return
-        finally:
-            if not finished and self.cache is not None:
-                self._reason = "the previous reply was interrupted before it finished"
-        stats = TurnStats(
-            turn=_user_count(history), strategy=self.strategy.describe(), action=plan.action, note=plan.note,
-            input_tokens=len(ids), reused_tokens=plan.reused_tokens, prefilled_tokens=len(ids) - plan.reused_tokens,
-            cropped_tokens=plan.crop_tokens, generated_tokens=len(reply.token_ids), ttft_s=reply.ttft_s,
-            decode_tok_s=reply.decode_tok_s, cache_tokens=held_tokens(self.cache), cache_bytes=cache_bytes(self.cache),
-            stop_reason=reply.stop_reason, reply=reply.text, reply_ids=list(reply.token_ids),
-            user=history[-1]["content"], lossy=self.strategy.lossy,
-        )
-        if baseline or verify:
-            yield ChatStatus("measuring the same turn without reuse (the whole history prefilled from scratch)")
             try:
-                self._measure_without_reuse(stats, ids, seed, verify)
-            except Exception as err:  # noqa: BLE001 - the reply stands; only the comparison failed
-                stats.note += f"; the no-reuse measurement failed: {type(err).__name__}: {err}"
-        self.history = history + [{"role": "assistant", "content": reply.text}]
-        self.turns = self.turns[: stats.turn - 1] + [stats]
-        self._reason = ""
-        yield ChatTurnDone(stats)
+                started = time.perf_counter()
+                plan = self._apply_plan(ids, history)
+                yield from stream_reply(self.loaded, self.cache, ids, plan.reused_tokens, self.settings, reply, seed,
+                                        stop, started, self.cached_ids.extend)
+                if not is_streaming(self.cache) and held_tokens(self.cache) != len(self.cached_ids):
+                    raise RuntimeError(f"the cache holds {held_tokens(self.cache)} tokens but "
+                                       f"{len(self.cached_ids)} ids were tracked")
+            except Exception as err:  # noqa: BLE001 - a failure ends this turn only, reported as an event
+                self.drop_cache("the previous turn failed, so its cache was dropped")
+                done = True
+                yield ChatTurnFailed(f"{type(err).__name__}: {err}")
+                return
+            stats = TurnStats(
+                turn=_user_count(history), strategy=self.strategy.describe(), action=plan.action, note=plan.note,
+                input_tokens=len(ids), reused_tokens=plan.reused_tokens,
+                prefilled_tokens=len(ids) - plan.reused_tokens, cropped_tokens=plan.crop_tokens,
+                generated_tokens=len(reply.token_ids), ttft_s=reply.ttft_s, decode_tok_s=reply.decode_tok_s,
+                cache_tokens=held_tokens(self.cache), cache_bytes=cache_bytes(self.cache),
+                stop_reason=reply.stop_reason, reply=reply.text, reply_ids=list(reply.token_ids),
+                user=history[-1]["content"], lossy=self.strategy.lossy,
+            )
+            if baseline or verify:
+                yield ChatStatus("measuring the same turn without reuse (the whole history prefilled from scratch)")
+                try:
+                    self._measure_without_reuse(stats, ids, seed, verify)
+                except Exception as err:  # noqa: BLE001 - the reply stands; only the comparison failed
+                    stats.note += f"; the no-reuse measurement failed: {type(err).__name__}: {err}"
+            self.history = history + [{"role": "assistant", "content": reply.text}]
+            self.turns = self.turns[: stats.turn - 1] + [stats]
+            self._reason = ""
+            done = True
+            yield ChatTurnDone(stats)
+        finally:
+            if not done:
+                self._reason = "the previous reply was interrupted before it finished"
 
     def _apply_plan(self, ids: list[int], history: list[dict]) -> ReusePlan:
         reason = self._reason
         if self.cache is None:
             self.cache, self.cached_ids = self.new_cache(), []
-            if _user_count(history) > 1 or reason:
+            if _user_count(history) > 1:
                 why = reason or "there was no cache yet"
                 return ReusePlan("rebuild", 0, rebuild=True,
                                  note=f"{why}: the whole conversation was prefilled into a new cache")

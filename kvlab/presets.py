@@ -122,5 +122,16 @@ def load_preset(path: str | Path) -> Preset:
 
 
 def list_presets() -> dict[str, Path]:
-    """Preset name (file stem) -> path, for every `presets/*.yaml`."""
-    return {p.stem: p for p in sorted(PRESETS_DIR.glob("*.yaml"))}
+    """Preset name (file stem) -> path, for every `presets/*.yaml` except plain YAML lists.
+
+    A file holding a YAML list is an input of another command (`chat --turns`,
+    `prefix --prompts`), not a comparison preset.
+    """
+    return {p.stem: p for p in sorted(PRESETS_DIR.glob("*.yaml")) if not _is_yaml_list(p)}
+
+
+def _is_yaml_list(path: Path) -> bool:
+    try:
+        return isinstance(yaml.safe_load(path.read_text()), list)
+    except yaml.YAMLError:
+        return False

@@ -1,0 +1,217 @@
+"""Command line: `python -m kvlab chat` (scripted multi-turn chat) and `python -m kvlab prefix` (prefix reuse).
+
+`chat --turns FILE --strategy NAME[:knob=value...]` runs a YAML list of user
+messages as one conversation with one cache kept across turns, printing one row
+per turn (reused and prefilled tokens, TTFT with and without reuse); `--verify`
+also generates each reply without reuse and reports `match`.
+
+`prefix --prefix FILE --prompts FILE` prefills the prefix file once and answers
+every prompt of a YAML list from a copy of its cache, and again without reuse.
+
+Both write their full record with `--json OUT`. A bad file, an unknown strategy
+or invalid settings print the reason on stderr and exit with status 2.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import yaml
+
+from .strategies.base import parse_strategy_list
+from .generation import GenerationSettings
+
+EXIT_USAGE = 2
+
+
+class CliInputError(ValueError):
+    """A file or flag the command cannot use; the message says which and why."""
+
+
+def add_parser(sub) -> None:
+    """Add the `chat` and `prefix` subcommands to `python -m kvlab`'s subparsers."""
+    chat = sub.add_parser("chat", help="run a scripted multi-turn chat with one cache kept across turns")
+    chat.add_argument("--turns", required=True, help="YAML file: a list of user messages")
+    chat.add_argument("--strategy", default="dynamic",
+                      help="one strategy, knobs after colons: dynamic | static:max_cache_len=512 | "
+                           "quantized:backend=quanto:nbits=4 | sink (default dynamic)")
+    chat.add_argument("--system", default="", help="system prompt")
+    chat.add_argument("--verify", action="store_true", help="also generate every reply without reuse and compare")
+    _add_common(chat)
+    chat.set_defaults(func=cmd_chat)
+
+    prefix = sub.add_parser("prefix", help="prefill a shared prefix once and answer several prompts from copies of it")
+    prefix.add_argument("--prefix", required=True, help="text file: the shared system prompt or document")
+    prefix.add_argument("--prompts", required=True, help="YAML file: a list of prompts")
+    prefix.add_argument("--strategy", default="dynamic",
+                        help="dynamic | static[:max_cache_len=N] | quantized[:backend=quanto:nbits=4...] "
+                             "(default dynamic)")
+    prefix.add_argument("--plain", action="store_true",
+                        help="plain text instead of the chat template (prefix and prompt concatenated)")
+    _add_common(prefix)
+    prefix.set_defaults(func=cmd_prefix)
+
+
+def _add_common(parser) -> None:
+    parser.add_argument("--model", default="bundled", help="'bundled', a hub id or a local folder")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda", "mps"])
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--sample", action="store_true", help="sample instead of greedy")
+    parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument("--top-p", type=float, default=1.0)
+    parser.add_argument("--top-k", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", help="write the full record to this file")
+
+
+def read_message_list(path: str, what: str) -> list[str]:
+    """A YAML file holding a non-empty list of non-empty strings.
+
+    Raises:
+        CliInputError: missing or unreadable file, not YAML, not such a list; the message names the file.
+    """
+    try:
+        data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    except OSError as err:
+        raise CliInputError(f"cannot read {what} file {path!r}: {err.strerror or err}") from err
+    except yaml.YAMLError as err:
+        raise CliInputError(f"{what} file {path!r} is not valid YAML: {err}") from err
+    if not isinstance(data, list) or not data:
+        raise CliInputError(f"{what} file {path!r} must be a non-empty YAML list of messages, "
+                            "e.g.\n- Hello!\n- And then?")
+    for i, item in enumerate(data, 1):
+        if not isinstance(item, str) or not item.strip():
+            raise CliInputError(f"{what} file {path!r}: item {i} must be a non-empty string, got {item!r}")
+    return data
+
+
+def read_text(path: str, what: str) -> str:
+    """A non-empty UTF-8 text file. Raises CliInputError naming the file."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as err:
+        raise CliInputError(f"cannot read {what} file {path!r}: {err.strerror or err}") from err
+    if not text.strip():
+        raise CliInputError(f"{what} file {path!r} is empty")
+    return text
+
+
+def parse_strategy(text: str):
+    """One strategy from `name[:knob=value...]` (the syntax of compare's `--strategies`).
+
+    Raises:
+        CliInputError: not exactly one strategy, a malformed knob, a strategy without a cache.
+        StrategyError: unknown name or knob.
+    """
+    from .strategies import make_strategy
+
+    try:
+        specs = parse_strategy_list(text)
+    except ValueError as err:
+        raise CliInputError(str(err)) from err
+    if len(specs) != 1:
+        raise CliInputError(f"--strategy takes exactly one strategy, got {len(specs)} in {text!r}")
+    strategy = make_strategy(specs[0])
+    if not strategy.use_cache:
+        raise CliInputError(f"{strategy.name} keeps no cache, so there is nothing to reuse; "
+                            "pick dynamic, static, quantized or sink")
+    return strategy
+
+
+def settings_from(args) -> GenerationSettings:
+    """Generation settings from the common flags. Raises ValueError listing every problem."""
+    settings = GenerationSettings(max_new_tokens=args.max_new_tokens, do_sample=args.sample,
+                                  temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
+                                  seed=args.seed, fidelity=False)
+    settings.check()
+    return settings
+
+
+def _load(args):
+    from .models import ModelSpec, load_model
+
+    return load_model(ModelSpec(args.model, args.dtype, args.device),
+                      progress=lambda fraction, message: print(f"[model] {message}", file=sys.stderr))
+
+
+def _fail(command: str, err: Exception) -> int:
+    print(f"kvlab {command}: {err}", file=sys.stderr)
+    return EXIT_USAGE
+
+
+def _write_json(path: str | None, record: dict) -> None:
+    if path:
+        Path(path).write_text(json.dumps(record, indent=1))
+        print(f"wrote {path}", file=sys.stderr)
+
+
+def _seconds(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
+
+
+def cmd_chat(args) -> int:
+    """Run the scripted conversation; 0 on success, 2 when it cannot start, 1 when a turn fails."""
+    from .chat import ChatInputError, ChatSession, ChatTurnDone, ChatTurnFailed
+    from .models import ModelLoadError
+
+    try:
+        turns = read_message_list(args.turns, "turns")
+        strategy = parse_strategy(args.strategy)
+        settings = settings_from(args)
+        loaded = _load(args)
+        session = ChatSession(loaded, strategy, settings, args.system)
+    except (ValueError, ModelLoadError) as err:
+        return _fail("chat", err)
+    records = []
+    print(f"{'turn':>4} {'action':>8} {'reused':>6} {'prefilled':>9} {'ttft_s':>7} {'no_reuse_s':>10} "
+          f"{'match':>5}  reply")
+    for text in turns:
+        try:
+            events = list(session.send(text, baseline=True, verify=args.verify))
+        except ChatInputError as err:
+            return _fail("chat", err)
+        failed = [e for e in events if isinstance(e, ChatTurnFailed)]
+        if failed:
+            print(f"kvlab chat: turn {len(records) + 1} failed: {failed[0].message}", file=sys.stderr)
+            return 1
+        stats = next(e.stats for e in events if isinstance(e, ChatTurnDone))
+        match = "-" if stats.match is None else str(stats.match).lower()
+        print(f"{stats.turn:>4} {stats.action:>8} {stats.reused_tokens:>6} {stats.prefilled_tokens:>9} "
+              f"{_seconds(stats.ttft_s):>7} {_seconds(stats.no_reuse_ttft_s):>10} {match:>5}  "
+              f"{stats.reply[:60]!r}")
+        records.append(stats.to_json())
+    _write_json(args.json, {"command": "chat", "model": loaded.info(), "strategy": strategy.describe(),
+                            "knobs": strategy.knobs(), "system": args.system, "verify": args.verify,
+                            "settings": vars(settings), "turns": records})
+    return 0
+
+
+def cmd_prefix(args) -> int:
+    """Answer every prompt after the shared prefix; 0 on success, 2 when it cannot start."""
+    from .models import ModelLoadError
+    from .prefix import run_prefix_reuse
+
+    try:
+        prefix = read_text(args.prefix, "prefix")
+        prompts = read_message_list(args.prompts, "prompts")
+        strategy = parse_strategy(args.strategy)
+        settings = settings_from(args)
+        loaded = _load(args)
+        report = run_prefix_reuse(loaded, strategy, prefix, prompts, settings, chat=not args.plain)
+    except (ValueError, ModelLoadError) as err:
+        return _fail("prefix", err)
+    print(f"prefix: {report.prefix_tokens} tokens prefilled once in {report.prefix_prefill_s:.3f} s "
+          f"({report.strategy})")
+    print(f"{'#':>2} {'reused':>6} {'prefilled':>9} {'with_s':>7} {'without_s':>9} {'saved_s':>7} {'match':>5}  reply")
+    for i, result in enumerate(report.results, 1):
+        print(f"{i:>2} {result.reused_tokens:>6} {result.prefilled_tokens:>9} {result.with_reuse_s:>7.3f} "
+              f"{result.without_reuse_s:>9.3f} {result.saved_s:>7.3f} {str(result.match).lower():>5}  "
+              f"{result.reply[:60]!r}")
+    print(f"total: {report.total_with_s:.3f} s with reuse (prefix prefill included) vs "
+          f"{report.total_without_s:.3f} s without; saved {report.total_saved_s:.3f} s")
+    _write_json(args.json, {"command": "prefix", "model": loaded.info(), "knobs": strategy.knobs(),
+                            "settings": vars(settings), **report.to_json()})
+    return 0

@@ -1,0 +1,205 @@
+"""The chat tab in headless Chromium: two browser sessions chatting at once never see each other's history.
+
+The app runs as a subprocess on a free port (GRADIO_SERVER_PORT). When app.py
+wires the chat tab it is used as is; until then a small `gr.Blocks` around
+`build_chat_tab` stands in for it. Debian's /usr/bin/chromium is driven by
+Playwright; no browser is downloaded.
+"""
+
+import os
+import re
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.browser
+
+ROOT = Path(__file__).resolve().parents[2]
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
+START_TIMEOUT_S = 180
+TURN_TIMEOUT_MS = 180_000
+PAGE_TIMEOUT_S = 60
+NEW_TOKENS = "12"
+STANDALONE = textwrap.dedent("""
+    import os
+    import gradio as gr
+    from kvlab.models import ModelPool
+    from kvlab_ui.chat_tab import build_chat_tab
+
+    with gr.Blocks(title="kvlab chat") as demo:
+        with gr.Tab("Chat"):
+            build_chat_tab(ModelPool())
+    demo.queue().launch(server_name="127.0.0.1", server_port=int(os.environ["GRADIO_SERVER_PORT"]))
+""")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def app_command(tmp_path: Path) -> list[str]:
+    """app.py when it wires the chat tab, else a stand-in Blocks around `build_chat_tab`."""
+    app = ROOT / "app.py"
+    if app.is_file() and "build_chat_tab" in app.read_text():
+        return [sys.executable, str(app)]
+    script = tmp_path / "chat_app.py"
+    script.write_text(STANDALONE)
+    return [sys.executable, str(script)]
+
+
+@pytest.fixture(scope="module")
+def app_url(tmp_path_factory):
+    if not os.access(CHROMIUM, os.X_OK):
+        pytest.skip(f"no chromium at {CHROMIUM}")
+    pytest.importorskip("playwright.sync_api")
+    tmp_path = tmp_path_factory.mktemp("chat_app")
+    port = free_port()
+    env = {**os.environ, "GRADIO_SERVER_PORT": str(port), "GRADIO_SERVER_NAME": "127.0.0.1",
+           "GRADIO_ANALYTICS_ENABLED": "False", "PYTHONPATH": str(ROOT)}
+    log_path = tmp_path / "app.log"
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen(app_command(tmp_path), cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}/"
+    try:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while True:
+            if process.poll() is not None:
+                pytest.fail(f"the app exited with {process.returncode}:\n{log_path.read_text()[-3000:]}")
+            try:
+                with urllib.request.urlopen(url, timeout=2) as response:
+                    if response.status == 200:
+                        break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                pytest.fail(f"the app did not answer within {START_TIMEOUT_S} s:\n{log_path.read_text()[-3000:]}")
+            time.sleep(0.5)
+        yield url
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            yield chromium
+        finally:
+            chromium.close()
+
+
+def open_chat(browser, url):
+    """A new browser context (its own cookies, its own Gradio session) on the chat tab."""
+    context = browser.new_context()
+    page = context.new_page()
+    page.goto(url)
+    box = page.locator("#kvlab-chat-message textarea")
+    tab = page.get_by_role("tab", name="Chat", exact=True)
+    deadline = time.monotonic() + PAGE_TIMEOUT_S
+    while not box.is_visible() and time.monotonic() < deadline:
+        if tab.count():
+            tab.click()
+        page.wait_for_timeout(250)
+    box.wait_for(timeout=1_000)
+    budget = page.locator("#kvlab-chat-max-new input[type=number]")
+    budget.fill(NEW_TOKENS)
+    budget.press("Enter")
+    return context, page
+
+
+def send(page, text: str) -> None:
+    page.locator("#kvlab-chat-message textarea").fill(text)
+    page.locator("#kvlab-chat-send").click()
+
+
+def wait_for_turn(page, turn: int) -> str:
+    page.locator("#kvlab-chat-turn").get_by_text(f"Turn {turn}").wait_for(timeout=TURN_TIMEOUT_MS)
+    return page.locator("#kvlab-chat-turn").inner_text()
+
+
+def conversation(page) -> str:
+    return page.locator("#kvlab-chatbot").inner_text()
+
+
+def test_two_sessions_chatting_at_once_never_see_each_others_history(app_url, browser):
+    (context_a, a), (context_b, b) = open_chat(browser, app_url), open_chat(browser, app_url)
+    try:
+        send(a, "My code word is PELICAN-SEVEN.")
+        send(b, "My code word is WALRUS-THREE.")
+        wait_for_turn(a, 1)
+        wait_for_turn(b, 1)
+        send(a, "What was my code word?")
+        send(b, "Please repeat my code word.")
+        info_a, info_b = wait_for_turn(a, 2), wait_for_turn(b, 2)
+        text_a, text_b = conversation(a), conversation(b)
+        assert "PELICAN-SEVEN" in text_a and "What was my code word?" in text_a
+        assert "WALRUS" not in text_a and "repeat my code word" not in text_a
+        assert "WALRUS-THREE" in text_b and "Please repeat my code word." in text_b
+        assert "PELICAN" not in text_b and "What was my code word?" not in text_b
+        for info in (info_a, info_b):
+            reused = re.search(r"(\d+) reused from the cache", info)
+            assert reused and int(reused.group(1)) > 0, info
+    finally:
+        context_a.close()
+        context_b.close()
+
+
+def test_an_empty_message_is_refused_with_a_clear_message(app_url, browser):
+    context, page = open_chat(browser, app_url)
+    try:
+        send(page, "   ")
+        page.locator("#kvlab-chat-notice").get_by_text("the message is empty").wait_for(timeout=30_000)
+        assert "Turn" not in page.locator("#kvlab-chat-turn").inner_text()
+    finally:
+        context.close()
+
+
+def test_a_static_cache_too_small_is_refused_with_a_way_on(app_url, browser):
+    context, page = open_chat(browser, app_url)
+    try:
+        page.get_by_label("Cache strategy").click()
+        page.get_by_role("option", name="static").click()
+        size = page.get_by_label("max_cache_len (tokens)")
+        size.fill("16")
+        size.press("Enter")
+        send(page, "What is the capital of France?")
+        notice = page.locator("#kvlab-chat-notice")
+        notice.get_by_text("max_cache_len=16").wait_for(timeout=TURN_TIMEOUT_MS)
+        assert "switch to the dynamic strategy" in notice.inner_text()
+        assert page.locator("#kvlab-chat-message textarea").input_value() == "What is the capital of France?"
+        page.get_by_role("button", name="Rebuild the static cache larger").click()
+        notice.get_by_text("will be rebuilt").wait_for(timeout=30_000)
+        assert int(size.input_value()) > 16
+        page.locator("#kvlab-chat-send").click()
+        assert "static" in wait_for_turn(page, 1)
+    finally:
+        context.close()
+
+
+def test_the_prefix_panel_reports_the_saving(app_url, browser):
+    context, page = open_chat(browser, app_url)
+    try:
+        page.get_by_text("Prefix reuse: prefill").click()
+        page.locator("#kvlab-prefix-run").click()
+        info = page.locator("#kvlab-prefix-info")
+        info.get_by_text("prefilled once").wait_for(timeout=TURN_TIMEOUT_MS)
+        assert "4 prompts" in info.inner_text() and "saved" in info.inner_text()
+    finally:
+        context.close()
