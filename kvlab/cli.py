@@ -84,7 +84,6 @@ def resolve_compare(args) -> dict:
     if args.mode:
         data["mode"] = args.mode
     preset = parse_preset(data, preset.name)
-    preset.settings().check()
     return {
         "preset": preset,
         "model": ModelSpec(**preset.model.model_dump()),

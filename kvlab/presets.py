@@ -8,13 +8,14 @@ values. This module parses and validates; running is `kvlab.runner`'s job.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from .generation import MAX_NEW_TOKENS_CAP, GenerationSettings
+from .generation import GenerationSettings
 from .runner import MAX_COLUMNS, MODES, Column
 from .strategies import STRATEGIES, StrategyError, make_strategy
 
@@ -32,19 +33,6 @@ class PromptSpec(BaseModel):
     chat: bool = True
 
 
-class GenerationSpec(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    max_new_tokens: int = Field(64, ge=1, le=MAX_NEW_TOKENS_CAP)
-    do_sample: bool = False
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    repetition_penalty: float = 1.0
-    seed: int = 0
-    stop_at_eos: bool = True
-    fidelity: bool = True
-
-
 class ModelSection(BaseModel):
     model_config = ConfigDict(extra="forbid")
     source: str = "bundled"
@@ -60,10 +48,16 @@ class Preset(BaseModel):
     description: str = ""
     model: ModelSection = ModelSection()
     prompt: PromptSpec
-    generation: GenerationSpec = GenerationSpec()
+    generation: GenerationSettings = GenerationSettings()
     mode: Literal[MODES] = "fair"  # type: ignore[valid-type]
     baseline: int | None = None
     columns: list[dict] = Field(min_length=1, max_length=MAX_COLUMNS)
+
+    @field_validator("generation")
+    @classmethod
+    def _generation_valid(cls, settings: GenerationSettings) -> GenerationSettings:
+        settings.check()
+        return settings
 
     @field_validator("columns")
     @classmethod
@@ -87,7 +81,7 @@ class Preset(BaseModel):
         return self
 
     def settings(self) -> GenerationSettings:
-        return GenerationSettings(**self.generation.model_dump())
+        return dataclasses.replace(self.generation)
 
     def build_columns(self) -> list[Column]:
         return [Column.from_spec(spec) for spec in self.columns]
