@@ -166,17 +166,21 @@ def cmd_chat(args) -> int:
     except (ValueError, ModelLoadError) as err:
         return _fail("chat", err)
     records = []
+    status, error = 0, None
     print(f"{'turn':>4} {'action':>8} {'reused':>6} {'prefilled':>9} {'ttft_s':>7} {'no_reuse_s':>10} "
           f"{'match':>5}  reply")
     for text in turns:
         try:
             events = list(session.send(text, baseline=True, verify=args.verify))
         except ChatInputError as err:
-            return _fail("chat", err)
+            status, error = _fail("chat", err), str(err)
+            break
         failed = [e for e in events if isinstance(e, ChatTurnFailed)]
         if failed:
-            print(f"kvlab chat: turn {len(records) + 1} failed: {failed[0].message}", file=sys.stderr)
-            return 1
+            error = f"turn {len(records) + 1} failed: {failed[0].message}"
+            print(f"kvlab chat: {error}", file=sys.stderr)
+            status = 1
+            break
         stats = next(e.stats for e in events if isinstance(e, ChatTurnDone))
         match = "-" if stats.match is None else str(stats.match).lower()
         print(f"{stats.turn:>4} {stats.action:>8} {stats.reused_tokens:>6} {stats.prefilled_tokens:>9} "
@@ -185,8 +189,8 @@ def cmd_chat(args) -> int:
         records.append(stats.to_json())
     _write_json(args.json, {"command": "chat", "model": loaded.info(), "strategy": strategy.describe(),
                             "knobs": strategy.knobs(), "system": args.system, "verify": args.verify,
-                            "settings": vars(settings), "turns": records})
-    return 0
+                            "settings": vars(settings), "turns": records, "error": error})
+    return status
 
 
 def cmd_prefix(args) -> int:

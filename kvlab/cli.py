@@ -54,12 +54,16 @@ def resolve_compare(args) -> dict:
     if args.preset:
         preset = load_preset(args.preset)
     else:
-        if not args.prompt or not args.strategies:
+        if args.prompt is None or args.strategies is None:
             raise ValueError("give --preset FILE, or both --prompt and --strategies")
+        if not args.prompt.strip():
+            raise ValueError("the prompt is empty: type something to generate from")
+        if not parse_strategy_list(args.strategies):
+            raise ValueError("--strategies is empty: name at least one, e.g. dynamic,static")
         preset = parse_preset({"name": "command line", "prompt": {"text": args.prompt},
                                "columns": parse_strategy_list(args.strategies)}, "command line")
     data = preset.model_dump()
-    if args.prompt:
+    if args.prompt is not None:
         data["prompt"]["text"] = args.prompt
     if args.system is not None:
         data["prompt"]["system"] = args.system

@@ -29,7 +29,13 @@ def add_parser(sub) -> None:
 def cmd_perplexity(args) -> int:
     from .models import ModelLoadError, ModelSpec, load_model
 
+    names = [n.strip() for n in args.strategies.split(",") if n.strip()]
+    segment = args.window if args.segment is None else args.segment
     try:
+        if not names:
+            raise ValueError(f"--strategies is empty; pick from {', '.join(STRATEGY_NAMES)}")
+        if segment < 1:
+            raise ValueError(f"--segment must be at least 1 token, got {segment}")
         text = Path(args.text).read_text(encoding="utf-8") if args.text else default_text()
         if args.max_tokens < 2:
             raise ValueError(f"--max-tokens must be at least 2, got {args.max_tokens}")
@@ -37,7 +43,6 @@ def cmd_perplexity(args) -> int:
         ids = loaded.tokenizer(text, return_tensors="pt")["input_ids"][:, :args.max_tokens]
         if ids.shape[1] < 2:
             raise ValueError("the text has fewer than 2 tokens")
-        names = [n.strip() for n in args.strategies.split(",") if n.strip()]
         makers = cache_makers(loaded, names, args.window, args.sinks)
     except (OSError, ValueError, ModelLoadError) as err:
         print(f"kvlab perplexity: {err}", file=sys.stderr)
@@ -46,7 +51,6 @@ def cmd_perplexity(args) -> int:
     for name, _, nll, size in stream_many(loaded.model, ids, makers):
         results[name]["nll"].append(nll)
         results[name]["cache_bytes"].append(size)
-    segment = args.segment or args.window
     print(f"{ids.shape[1]} tokens, window {args.window}, sinks {args.sinks}; perplexity per {segment}-token segment")
     for name, data in results.items():
         data["ppl_by_segment"] = ppl_by_segment(data["nll"], segment)

@@ -29,7 +29,7 @@ def summary_rows(results: list[ColumnResult]) -> list[dict]:
     rows = []
     base = next((r for r in results if r.is_baseline and r.peak_cache_bytes), None)
     for r in results:
-        note = "; ".join(filter(None, [r.message, r.caveat]))
+        note = "; ".join(filter(None, [r.message, r.caveat if r.status == "ok" else ""]))
         if r.is_baseline:
             note = ("baseline; " + note) if note else "baseline"
         elif r.lossy and r.status == "ok":

@@ -61,7 +61,7 @@ def tiny(tokenizer):
     torch.manual_seed(0)
     config = LlamaConfig(
         vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=4096,
+        num_attention_heads=2, num_key_value_heads=1, head_dim=64, max_position_embeddings=4096,
         eos_token_id=tokenizer.eos_token_id, bos_token_id=1, pad_token_id=2,
     )
     model = LlamaForCausalLM(config).eval()

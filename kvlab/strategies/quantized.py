@@ -79,8 +79,9 @@ class Quantized(Strategy):
     def caveat(self) -> str:
         if self.backend == "fp8":
             return "fp8: every token stored in 8 bits with one scale per tensor"
-        return (f"the newest tokens (up to residual_length={self.residual_length}) stay in full precision, "
-                f"so the saving only shows once a run outgrows them")
+        return (f"the prompt is quantized at prefill; then up to residual_length={self.residual_length} new tokens "
+                f"wait in full precision before being quantized, so a run generating fewer tokens than that "
+                f"saves only on its prompt")
 
     def unavailable_reason(self, loaded) -> str | None:
         package = BACKENDS[self.backend]["package"]
@@ -103,7 +104,22 @@ class Quantized(Strategy):
         }
 
     def build_cache(self, loaded, max_total_tokens: int):
+        """A fresh QuantizedCache.
+
+        Raises:
+            StrategyError: q_group_size does not divide the model's head_dim (the
+                backends then fail mid-run with a shape error).
+        """
         from transformers import QuantizedCache
+
+        from ..models import head_dim
+
+        width = head_dim(loaded.config.get_text_config(decoder=True))
+        if self.backend != "fp8" and width % self.q_group_size:
+            raise StrategyError(
+                f"q_group_size={self.q_group_size} must divide this model's head_dim ({width}); "
+                f"try {', '.join(str(g) for g in (16, 32, 64, 128) if width % g == 0)}"
+            )
 
         return QuantizedCache(backend=self.backend, config=loaded.config, **self._cache_kwargs())
 

@@ -25,6 +25,12 @@ class Static(Strategy):
     def describe(self) -> str:
         return self.label or f"static{'' if self.max_cache_len is None else f' {self.max_cache_len}'}{' compiled' if self.compile else ''}"
 
+    def unavailable_reason(self, loaded) -> str | None:
+        if self.compile and loaded.device.type != "cuda":
+            return ("compile=true needs a CUDA GPU here: on this CPU build every decode step recompiled "
+                    "(36-69 s per token measured), so kvlab does not offer it; use compile=false")
+        return None
+
     def check_fits(self, prompt_tokens: int, max_new_tokens: int) -> None:
         needed = prompt_tokens + max_new_tokens
         if self.max_cache_len is not None and self.max_cache_len < needed:

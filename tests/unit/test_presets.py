@@ -58,3 +58,17 @@ def test_missing_and_malformed_files(tmp_path):
     listed.write_text(yaml.safe_dump(["a", "b"]))
     with pytest.raises(PresetError, match="expected a YAML mapping"):
         load_preset(listed)
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["compare", "--prompt", "", "--strategies", "dynamic"], "the prompt is empty"),
+    (["compare", "--prompt", "hi", "--strategies", ","], "--strategies is empty"),
+    (["compare", "--prompt", "hi"], "give --preset FILE, or both --prompt and --strategies"),
+    (["perplexity", "--strategies", ","], "--strategies is empty; pick from dense, window, sink"),
+    (["perplexity", "--segment", "-5"], "--segment must be at least 1 token, got -5"),
+])
+def test_cli_refuses_bad_input_before_loading_a_model(argv, message, capsys):
+    from kvlab.cli import main
+
+    assert main(argv) == 2
+    assert message in capsys.readouterr().err

@@ -133,3 +133,15 @@ def test_snippet_code_compiles(name):
     strategy = make_strategy({"strategy": name, **MATRIX[name]})
     imports, code = strategy.cache_code()
     compile("\n".join(imports + [code, f"kwargs = dict({strategy.generate_kwargs_code()})"]), name, "exec")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU reason")
+def test_static_compile_is_refused_on_cpu_with_its_reason(tiny):
+    reason = make_strategy({"strategy": "static", "compile": True}).unavailable_reason(tiny)
+    assert reason.startswith("compile=true needs a CUDA GPU")
+    assert make_strategy({"strategy": "static"}).unavailable_reason(tiny) is None
+
+
+def test_quantized_group_size_must_divide_head_dim_before_compute(tiny):
+    with pytest.raises(StrategyError, match=r"q_group_size=7 must divide this model's head_dim \(64\); try 16, 32, 64"):
+        make_strategy({"strategy": "quantized", "backend": "hqq", "q_group_size": 7}).build_cache(tiny, 10)
