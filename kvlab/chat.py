@@ -39,7 +39,7 @@ import torch
 
 from .accounting import cache_bytes
 from .generation import GenerationSettings, IncrementalDetokenizer, TokenChooser, encode_prompt, eos_token_ids
-from .sink_cache import SinkCache
+from .sink_cache import SinkCache, prefill_in_chunks
 from .strategies import Strategy, StrategyError
 
 DEFAULT_CHAT_CACHE_TOKENS = 1024
@@ -180,16 +180,12 @@ def plan_reuse(cached_ids: Sequence[int], input_ids: Sequence[int], croppable: b
 def feed(loaded, cache, ids: torch.Tensor) -> torch.Tensor:
     """Feed `ids` (1, n) through the model into `cache`; returns last-position logits (1, vocab).
 
-    A sink cache is fed in chunks of `window_length - num_sink_tokens` so that
-    every query attends to at most `window_length` keys (as `prefill_in_chunks`).
+    A sink cache is fed through `prefill_in_chunks`, so every query attends to at
+    most `window_length` keys.
     """
-    chunk = ids.shape[1]
     if is_streaming(cache):
-        chunk = max(1, cache.window_length - cache.num_sink_tokens)
-    logits = None
-    for part in ids.split(chunk, dim=1):
-        logits = loaded.model(input_ids=part, cache=cache, use_cache=True, logits_to_keep=1).logits[:, -1, :]
-    return logits
+        return prefill_in_chunks(loaded.model, ids, cache, logits_to_keep=1).logits[:, -1, :]
+    return loaded.model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1).logits[:, -1, :]
 
 
 @dataclass(frozen=True)

@@ -454,7 +454,8 @@ class SinkCache(Cache):
         return self.layers[0].evicted_tokens if self.layers else 0
 
 
-def prefill_in_chunks(model, input_ids: torch.Tensor, cache: SinkCache, chunk_size: int | None = None):
+def prefill_in_chunks(model, input_ids: torch.Tensor, cache: SinkCache, chunk_size: int | None = None,
+                      logits_to_keep: int = 0):
     """Feed a long prompt through `model` chunk by chunk so that it streams through the window.
 
     One forward over a prompt longer than the window would attend densely within
@@ -467,9 +468,12 @@ def prefill_in_chunks(model, input_ids: torch.Tensor, cache: SinkCache, chunk_si
         cache: the SinkCache to fill (may already hold tokens).
         chunk_size: tokens per forward, >= 1; defaults to
             `window_length - num_sink_tokens`.
+        logits_to_keep: passed to the model; 1 computes only the last position's
+            logits, 0 (default) every position's.
 
     Returns:
-        The model output of the last chunk (its `.logits` is (batch, last_chunk, vocab)).
+        The model output of the last chunk (its `.logits` is (batch, last_chunk, vocab),
+        or (batch, logits_to_keep, vocab) when logits_to_keep > 0).
 
     Raises:
         ValueError: empty `input_ids` or `chunk_size` < 1.
@@ -482,5 +486,5 @@ def prefill_in_chunks(model, input_ids: torch.Tensor, cache: SinkCache, chunk_si
         raise ValueError(f"input_ids must be (batch, seq) with seq >= 1; got shape {tuple(input_ids.shape)}")
     output = None
     for chunk in input_ids.split(chunk_size, dim=-1):
-        output = model(input_ids=chunk, cache=cache, use_cache=True)
+        output = model(input_ids=chunk, cache=cache, use_cache=True, logits_to_keep=logits_to_keep)
     return output

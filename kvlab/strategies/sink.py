@@ -56,7 +56,7 @@ class Sink(Strategy):
 
         if new_tokens <= self.window_length - self.num_sink_tokens:
             return super().forward(loaded, cache, sequence, new_tokens)
-        return prefill_in_chunks(loaded.model, sequence[:, -new_tokens:], cache).logits[:, -1, :]
+        return prefill_in_chunks(loaded.model, sequence[:, -new_tokens:], cache, logits_to_keep=1).logits[:, -1, :]
 
     def held_tokens(self, seen_tokens: int, max_total_tokens: int) -> int:
         return min(seen_tokens, self.window_length)
