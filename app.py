@@ -5,7 +5,9 @@ port `GRADIO_SERVER_PORT`, else `PORT`, else 7860. Everything a tab does lives
 in its `kvlab_ui` module; this file only assembles them.
 """
 
+import logging
 import os
+import sys
 
 import gradio as gr
 
@@ -43,7 +45,18 @@ def server_port() -> int:
     return int(os.environ.get("GRADIO_SERVER_PORT") or os.environ.get("PORT") or DEFAULT_PORT)
 
 
+def log_to_stderr() -> None:
+    """Send kvlab's own log lines (model ready or failed, run errors) to stderr, where server logs are read."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("kvlab: %(message)s"))
+    for name in ("kvlab", "kvlab_ui"):
+        logger = logging.getLogger(name)
+        logger.setLevel(logging.INFO)
+        logger.addHandler(handler)
+
+
 def launch() -> None:
+    log_to_stderr()
     create_app().launch(server_name="0.0.0.0", server_port=server_port(), css=CSS, show_error=True)
 
 

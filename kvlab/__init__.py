@@ -7,3 +7,7 @@ presets and the command line. It never imports gradio; the browser UI lives in
 """
 
 __version__ = "0.1.0"
+
+from .deferred_hqq import import_cache_utils_without_hqq
+
+import_cache_utils_without_hqq()

@@ -7,7 +7,12 @@ worker thread against the one shared model. Modes:
   order (a ticket lock), so each column's measured step time is what it would be
   alone while all columns stream together.
 - `parallel`: free threads, for throughput; per-token times then include
-  contention.
+  contention. Each forward is limited to its share of torch's intra-op threads
+  (`parallel_threads`) while a parallel run is going: on the bundled model one
+  forward keeps only about 1.3 of 2 cores busy, so columns side by side on one
+  core each finish sooner (measured by `python -m kvlab bench --only parallel`).
+  torch's thread count is process-wide, so runs in other tabs during it use the
+  same share; it is restored when the last parallel run ends.
 - `sequential`: one column after another.
 
 A stop event ends every loop within a token. An exception ends its own column
@@ -48,6 +53,37 @@ MAX_COLUMNS = 8
 MEMORY_SAMPLE_EVERY_S = 0.25
 QUEUE_POLL_S = 0.05
 JOIN_TIMEOUT_S = 30.0
+
+
+_threads_guard = threading.Lock()
+_parallel_runs = 0
+_threads_before: int | None = None
+
+
+def parallel_threads(columns: int, threads: int) -> int:
+    """Intra-op threads per forward when `columns` columns run at once on `threads` threads: an even share, at
+    least 1."""
+    return max(1, threads // max(1, columns))
+
+
+@contextlib.contextmanager
+def shared_threads(columns: int):
+    """Set torch's (process-wide) intra-op thread count to `parallel_threads` for the duration; nested and
+    concurrent uses are counted, and the count from before the first one is restored when the last one ends."""
+    global _parallel_runs, _threads_before
+    with _threads_guard:
+        if _parallel_runs == 0:
+            _threads_before = torch.get_num_threads()
+        _parallel_runs += 1
+        torch.set_num_threads(min(torch.get_num_threads(), parallel_threads(columns, _threads_before)))
+    try:
+        yield
+    finally:
+        with _threads_guard:
+            _parallel_runs -= 1
+            if _parallel_runs == 0:
+                torch.set_num_threads(_threads_before)
+                _threads_before = None
 
 
 class RunStopped(Exception):
@@ -248,11 +284,12 @@ def run_compare(
         workers = [threading.Thread(target=work, args=(range(len(columns)),), daemon=True, name="kvlab-seq")]
     else:
         workers = [threading.Thread(target=work, args=([i],), daemon=True, name=f"kvlab-col{i}") for i in range(len(columns))]
-    for worker in workers:
-        worker.start()
     sampler = _Sampler(tracker, started)
     try:
-        yield from _relay(workers, events, sampler)
+        with shared_threads(len(columns)) if mode == "parallel" else contextlib.nullcontext():
+            for worker in workers:
+                worker.start()
+            yield from _relay(workers, events, sampler)
         for i, result in enumerate(results):
             if result is None:
                 lost = new_result(i, columns[i].strategy, prompt_ids.shape[1])
@@ -271,7 +308,8 @@ def run_compare(
         if any(w.is_alive() for w in workers):
             stop.set()
         for worker in workers:
-            worker.join(JOIN_TIMEOUT_S)
+            if worker.ident is not None:
+                worker.join(JOIN_TIMEOUT_S)
 
 
 class _Sampler:

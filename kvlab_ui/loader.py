@@ -10,10 +10,16 @@ This module does not import gradio.
 
 from __future__ import annotations
 
+import logging
 import threading
+import time
 from dataclasses import dataclass
 
 from kvlab.models import LoadedModel, ModelLoadError, ModelPool, ModelSpec
+
+logger = logging.getLogger(__name__)
+READY_LOG = "model ready: %s (%.1f s to load)"
+"""Logged once per finished load; the benchmark's start-up section waits for this line."""
 
 
 @dataclass(frozen=True)
@@ -81,6 +87,7 @@ class BackgroundLoader:
             with self._guard:
                 self._status[spec] = LoadStatus("loading", fraction, message)
 
+        started = time.perf_counter()
         try:
             loaded = self.pool.get(spec, progress=progress)
         except (ModelLoadError, ValueError) as err:
@@ -89,5 +96,8 @@ class BackgroundLoader:
             outcome = LoadStatus("error", 1.0, f"could not load {spec.source!r}: {type(err).__name__}: {err}")
         else:
             outcome = LoadStatus("ready", 1.0, f"{loaded.name} ready")  # the pool holds the model, not this record
+            logger.info(READY_LOG, loaded.name, time.perf_counter() - started)
+        if outcome.state == "error":
+            logger.warning("model load failed: %s", outcome.message)
         with self._guard:
             self._status[spec] = outcome

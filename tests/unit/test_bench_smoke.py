@@ -67,6 +67,8 @@ def test_figures_carry_median_min_max(smoke):
         for key in ("together_ms", "alone_ms", "ratio"):
             assert_stats(row[key])
     assert_stats(sections["parallel"]["ratio"])
+    assert_stats(sections["parallel"]["lever_ratio"])
+    assert len(sections["parallel"]["lever"]) == 2
     assert {r["mode"] for r in sections["parallel"]["rows"]} == {"parallel", "sequential"}
     scaling = sections["scaling"]
     assert set(scaling["series"]) == {"no_cache", "dynamic", "static", "quantized int4", "quantized int2", "sink 4+252"}
@@ -77,6 +79,11 @@ def test_figures_carry_median_min_max(smoke):
     assert scaling["series"]["no_cache"]["cache_bytes"][-1]["median"] == 0
     assert_stats(sections["startup"]["second"]["ready_s"])
     assert "skipped" in sections["startup"]["first"]
+    for key in ("served_s", "ready_s"):
+        assert_stats(sections["startup"]["app_second"][key])
+    assert_stats(sections["startup"]["gradio_import_s"])
+    assert [c["name"] for c in sections["startup"]["checks"]] == [
+        "second launch: process start to model ready", "app.py second launch: start to model ready"]
     roofline = sections["roofline"]
     assert roofline["bandwidth_gb_s"] > 0
     for variant in roofline["variants"]:
@@ -112,3 +119,23 @@ def test_check_verdicts():
     assert missed["met"] is False and status_of(missed) == "MISSED (runner work)"
     assert status_of(make_check("s", "n", [0.3], "report", None, "r")) == "reported"
     assert status_of(make_check("s", "n", [], "flat", None, "needs longer runs")) == "n/a (needs longer runs)"
+
+
+def test_bandwidth_floor_joins_a_missed_parallel_check():
+    from kvlab.bench import add_bandwidth_floor
+
+    def sections(parallel_ratio):
+        check = make_check("parallel", "p", [parallel_ratio], "≤ 0.7", lambda v: v <= 0.7, "cores busy")
+        roofline = {"variants": [{"fraction": {"median": 0.8}}], "checks": []}
+        return {"parallel": {"checks": [check]}, "roofline": roofline}
+
+    missed = sections(0.95)
+    add_bandwidth_floor(missed)
+    assert missed["parallel"]["bandwidth_floor"] == 0.8
+    assert missed["parallel"]["checks"][0]["reason"].startswith("cores busy. One column alone already decodes at 0.80")
+    met = sections(0.6)
+    add_bandwidth_floor(met)
+    assert "bandwidth_floor" not in met["parallel"] and met["parallel"]["checks"][0]["reason"] == ""
+    alone = {"parallel": sections(0.95)["parallel"]}
+    add_bandwidth_floor(alone)
+    assert "bandwidth_floor" not in alone["parallel"]

@@ -8,7 +8,7 @@ import torch
 
 from kvlab.events import ColumnDone, ColumnError, ColumnStarted, FidelityScored, MemorySample, RunDone, StepMetrics, TokenEvent
 from kvlab.generation import GenerationSettings
-from kvlab.runner import Column, FairTurns, collect, run_compare
+from kvlab.runner import Column, FairTurns, collect, parallel_threads, run_compare, shared_threads
 from kvlab.strategies import make_strategy
 from kvlab.strategies.dynamic import Dynamic
 
@@ -190,3 +190,38 @@ def test_sampling_columns_draw_the_same_random_numbers(tiny):
     other_seed = events_of(tiny, [{"strategy": "dynamic"}], GenerationSettings(
         max_new_tokens=10, do_sample=True, temperature=1.5, top_k=50, seed=4, stop_at_eos=False))[-1]
     assert other_seed.results[0].token_ids != done.results[0].token_ids
+
+
+def test_parallel_threads_share_the_cores():
+    assert [parallel_threads(columns, 2) for columns in (1, 2, 4)] == [2, 1, 1]
+    assert [parallel_threads(columns, 16) for columns in (1, 3, 4, 8)] == [16, 5, 4, 2]
+
+
+def test_shared_threads_restore_after_the_last_overlapping_run():
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(4)
+        first, second = shared_threads(2), shared_threads(4)
+        first.__enter__()
+        assert torch.get_num_threads() == 2
+        second.__enter__()
+        assert torch.get_num_threads() == 1
+        first.__exit__(None, None, None)
+        assert torch.get_num_threads() == 1  # the second run is still going
+        second.__exit__(None, None, None)
+        assert torch.get_num_threads() == 4
+    finally:
+        torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("mode", ["parallel", "fair"])
+def test_parallel_runs_use_a_share_of_the_threads_and_give_them_back(tiny, mode):
+    before = torch.get_num_threads()
+    seen = []
+    settings = GenerationSettings(max_new_tokens=3, stop_at_eos=False, fidelity=False)
+    for event in run_compare(tiny, PROMPT, [{"strategy": "dynamic"}, {"strategy": "static"}], settings, mode):
+        if isinstance(event, TokenEvent):
+            seen.append(torch.get_num_threads())
+    expected = parallel_threads(2, before) if mode == "parallel" else before
+    assert seen and set(seen) == {expected}
+    assert torch.get_num_threads() == before

@@ -1,0 +1,56 @@
+"""Keeps the `hqq` package out of start-up until an hqq cache is built.
+
+transformers' `cache_utils` imports `hqq.core.quantize` as soon as hqq is
+installed, and hqq's module body applies `torch.compile` decorators, which
+import torch's compiler stack: about 1 s of every start on 2 cores, measured
+with `python -X importtime` (see the start-up section of `python -m kvlab
+bench`). kvlab imports `cache_utils` once with hqq hidden, then binds hqq's
+`Quantizer` into `cache_utils` the first time a caller asks for it
+(`ensure_hqq`), which is what transformers would have done at import.
+
+Nothing changes when `cache_utils` or hqq were already imported before kvlab
+(both then stay as transformers made them), or when hqq is not installed.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+
+_lock = threading.Lock()
+
+
+def import_cache_utils_without_hqq() -> None:
+    """Import `transformers.cache_utils` without importing hqq; a no-op when it is already imported.
+
+    hqq is hidden from the import system only for the duration of that import
+    (`sys.modules["hqq"] = None` makes `importlib.util.find_spec` report it
+    absent) and restored in `finally`, with transformers' cached
+    `is_hqq_available()` answer cleared so later checks see hqq again.
+    """
+    if "transformers.cache_utils" in sys.modules or "hqq" in sys.modules:
+        return
+    from transformers.utils import import_utils
+
+    sys.modules["hqq"] = None
+    try:
+        import transformers.cache_utils  # noqa: F401 - the import is the point
+    finally:
+        del sys.modules["hqq"]
+        import_utils.is_hqq_available.cache_clear()
+
+
+def ensure_hqq() -> None:
+    """Make `transformers.cache_utils` ready to build hqq layers (imports hqq on first use).
+
+    Raises:
+        ImportError: hqq is not installed (callers check availability first and
+            report it in the column instead).
+    """
+    import transformers.cache_utils as cache_utils
+
+    with _lock:
+        if not hasattr(cache_utils, "HQQQuantizer"):
+            from hqq.core.quantize import Quantizer
+
+            cache_utils.HQQQuantizer = Quantizer

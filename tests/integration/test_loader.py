@@ -1,0 +1,27 @@
+"""The app's background loader: the log lines a server operator reads (model ready, load failed)."""
+
+import logging
+
+import pytest
+
+from kvlab.models import ModelLoadError, ModelPool, ModelSpec, prepare_bundled_model
+from kvlab_ui.loader import BackgroundLoader
+
+pytestmark = pytest.mark.integration
+
+
+def test_loader_logs_ready_and_failure(tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="kvlab_ui.loader")
+    loader = BackgroundLoader(ModelPool())
+    good = ModelSpec(source=str(prepare_bundled_model()), device="cpu")
+    bad = ModelSpec(source=str(tmp_path), device="cpu")
+    loader.start(good)
+    assert loader.get(good).model.config.num_hidden_layers == 30
+    with pytest.raises(ModelLoadError, match="no config.json"):
+        loader.get(bad)
+    ready = [r for r in caplog.records if r.getMessage().startswith("model ready: ")]
+    failed = [r for r in caplog.records if r.getMessage().startswith("model load failed: ")]
+    assert len(ready) == 1 and ready[0].levelno == logging.INFO
+    assert len(failed) == 1 and failed[0].levelno == logging.WARNING
+    assert "no config.json" in failed[0].getMessage()
+    assert loader.status(good).state == "ready" and loader.status(bad).state == "error"
