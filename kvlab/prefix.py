@@ -42,6 +42,7 @@ from .chat import (
     is_streaming,
     stream_reply,
 )
+from .compute import compute
 from .generation import GenerationSettings, encode_prompt
 from .strategies import Strategy, StrategyError
 
@@ -289,6 +290,11 @@ def run_prefix_reuse(loaded, strategy: Strategy, prefix: str, prompts: Sequence[
     longest = max(len(full) for _, full in encoded)
     strategy.check_fits(longest, settings.max_new_tokens)
     max_total = longest + settings.max_new_tokens
+    return compute(_measure_prefix_reuse, loaded, strategy, prompts, encoded, prefix_ids, max_total, settings)
+
+
+def _measure_prefix_reuse(loaded, strategy: Strategy, prompts: list[str], encoded: list, prefix_ids: list[int],
+                          max_total: int, settings: GenerationSettings) -> PrefixReport:
     with torch.inference_mode():
         feed(loaded, strategy.build_cache(loaded, max_total), torch.tensor([prefix_ids], device=loaded.device))
     shared = prefill_prefix(loaded, strategy, prefix_ids, max_total)

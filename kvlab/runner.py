@@ -3,9 +3,10 @@
 Each column runs its own decode loop (prefill, then one forward per token) in a
 worker thread against the one shared model. Modes:
 
-- `fair` (default): threads take turns, one forward pass at a time in arrival
-  order (a ticket lock), so each column's measured step time is what it would be
-  alone while all columns stream together.
+- `fair` (default): every column's steps (forward, token choice, cache bytes)
+  run on kvlab's one compute thread (`kvlab.compute`), one at a time in the
+  order the columns asked, so each column's measured step time is what it would
+  be alone while all columns stream together.
 - `parallel`: free threads, for throughput; per-token times then include
   contention. Each forward is limited to its share of torch's intra-op threads
   (`parallel_threads`) while a parallel run is going: on the bundled model one
@@ -13,7 +14,7 @@ worker thread against the one shared model. Modes:
   core each finish sooner (measured by `python -m kvlab bench --only parallel`).
   torch's thread count is process-wide, so runs in other tabs during it use the
   same share; it is restored when the last parallel run ends.
-- `sequential`: one column after another.
+- `sequential`: one column after another, on the compute thread too.
 
 A stop event ends every loop within a token. An exception ends its own column
 only (a `ColumnError`); the consumer never waits on a dead thread. After the
@@ -32,6 +33,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .compute import compute
 from .accounting import cache_bytes, cache_bytes_by_device, predicted_cache_bytes
 from .events import (
     ColumnDone,
@@ -90,35 +92,19 @@ class RunStopped(Exception):
     """Raised inside a column loop when the stop event is set."""
 
 
-class FairTurns:
-    """A FIFO ticket lock: whoever asked first computes next, one at a time."""
+class ComputeTurns:
+    """Fair and sequential modes: each step runs on kvlab's compute thread (`kvlab.compute`), one at a time, in
+    the order the columns asked."""
 
-    def __init__(self):
-        self._cond = threading.Condition()
-        self._next_ticket = 0
-        self._serving = 0
-
-    @contextlib.contextmanager
-    def turn(self):
-        with self._cond:
-            ticket = self._next_ticket
-            self._next_ticket += 1
-            while ticket != self._serving:
-                self._cond.wait()
-        try:
-            yield
-        finally:
-            with self._cond:
-                self._serving += 1
-                self._cond.notify_all()
+    def run(self, step):
+        return compute(step)
 
 
 class FreeTurns:
-    """No turn-taking (parallel and sequential modes)."""
+    """Parallel mode: each column computes in its own thread, at the same time as the others."""
 
-    @contextlib.contextmanager
-    def turn(self):
-        yield
+    def run(self, step):
+        return step()
 
 
 @dataclass
@@ -201,37 +187,41 @@ def _decode(loaded, index, strategy, prompt_ids, settings, emit, turns, stop, re
     chooser = TokenChooser(settings, loaded.device)
     detok = IncrementalDetokenizer(loaded.tokenizer)
     eos = eos_token_ids(loaded) if settings.stop_at_eos else set()
-    cache = strategy.build_cache(loaded, max_total)
+    cache = turns.run(lambda: strategy.build_cache(loaded, max_total))
     sequence = prompt_ids.to(loaded.device)
-    new_tokens = sequence.shape[1]
-    with torch.inference_mode():
-        for step in range(settings.max_new_tokens):
-            if stop.is_set():
-                raise RunStopped
-            with turns.turn():
-                if stop.is_set():
-                    raise RunStopped
-                started = time.perf_counter()
-                logits = strategy.forward(loaded, cache, sequence, new_tokens)
-                token = chooser(sequence, logits)
-                elapsed = time.perf_counter() - started
-                size = cache_bytes(cache)
-            if step == 0:
-                result.prefill_s = elapsed
-            sequence = torch.cat([sequence, torch.tensor([[token]], device=sequence.device)], dim=1)
-            new_tokens = 1
-            seen = sequence.shape[1] - 1
-            predicted = predicted_cache_bytes(loaded.config, dtype, strategy.held_tokens(seen, max_total)) if strategy.use_cache else 0
-            result.token_ids.append(token)
-            result.per_token_s.append(elapsed)
-            result.cache_bytes.append(size)
-            result.predicted_cache_bytes.append(predicted)
-            text = detok.push(token)
-            result.text = detok.text
-            emit(TokenEvent(index, step, token, text))
-            emit(StepMetrics(index, step, elapsed, size, predicted, seen))
-            if token in eos:
-                break
+    fed = sequence.shape[1]
+
+    def step():
+        # Stop is checked again here: the step may have waited behind other columns' steps.
+        if stop.is_set():
+            raise RunStopped
+        with torch.inference_mode():
+            started = time.perf_counter()
+            logits = strategy.forward(loaded, cache, sequence, fed)
+            token = chooser(sequence, logits)
+            elapsed = time.perf_counter() - started
+        return token, elapsed, cache_bytes(cache)
+
+    for step_index in range(settings.max_new_tokens):
+        if stop.is_set():
+            raise RunStopped
+        token, elapsed, size = turns.run(step)
+        if step_index == 0:
+            result.prefill_s = elapsed
+        sequence = torch.cat([sequence, torch.tensor([[token]], device=sequence.device)], dim=1)
+        fed = 1
+        seen = sequence.shape[1] - 1
+        predicted = predicted_cache_bytes(loaded.config, dtype, strategy.held_tokens(seen, max_total)) if strategy.use_cache else 0
+        result.token_ids.append(token)
+        result.per_token_s.append(elapsed)
+        result.cache_bytes.append(size)
+        result.predicted_cache_bytes.append(predicted)
+        text = detok.push(token)
+        result.text = detok.text
+        emit(TokenEvent(index, step_index, token, text))
+        emit(StepMetrics(index, step_index, elapsed, size, predicted, seen))
+        if token in eos:
+            break
     result.cache_bytes_by_device = cache_bytes_by_device(cache)
 
 
@@ -272,7 +262,7 @@ def run_compare(
     stop = stop or threading.Event()
     events: queue.Queue = queue.Queue()
     results: list[ColumnResult | None] = [None] * len(columns)
-    turns = FairTurns() if mode == "fair" else FreeTurns()
+    turns = FreeTurns() if mode == "parallel" else ComputeTurns()
     tracker = MemoryTracker(loaded.device)
     started = time.perf_counter()
 
@@ -297,8 +287,8 @@ def run_compare(
                 results[i] = lost
                 yield ColumnError(i, "error", lost.message, lost)
         if settings.fidelity and not stop.is_set():
-            scorer = threading.Thread(target=_drain_into, daemon=True, name="kvlab-fidelity", args=(
-                score_fidelity(loaded, prompt_ids, columns, results, baseline, stop), events))
+            scorer = threading.Thread(target=compute, daemon=True, name="kvlab-fidelity", args=(
+                _drain_into, score_fidelity(loaded, prompt_ids, columns, results, baseline, stop), events))
             workers.append(scorer)
             scorer.start()
             yield from _relay([scorer], events, sampler)

@@ -4,6 +4,10 @@ from dataclasses import dataclass
 
 from .base import Strategy, StrategyError, register, require_int
 
+COMPILE_BUCKET = 256
+"""With compile and no max_cache_len, the cache holds prompt + new tokens rounded up to a multiple of this,
+so runs with different prompt lengths share one compiled forward."""
+
 
 @register
 @dataclass
@@ -25,11 +29,12 @@ class Static(Strategy):
     def describe(self) -> str:
         return self.label or f"static{'' if self.max_cache_len is None else f' {self.max_cache_len}'}{' compiled' if self.compile else ''}"
 
-    def unavailable_reason(self, loaded) -> str | None:
-        if self.compile and loaded.device.type != "cuda":
-            return ("compile=true needs a CUDA GPU here: on this CPU build every decode step recompiled "
-                    "(36-69 s per token measured), so kvlab does not offer it; use compile=false")
-        return None
+    def caveat(self) -> str:
+        if self.compile:
+            return (f"compile: the first decode step of each cache size compiles the forward (about 30 s on a "
+                    f"2-core CPU), and that step's latency includes it; without max_cache_len the cache is "
+                    f"rounded up to a multiple of {COMPILE_BUCKET} tokens so later prompts reuse the compiled code")
+        return ""
 
     def check_fits(self, prompt_tokens: int, max_new_tokens: int) -> None:
         needed = prompt_tokens + max_new_tokens
@@ -40,7 +45,11 @@ class Static(Strategy):
             )
 
     def capacity(self, max_total_tokens: int) -> int:
-        return self.max_cache_len or max_total_tokens
+        if self.max_cache_len:
+            return self.max_cache_len
+        if self.compile:
+            return -(-max_total_tokens // COMPILE_BUCKET) * COMPILE_BUCKET
+        return max_total_tokens
 
     def build_cache(self, loaded, max_total_tokens: int):
         from transformers import StaticCache
@@ -49,10 +58,9 @@ class Static(Strategy):
 
     def forward(self, loaded, cache, sequence, new_tokens: int):
         if self.compile and new_tokens == 1:
-            from ..compiled import compiled_decode
+            from ..compiled import decode_step
 
-            out = compiled_decode(loaded)(input_ids=sequence[:, -1:], cache=cache, use_cache=True, logits_to_keep=1)
-            return out.logits[:, -1, :]
+            return decode_step(loaded, cache, sequence[:, -1:], sequence.shape[1] - 1)
         return super().forward(loaded, cache, sequence, new_tokens)
 
     def held_tokens(self, seen_tokens: int, max_total_tokens: int) -> int:

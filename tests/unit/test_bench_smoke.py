@@ -139,3 +139,16 @@ def test_bandwidth_floor_joins_a_missed_parallel_check():
     alone = {"parallel": sections(0.95)["parallel"]}
     add_bandwidth_floor(alone)
     assert "bandwidth_floor" not in alone["parallel"]
+
+
+def test_unwritable_outputs_are_refused_before_measuring(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    for extra in (["--json", str(blocker / "b.json")], ["--plots", str(blocker)], ["--markdown", str(tmp_path)]):
+        proc = subprocess.run([sys.executable, "-m", "kvlab", "bench", "--size", "smoke", "--only", "overhead",
+                               "--json", str(tmp_path / "ok.json"), "--plots", str(tmp_path / "plots"), *extra],
+                              cwd=REPO, capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 2, extra
+        assert "cannot write the results where asked" in proc.stderr and "nothing was measured" in proc.stderr
+        assert "[bench]" not in proc.stderr
+    assert not (tmp_path / "ok.json").exists()

@@ -8,7 +8,8 @@ import torch
 
 from kvlab.events import ColumnDone, ColumnError, ColumnStarted, FidelityScored, MemorySample, RunDone, StepMetrics, TokenEvent
 from kvlab.generation import GenerationSettings
-from kvlab.runner import Column, FairTurns, collect, parallel_threads, run_compare, shared_threads
+from kvlab.compute import compute, compute_iter
+from kvlab.runner import Column, collect, parallel_threads, run_compare, shared_threads
 from kvlab.strategies import make_strategy
 from kvlab.strategies.dynamic import Dynamic
 
@@ -137,7 +138,7 @@ def test_stop_ends_every_column_within_two_tokens(tiny, mode):
     for result, before in zip(done.results, board["at_stop"]):
         assert result.status == "ok" and result.stopped and "stopped after" in result.message
         assert len(result.token_ids) - before <= 2
-    assert not [t for t in threading.enumerate() if t.name.startswith("kvlab-")]
+    assert not [t for t in threading.enumerate() if t.name.startswith("kvlab-") and not t.name.startswith("kvlab-compute")]
 
 
 def test_abandoning_the_event_stream_stops_the_workers(tiny):
@@ -147,23 +148,29 @@ def test_abandoning_the_event_stream_stops_the_workers(tiny):
         if isinstance(event, TokenEvent) and event.step == 5:
             break
     stream.close()
-    assert not [t for t in threading.enumerate() if t.name.startswith("kvlab-")]
+    assert not [t for t in threading.enumerate() if t.name.startswith("kvlab-") and not t.name.startswith("kvlab-compute")]
 
 
-def test_fair_turns_serve_in_arrival_order_one_at_a_time():
-    turns, active, order, peak = FairTurns(), [0], [], [0]
+def test_compute_runs_steps_one_at_a_time_in_arrival_order_on_one_thread():
+    active, peak, order, names = [0], [0], [], set()
     lock = threading.Lock()
+    submitted = threading.Semaphore(0)
+
+    def step(name):
+        with lock:
+            active[0] += 1
+            peak[0] = max(peak[0], active[0])
+        names.add(threading.current_thread().name)
+        order.append(name)
+        time.sleep(0.002)
+        with lock:
+            active[0] -= 1
+        return name
 
     def worker(name):
         for _ in range(5):
-            with turns.turn():
-                with lock:
-                    active[0] += 1
-                    peak[0] = max(peak[0], active[0])
-                order.append(name)
-                time.sleep(0.002)
-                with lock:
-                    active[0] -= 1
+            assert compute(step, name) == name
+        submitted.release()
 
     threads = [threading.Thread(target=worker, args=(n,)) for n in "abc"]
     for t in threads:
@@ -172,6 +179,47 @@ def test_fair_turns_serve_in_arrival_order_one_at_a_time():
         t.join()
     assert peak[0] == 1
     assert sorted(order) == sorted("abc" * 5)
+    assert len(names) == 1 and names.pop().startswith("kvlab-compute")
+    # FIFO: a call queued behind a slow one waits for it.
+    gate = threading.Event()
+    first = threading.Thread(target=compute, args=(gate.wait, 5))
+    first.start()
+    time.sleep(0.05)
+    seen = []
+    second = threading.Thread(target=lambda: seen.append(compute(lambda: gate.is_set())))
+    second.start()
+    time.sleep(0.05)
+    gate.set()
+    first.join()
+    second.join()
+    assert seen == [True]
+
+
+def test_compute_raises_in_the_caller_nests_inline_and_iterates():
+    with pytest.raises(ZeroDivisionError):
+        compute(lambda: 1 / 0)
+    assert compute(lambda: compute(lambda: threading.current_thread().name)).startswith("kvlab-compute")
+
+    def numbers():
+        for n in range(3):
+            yield n, threading.current_thread().name
+
+    items = list(compute_iter(numbers()))
+    assert [n for n, _ in items] == [0, 1, 2]
+    assert all(name.startswith("kvlab-compute") for _, name in items)
+    closed = []
+
+    def endless():
+        try:
+            while True:
+                yield 1
+        finally:
+            closed.append(threading.current_thread().name)
+
+    stream = compute_iter(endless())
+    assert next(stream) == 1
+    stream.close()
+    assert len(closed) == 1 and closed[0].startswith("kvlab-compute")
 
 
 def test_bad_mode_and_column_counts_fail_before_running(tiny):

@@ -135,11 +135,27 @@ def test_snippet_code_compiles(name):
     compile("\n".join(imports + [code, f"kwargs = dict({strategy.generate_kwargs_code()})"]), name, "exec")
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU reason")
-def test_static_compile_is_refused_on_cpu_with_its_reason(tiny):
-    reason = make_strategy({"strategy": "static", "compile": True}).unavailable_reason(tiny)
-    assert reason.startswith("compile=true needs a CUDA GPU")
-    assert make_strategy({"strategy": "static"}).unavailable_reason(tiny) is None
+def test_compiled_static_matches_eager_and_compiles_once_per_cache_size(tiny):
+    from kvlab.generation import GenerationSettings
+    from kvlab.runner import collect, run_compare
+    from kvlab.strategies.static import COMPILE_BUCKET
+
+    compiled = make_strategy({"strategy": "static", "compile": True})
+    assert compiled.unavailable_reason(tiny) is None and "compiles the forward" in compiled.caveat()
+    assert [compiled.capacity(n) for n in (1, COMPILE_BUCKET, COMPILE_BUCKET + 1)] == [
+        COMPILE_BUCKET, COMPILE_BUCKET, 2 * COMPILE_BUCKET]
+    settings = GenerationSettings(max_new_tokens=6, stop_at_eos=False, fidelity=False)
+    columns = [{"strategy": "static"}, {"strategy": "static", "compile": True}]
+    first = collect(run_compare(tiny, torch.tensor([[1, 400, 401, 402]]), columns, settings)).results
+    assert [r.status for r in first] == ["ok", "ok"]
+    assert first[0].token_ids == first[1].token_ids
+    # Every later step and a longer prompt in the same bucket reuse the compiled code.
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        second = collect(run_compare(tiny, torch.tensor([[1, 500, 501, 502, 503, 504, 505]]), columns,
+                                     settings)).results
+    assert [r.status for r in second] == ["ok", "ok"], [r.message for r in second]
+    assert second[0].token_ids == second[1].token_ids
+    assert first[1].cache_bytes[-1] == second[1].cache_bytes[-1]
 
 
 def test_quantized_group_size_must_divide_head_dim_before_compute(tiny):

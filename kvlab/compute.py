@@ -1,0 +1,67 @@
+"""One thread for kvlab's torch work: `compute(fn)` runs `fn` there and returns its result.
+
+Why: torch's CPU kernels run on OpenMP, and each Python thread that starts a
+parallel torch operation gets its own OpenMP team, kept until that thread
+ends. When a process holds more OpenMP threads than cores, GNU OpenMP stops
+letting idle team threads spin-wait for work and parks them instead, so every
+parallel region pays a wake-up: on the bundled model with 2 cores a decode
+step took 53 ms in a second thread against 30 ms with all work on one thread
+(measured with `python -m kvlab bench --only roofline`; a (1, 576) × (576,
+1536) matmul: 125 µs against 40 µs). kvlab's columns, chat turns, perplexity
+runs and warm-up therefore submit their torch work here, in arrival order
+(first in, first out), which is also what makes fair mode fair: one forward at
+a time, in the order the columns asked.
+
+Calls made on the compute thread itself run inline, so nested calls cannot
+deadlock. What runs here must not wait for another call to `compute`.
+Parallel-mode columns do not use this thread; they run with one intra-op
+thread each (see `kvlab.runner.shared_threads`), which starts no team.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
+
+T = TypeVar("T")
+
+THREAD_NAME = "kvlab-compute"
+_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=THREAD_NAME)
+
+
+def on_compute_thread() -> bool:
+    return threading.current_thread().name.startswith(THREAD_NAME)
+
+
+def compute(fn: Callable[..., T], *args, **kwargs) -> T:
+    """Run `fn(*args, **kwargs)` on the compute thread, after the calls submitted before it; return its
+    result or raise its exception in the caller."""
+    if on_compute_thread():
+        return fn(*args, **kwargs)
+    return _executor.submit(fn, *args, **kwargs).result()
+
+
+_DONE = object()
+
+
+def _next_or_done(iterator: Iterator[T]):
+    return next(iterator, _DONE)
+
+
+def compute_iter(iterable: Iterable[T]) -> Iterator[T]:
+    """Iterate `iterable` with each step (each `next`) run on the compute thread; items are yielded in the
+    caller's thread. Other callers' work can run between two steps, so a step must not leave thread-local
+    torch state (such as an open `torch.inference_mode()` block) behind when it yields."""
+    iterator = iter(iterable)
+    try:
+        while True:
+            item = compute(_next_or_done, iterator)
+            if item is _DONE:
+                return
+            yield item
+    finally:
+        close = getattr(iterator, "close", None)
+        if close is not None:
+            compute(close)
