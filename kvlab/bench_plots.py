@@ -99,8 +99,13 @@ def plot_scaling(section: dict, folder: Path) -> list[Path]:
             xs = [n for n, _ in points]
             medians = [s["median"] * scale for _, s in points]
             errors = [[(s["median"] - s["min"]) * scale for _, s in points], [(s["max"] - s["median"]) * scale for _, s in points]]
-            axes.errorbar(xs, medians, yerr=errors, marker="o", capsize=3, label=label)
+            # Dashed and hollow markers so a series lying on another (static on dynamic) stays visible.
+            style = {"linestyle": "--", "markerfacecolor": "none"} if label == "static" else {}
+            axes.errorbar(xs, medians, yerr=errors, marker="o", capsize=3, label=label, **style)
         axes.set_xscale("log", base=2)
+        if key == "latency_ms":
+            # no_cache grows to seconds; a log axis keeps the milliseconds of the others readable.
+            axes.set_yscale("log")
         axes.set_xticks(lengths)
         axes.set_xticklabels([str(n) for n in lengths])
         axes.set_xlabel("context length (prompt tokens)")

@@ -5,17 +5,19 @@ parallel torch operation gets its own OpenMP team, kept until that thread
 ends. When a process holds more OpenMP threads than cores, GNU OpenMP stops
 letting idle team threads spin-wait for work and parks them instead, so every
 parallel region pays a wake-up: on the bundled model with 2 cores a decode
-step took 53 ms in a second thread against 30 ms with all work on one thread
-(measured with `python -m kvlab bench --only roofline`; a (1, 576) × (576,
-1536) matmul: 125 µs against 40 µs). kvlab's columns, chat turns, perplexity
+step took 53 ms in a second thread against 30 ms with all work on one thread,
+and a (1, 576) × (576, 1536) matmul 125 µs against 40 µs (the roofline section
+of `python -m kvlab bench` reports the decode rate reached this way). The
+waiting threads spin, so other busy processes on the same cores slow each
+step down. kvlab's columns, chat turns, perplexity
 runs and warm-up therefore submit their torch work here, in arrival order
 (first in, first out), which is also what makes fair mode fair: one forward at
 a time, in the order the columns asked.
 
 Calls made on the compute thread itself run inline, so nested calls cannot
 deadlock. What runs here must not wait for another call to `compute`.
-Parallel-mode columns do not use this thread; they run with one intra-op
-thread each (see `kvlab.runner.shared_threads`), which starts no team.
+Parallel-mode columns do not use this thread; while they run, they and this
+thread get a share of the intra-op threads (`kvlab.runner.shared_threads`).
 """
 
 from __future__ import annotations

@@ -4,9 +4,10 @@ transformers' `cache_utils` imports `hqq.core.quantize` as soon as hqq is
 installed, and hqq's module body applies `torch.compile` decorators, which
 import torch's compiler stack: about 1 s of every start on 2 cores, measured
 with `python -X importtime` (see the start-up section of `python -m kvlab
-bench`). kvlab imports `cache_utils` once with hqq hidden, then binds hqq's
-`Quantizer` into `cache_utils` the first time a caller asks for it
-(`ensure_hqq`), which is what transformers would have done at import.
+bench`). kvlab imports `cache_utils` once with hqq hidden and leaves a stand-in for
+hqq's `Quantizer` there, which imports hqq and puts the real class in its
+place the first time an hqq layer uses it (or when `ensure_hqq` is called),
+which is what transformers would have done at import.
 
 Nothing changes when `cache_utils` or hqq were already imported before kvlab
 (both then stay as transformers made them), or when hqq is not installed.
@@ -34,10 +35,24 @@ def import_cache_utils_without_hqq() -> None:
 
     sys.modules["hqq"] = None
     try:
-        import transformers.cache_utils  # noqa: F401 - the import is the point
+        import transformers.cache_utils as cache_utils
     finally:
         del sys.modules["hqq"]
         import_utils.is_hqq_available.cache_clear()
+    if not hasattr(cache_utils, "HQQQuantizer"):
+        # transformers' own QuantizedCache(backend="hqq") keeps working for code that imports kvlab first.
+        cache_utils.HQQQuantizer = _DeferredQuantizer()
+
+
+class _DeferredQuantizer:
+    """Stands in for hqq's `Quantizer` in `transformers.cache_utils` until first used, then imports hqq and
+    puts the real class in its place."""
+
+    def __getattr__(self, name: str):
+        ensure_hqq()
+        import transformers.cache_utils as cache_utils
+
+        return getattr(cache_utils.HQQQuantizer, name)
 
 
 def ensure_hqq() -> None:
@@ -50,7 +65,7 @@ def ensure_hqq() -> None:
     import transformers.cache_utils as cache_utils
 
     with _lock:
-        if not hasattr(cache_utils, "HQQQuantizer"):
+        if isinstance(getattr(cache_utils, "HQQQuantizer", None), (_DeferredQuantizer, type(None))):
             from hqq.core.quantize import Quantizer
 
             cache_utils.HQQQuantizer = Quantizer

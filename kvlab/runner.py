@@ -8,12 +8,11 @@ worker thread against the one shared model. Modes:
   order the columns asked, so each column's measured step time is what it would
   be alone while all columns stream together.
 - `parallel`: free threads, for throughput; per-token times then include
-  contention. Each forward is limited to its share of torch's intra-op threads
-  (`parallel_threads`) while a parallel run is going: on the bundled model one
-  forward keeps only about 1.3 of 2 cores busy, so columns side by side on one
-  core each finish sooner (measured by `python -m kvlab bench --only parallel`).
-  torch's thread count is process-wide, so runs in other tabs during it use the
-  same share; it is restored when the last parallel run ends.
+  contention. While parallel runs go, each column thread and kvlab's compute
+  thread (so every other tab's work too) use an even share of torch's intra-op
+  threads (`shared_threads`), restored when the last one ends. On 2 cores this
+  mode is slower than `sequential` (measured by `python -m kvlab bench --only
+  parallel`): one forward on the compute thread already keeps both cores busy.
 - `sequential`: one column after another, on the compute thread too.
 
 A stop event ends every loop within a token. An exception ends its own column
@@ -33,8 +32,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .compute import compute
 from .accounting import cache_bytes, cache_bytes_by_device, predicted_cache_bytes
+from .compute import compute, compute_iter
 from .events import (
     ColumnDone,
     ColumnError,
@@ -60,6 +59,7 @@ JOIN_TIMEOUT_S = 30.0
 _threads_guard = threading.Lock()
 _parallel_runs = 0
 _threads_before: int | None = None
+_threads_share = 1
 
 
 def parallel_threads(columns: int, threads: int) -> int:
@@ -70,21 +70,25 @@ def parallel_threads(columns: int, threads: int) -> int:
 
 @contextlib.contextmanager
 def shared_threads(columns: int):
-    """Set torch's (process-wide) intra-op thread count to `parallel_threads` for the duration; nested and
-    concurrent uses are counted, and the count from before the first one is restored when the last one ends."""
-    global _parallel_runs, _threads_before
+    """While parallel runs go, give kvlab's compute thread (and so every other tab's work) the same share of
+    torch's intra-op threads as each parallel column; yields that share, which each column thread sets for
+    itself. torch keeps a thread count per thread once it has run torch work, so the compute thread is set
+    explicitly, and its count from before the first run is restored when the last overlapping run ends."""
+    global _parallel_runs, _threads_before, _threads_share
     with _threads_guard:
         if _parallel_runs == 0:
-            _threads_before = torch.get_num_threads()
+            _threads_before = compute(torch.get_num_threads)
+            _threads_share = parallel_threads(columns, _threads_before)
+            compute(torch.set_num_threads, _threads_share)
         _parallel_runs += 1
-        torch.set_num_threads(min(torch.get_num_threads(), parallel_threads(columns, _threads_before)))
+        share = _threads_share
     try:
-        yield
+        yield share
     finally:
         with _threads_guard:
             _parallel_runs -= 1
             if _parallel_runs == 0:
-                torch.set_num_threads(_threads_before)
+                compute(torch.set_num_threads, _threads_before)
                 _threads_before = None
 
 
@@ -266,7 +270,11 @@ def run_compare(
     tracker = MemoryTracker(loaded.device)
     started = time.perf_counter()
 
+    column_threads: list[int] = []
+
     def work(indices):
+        if column_threads:
+            torch.set_num_threads(column_threads[0])
         for i in indices:
             results[i] = run_column(loaded, i, columns[i], prompt_ids, settings, events.put, turns, stop)
 
@@ -276,7 +284,9 @@ def run_compare(
         workers = [threading.Thread(target=work, args=([i],), daemon=True, name=f"kvlab-col{i}") for i in range(len(columns))]
     sampler = _Sampler(tracker, started)
     try:
-        with shared_threads(len(columns)) if mode == "parallel" else contextlib.nullcontext():
+        with shared_threads(len(columns)) if mode == "parallel" else contextlib.nullcontext() as share:
+            if share is not None:
+                column_threads.append(share)
             for worker in workers:
                 worker.start()
             yield from _relay(workers, events, sampler)
@@ -287,8 +297,9 @@ def run_compare(
                 results[i] = lost
                 yield ColumnError(i, "error", lost.message, lost)
         if settings.fidelity and not stop.is_set():
-            scorer = threading.Thread(target=compute, daemon=True, name="kvlab-fidelity", args=(
-                _drain_into, score_fidelity(loaded, prompt_ids, columns, results, baseline, stop), events))
+            # One compute step per scored column, so other tabs' work can run in between.
+            scorer = threading.Thread(target=_drain_into, daemon=True, name="kvlab-fidelity", args=(
+                compute_iter(score_fidelity(loaded, prompt_ids, columns, results, baseline, stop)), events))
             workers.append(scorer)
             scorer.start()
             yield from _relay([scorer], events, sampler)
@@ -329,9 +340,8 @@ def _relay(threads: list[threading.Thread], events: queue.Queue, sampler: _Sampl
 
 
 def _drain_into(stream, events: queue.Queue) -> None:
-    """Run a generator to its end in this (worker) thread, queueing what it yields.
-
-    Model work stays off the consumer's thread, like the columns' decode loops."""
+    """Run a stream to its end in this (worker) thread, queueing what it yields, so the consumer's thread
+    never waits on model work."""
     for event in stream:
         events.put(event)
 

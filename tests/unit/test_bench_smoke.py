@@ -86,6 +86,8 @@ def test_figures_carry_median_min_max(smoke):
         "second launch: process start to model ready", "app.py second launch: start to model ready"]
     roofline = sections["roofline"]
     assert roofline["bandwidth_gb_s"] > 0
+    one_thread = [v for v in roofline["variants"] if v["name"] == "dynamic fp32, 1 thread"]
+    assert one_thread and one_thread[0]["compute_threads"] == [1]
     for variant in roofline["variants"]:
         assert_stats(variant["tok_s"])
         assert_stats(variant["fraction"])
@@ -101,6 +103,8 @@ def test_plots_and_text(smoke):
     assert smoke["stdout"].strip() == format_report(smoke["record"]).strip()
     markdown = (smoke["out"] / "bench.md").read_text()
     assert markdown == format_markdown(smoke["record"])
+    assert smoke["record"]["command"] == "python -m kvlab bench --size smoke"
+    assert "with `python -m kvlab bench --size smoke` on" in markdown
     assert markdown.count("\n| ") == len(smoke["record"]["checks"]) + 1
 
 
@@ -109,6 +113,8 @@ def test_only_lists_allowed_sections():
     assert parse_only(None) == list(SECTIONS)
     with pytest.raises(ValueError, match="allowed: overhead,fair"):
         parse_only("overhead,speed")
+    with pytest.raises(ValueError, match="allowed: overhead,fair"):
+        parse_only("")
 
 
 def test_check_verdicts():
@@ -152,3 +158,32 @@ def test_unwritable_outputs_are_refused_before_measuring(tmp_path):
         assert "cannot write the results where asked" in proc.stderr and "nothing was measured" in proc.stderr
         assert "[bench]" not in proc.stderr
     assert not (tmp_path / "ok.json").exists()
+
+
+def test_sigterm_stops_the_app_child_and_removes_temp_folders(tmp_path):
+    import os
+    import signal
+    import time
+
+    env = dict(os.environ, TMPDIR=str(tmp_path))
+    proc = subprocess.Popen([sys.executable, "-m", "kvlab", "bench", "--size", "smoke", "--only", "startup",
+                             "--json", str(tmp_path / "b.json"), "--plots", str(tmp_path / "plots")],
+                            cwd=REPO, env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        for line in proc.stderr:
+            if "app.py second launch" in line:
+                break
+        time.sleep(2)
+        children = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout.split()
+        assert children, "the bench should be running app.py now"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 128 + signal.SIGTERM
+        for pid in children:
+            deadline = time.time() + 20
+            while time.time() < deadline and os.path.exists(f"/proc/{pid}"):
+                time.sleep(0.2)
+            assert not os.path.exists(f"/proc/{pid}"), f"app.py child {pid} still running"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert not list(tmp_path.glob("kvlab-bench-*"))

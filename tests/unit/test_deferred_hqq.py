@@ -23,10 +23,17 @@ from kvlab.strategies import make_strategy
 report = {"hqq_after_import": "hqq" in sys.modules,
           "cache_utils_after_import": "transformers.cache_utils" in sys.modules,
           "available_after_import": import_utils.is_hqq_available()}
+from transformers import QuantizedCache
+
 torch.manual_seed(0)
 config = LlamaConfig(vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                      num_attention_heads=2, num_key_value_heads=1, head_dim=64)
 model = LlamaForCausalLM(config).eval()
+direct = QuantizedCache(backend="hqq", config=config, nbits=4, residual_length=2, q_group_size=64)
+with torch.inference_mode():
+    model(torch.arange(8)[None], cache=direct)
+report["direct_length"] = direct.get_seq_length()
+report["hqq_after_direct"] = "hqq" in sys.modules
 loaded = LoadedModel(ModelSpec(source="tiny", device="cpu"), model, None, torch.device("cpu"), 0.0, "tiny")
 strategy = make_strategy({"strategy": "quantized", "backend": "hqq", "nbits": 4, "residual_length": 2,
                           "q_group_size": 64})
@@ -51,6 +58,7 @@ def test_import_skips_hqq_and_hqq_caches_still_work():
     assert report["cache_utils_after_import"] is True
     assert report["hqq_after_import"] is False
     assert report["available_after_import"] is True
+    assert report["direct_length"] == 8 and report["hqq_after_direct"] is True
     assert report["unavailable"] is None
     assert report["hqq_after_build"] is True
     assert report["layer"] == "HQQQuantizedLayer"

@@ -245,31 +245,51 @@ def test_parallel_threads_share_the_cores():
     assert [parallel_threads(columns, 16) for columns in (1, 3, 4, 8)] == [16, 5, 4, 2]
 
 
-def test_shared_threads_restore_after_the_last_overlapping_run():
-    before = torch.get_num_threads()
+def test_shared_threads_set_the_compute_thread_and_restore_after_the_last_overlapping_run():
+    before = compute(torch.get_num_threads)
     try:
-        torch.set_num_threads(4)
+        compute(torch.set_num_threads, 4)
         first, second = shared_threads(2), shared_threads(4)
-        first.__enter__()
-        assert torch.get_num_threads() == 2
-        second.__enter__()
-        assert torch.get_num_threads() == 1
+        assert first.__enter__() == 2
+        assert compute(torch.get_num_threads) == 2
+        assert second.__enter__() == 2  # the first run's share holds while it goes
         first.__exit__(None, None, None)
-        assert torch.get_num_threads() == 1  # the second run is still going
+        assert compute(torch.get_num_threads) == 2  # the second run is still going
         second.__exit__(None, None, None)
-        assert torch.get_num_threads() == 4
+        assert compute(torch.get_num_threads) == 4
     finally:
-        torch.set_num_threads(before)
+        compute(torch.set_num_threads, before)
+
+
+def test_shared_threads_restore_when_the_run_is_drained_from_other_threads(tiny):
+    before = compute(torch.get_num_threads)
+    settings = GenerationSettings(max_new_tokens=3, stop_at_eos=False, fidelity=False)
+    for _ in range(2):
+        stream = run_compare(tiny, PROMPT, [{"strategy": "dynamic"}, {"strategy": "static"}], settings, "parallel")
+        box = []
+        starter = threading.Thread(target=lambda: box.append(next(stream)))
+        starter.start()
+        starter.join()
+        drainer = threading.Thread(target=lambda: box.extend(stream))
+        drainer.start()
+        drainer.join()
+        assert isinstance(box[-1], RunDone)
+        assert compute(torch.get_num_threads) == before
+    fresh = []
+    probe = threading.Thread(target=lambda: fresh.append(torch.get_num_threads()))
+    probe.start()
+    probe.join()
+    assert fresh == [before]
 
 
 @pytest.mark.parametrize("mode", ["parallel", "fair"])
 def test_parallel_runs_use_a_share_of_the_threads_and_give_them_back(tiny, mode):
-    before = torch.get_num_threads()
+    before = compute(torch.get_num_threads)
     seen = []
     settings = GenerationSettings(max_new_tokens=3, stop_at_eos=False, fidelity=False)
     for event in run_compare(tiny, PROMPT, [{"strategy": "dynamic"}, {"strategy": "static"}], settings, mode):
         if isinstance(event, TokenEvent):
-            seen.append(torch.get_num_threads())
+            seen.append(compute(torch.get_num_threads))
     expected = parallel_threads(2, before) if mode == "parallel" else before
     assert seen and set(seen) == {expected}
-    assert torch.get_num_threads() == before
+    assert compute(torch.get_num_threads) == before
