@@ -66,4 +66,8 @@ def compute_iter(iterable: Iterable[T]) -> Iterator[T]:
     finally:
         close = getattr(iterator, "close", None)
         if close is not None:
-            compute(close)
+            try:
+                compute(close)
+            except RuntimeError:
+                # The executor is shut down (the interpreter is exiting): close it here instead.
+                close()

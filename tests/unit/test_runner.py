@@ -293,3 +293,21 @@ def test_parallel_runs_use_a_share_of_the_threads_and_give_them_back(tiny, mode)
     expected = parallel_threads(2, before) if mode == "parallel" else before
     assert seen and set(seen) == {expected}
     assert compute(torch.get_num_threads) == before
+
+
+def test_an_unfinished_stream_at_interpreter_exit_closes_quietly():
+    import subprocess
+    import sys
+
+    code = ("from kvlab.compute import compute_iter\n"
+            "def numbers():\n"
+            "    try:\n"
+            "        yield from range(10)\n"
+            "    finally:\n"
+            "        print('closed')\n"
+            "stream = compute_iter(numbers())\n"
+            "print(next(stream))\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["0", "closed"]
+    assert "Exception ignored" not in proc.stderr
