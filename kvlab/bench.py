@@ -49,6 +49,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from .compute import compute
+
 SECTIONS = ("overhead", "fair", "parallel", "scaling", "startup", "roofline")
 RECORD_VERSION = 1
 DEFAULT_OUTPUT = Path("artifacts") / "bench"
@@ -160,14 +162,6 @@ class Context:
     profile_dir: Path | None
 
 
-def in_worker(fn: Callable[[], object]):
-    """Run `fn` on kvlab's compute thread, where the runner's fair-mode steps run (see `kvlab.compute`), and
-    return its result or raise its error."""
-    from .compute import compute
-
-    return compute(fn)
-
-
 def settings_for(new_tokens: int):
     from .generation import GenerationSettings
 
@@ -220,7 +214,7 @@ def bare_generate(loaded, prompt_ids, spec: dict, new_tokens: int) -> Callable[[
 def run_bare(loaded, prompt_ids, spec: dict, new_tokens: int) -> float:
     """Seconds for `model.generate` with a fresh cache of `spec`'s strategy, on the compute thread."""
     gc.collect()
-    return in_worker(bare_generate(loaded, prompt_ids, spec, new_tokens))
+    return compute(bare_generate(loaded, prompt_ids, spec, new_tokens))
 
 
 def run_bare_together(loaded, prompt_ids, spec: dict, new_tokens: int, columns: int, torch_threads: int) -> float:
@@ -295,7 +289,7 @@ def profile_step(loaded, prompt_ids, spec: dict, new_tokens: int, folder: Path |
             profiler.stop()
         return profiler
 
-    profiler = in_worker(work)
+    profiler = compute(work)
     if folder is not None:
         folder.mkdir(parents=True, exist_ok=True)
         (folder / f"profile_{tag}.txt").write_text(profiler.output_text(show_all=True))
@@ -450,12 +444,13 @@ def bench_parallel(ctx: Context) -> dict:
     ratios = [p / s for p, s in zip(elapsed["parallel"], elapsed["sequential"])]
     lever_ratios = [together / one_by_one for one_by_one, together in zip(*lever.values())]
     available = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    share = parallel_threads(columns, in_worker(torch.get_num_threads))
+    threads = compute(torch.get_num_threads)
+    share = parallel_threads(columns, threads)
     reference = statistics.median(lever_ratios)
     verdict = ("so free threads miss the target on this machine even without kvlab" if reference > PARALLEL_MAX_RATIO
                else "the bare calls do reach it, so the gap is kvlab's")
     reason = (f"{available} cores; each parallel column and the compute thread got {share} of "
-              f"{in_worker(torch.get_num_threads)} torch threads (process CPU use: "
+              f"{threads} torch threads (process CPU use: "
               f"{statistics.median(cores['parallel']):.2f} cores in parallel, "
               f"{statistics.median(cores['sequential']):.2f} sequentially, OpenMP spin-waiting included). Reference "
               f"without kvlab: {columns} bare dynamic generate calls at once, one torch thread each, took "
@@ -663,7 +658,7 @@ def launch_app(cache_folder: Path) -> dict:
                     pass
             if "failed" in marks:
                 raise RuntimeError(f"app.py could not load its model: {marks['failed']}")
-            if len(marks) == 2:
+            if {"served_s", "ready_s"} <= marks.keys():
                 return marks
             time.sleep(0.02)
         raise RuntimeError(f"app.py did not serve and load within {APP_TIMEOUT_S:.0f} s (exit status "
@@ -779,19 +774,19 @@ def bench_roofline(ctx: Context) -> dict:
     size, loaded, ids = ctx.size, ctx.loaded, ctx.prompt_ids
     n = size.roofline_tokens
     nbytes = size.copy_mib * 2**20
-    copy_once = in_worker(lambda: copy_seconds(nbytes))
+    copy_once = compute(lambda: copy_seconds(nbytes))
     # Measured on the compute thread only: a large copy in the main thread would give it an OpenMP team of
     # its own, and then the compute thread's team would stop spin-waiting (see kvlab.compute).
     bandwidth = {"compute thread": []}
     for _ in range(COPY_SAMPLES):
-        bandwidth["compute thread"].append(2 * nbytes / in_worker(copy_once) / 1e9)
+        bandwidth["compute thread"].append(2 * nbytes / compute(copy_once) / 1e9)
     del copy_once
     where, best = max(((k, max(v)) for k, v in bandwidth.items()), key=lambda kv: kv[1])
     half = LoadedModel(ModelSpec(dtype="bfloat16", device="cpu"),
-                       in_worker(lambda: copy.deepcopy(loaded.model).to(torch.bfloat16)),
+                       compute(lambda: copy.deepcopy(loaded.model).to(torch.bfloat16)),
                        loaded.tokenizer, loaded.device, 0.0, f"{loaded.name} bf16")
     variants = [
-        Variant(f"dynamic fp32, {in_worker(torch.get_num_threads)} threads", loaded, {"strategy": "dynamic"}),
+        Variant(f"dynamic fp32, {compute(torch.get_num_threads)} threads", loaded, {"strategy": "dynamic"}),
         Variant("dynamic fp32, 1 thread", loaded, {"strategy": "dynamic"}, threads=1),
         Variant("static fp32", loaded, {"strategy": "static"}),
         Variant("dynamic bf16", half, {"strategy": "dynamic"}),
@@ -809,17 +804,17 @@ def bench_roofline(ctx: Context) -> dict:
     tok_s = {v.name: [] for v in variants}
     threads_used = {v.name: [] for v in variants}
     # The runner computes on kvlab's compute thread, which keeps its own thread count: set it there.
-    previous = in_worker(torch.get_num_threads)
+    previous = compute(torch.get_num_threads)
     try:
         for rep in range(size.repeats + 1):
             for variant in variants:
                 ctx.say(f"roofline: {variant.name}, {'warm-up' if rep == 0 else f'repeat {rep}/{size.repeats}'}")
-                in_worker(lambda: torch.set_num_threads(variant.threads or previous))
+                compute(lambda: torch.set_num_threads(variant.threads or previous))
                 try:
-                    threads_used[variant.name].append(in_worker(torch.get_num_threads))
+                    threads_used[variant.name].append(compute(torch.get_num_threads))
                     result = run_kvlab(variant.loaded, ids, [variant.spec], 3 if rep == 0 else n)["results"][0]
                 finally:
-                    in_worker(lambda: torch.set_num_threads(previous))
+                    compute(lambda: torch.set_num_threads(previous))
                 if rep:
                     tok_s[variant.name].append(result.decode_tok_s)
     finally:
@@ -1156,9 +1151,10 @@ def cmd_bench(args) -> int:
     record["command"] = " ".join([f"python -m kvlab bench --size {args.size}"]
                                  + ([f"--only {','.join(only)}"] if args.only is not None else [])
                                  + ([f"--repeats {args.repeats}"] if args.repeats is not None else []))
-    Path(args.json).write_text(json.dumps(record, indent=1))
-    record["plots"] = [str(path) for path in draw_all(record, plots)]
-    Path(args.json).write_text(json.dumps(record, indent=1))
+    try:
+        record["plots"] = [str(path) for path in draw_all(record, plots)]
+    finally:
+        Path(args.json).write_text(json.dumps(record, indent=1))  # the measurement is kept even if plotting fails
     print(format_report(record))
     print(f"wrote {args.json} and {len(record['plots'])} plots in {plots}", file=sys.stderr)
     if args.markdown:

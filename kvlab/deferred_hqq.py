@@ -6,8 +6,8 @@ import torch's compiler stack: about 1 s of every start on 2 cores, measured
 with `python -X importtime` (see the start-up section of `python -m kvlab
 bench`). kvlab imports `cache_utils` once with hqq hidden and leaves a stand-in for
 hqq's `Quantizer` there, which imports hqq and puts the real class in its
-place the first time an hqq layer uses it (or when `ensure_hqq` is called),
-which is what transformers would have done at import.
+place the first time an hqq layer uses it, which is what transformers would
+have done at import.
 
 Nothing changes when `cache_utils` or hqq were already imported before kvlab
 (both then stay as transformers made them), or when hqq is not installed.
@@ -46,26 +46,19 @@ def import_cache_utils_without_hqq() -> None:
 
 class _DeferredQuantizer:
     """Stands in for hqq's `Quantizer` in `transformers.cache_utils` until first used, then imports hqq and
-    puts the real class in its place."""
+    puts the real class in its place.
+
+    Raises (on first use):
+        ImportError: hqq is not installed (kvlab checks availability first and
+            reports it in the column instead).
+    """
 
     def __getattr__(self, name: str):
-        ensure_hqq()
         import transformers.cache_utils as cache_utils
 
+        with _lock:
+            if isinstance(cache_utils.HQQQuantizer, _DeferredQuantizer):
+                from hqq.core.quantize import Quantizer
+
+                cache_utils.HQQQuantizer = Quantizer
         return getattr(cache_utils.HQQQuantizer, name)
-
-
-def ensure_hqq() -> None:
-    """Make `transformers.cache_utils` ready to build hqq layers (imports hqq on first use).
-
-    Raises:
-        ImportError: hqq is not installed (callers check availability first and
-            report it in the column instead).
-    """
-    import transformers.cache_utils as cache_utils
-
-    with _lock:
-        if isinstance(getattr(cache_utils, "HQQQuantizer", None), (_DeferredQuantizer, type(None))):
-            from hqq.core.quantize import Quantizer
-
-            cache_utils.HQQQuantizer = Quantizer

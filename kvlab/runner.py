@@ -270,23 +270,22 @@ def run_compare(
     tracker = MemoryTracker(loaded.device)
     started = time.perf_counter()
 
-    column_threads: list[int] = []
-
-    def work(indices):
-        if column_threads:
-            torch.set_num_threads(column_threads[0])
+    def work(indices, threads: int | None):
+        if threads is not None:
+            torch.set_num_threads(threads)
         for i in indices:
             results[i] = run_column(loaded, i, columns[i], prompt_ids, settings, events.put, turns, stop)
 
     if mode == "sequential":
-        workers = [threading.Thread(target=work, args=(range(len(columns)),), daemon=True, name="kvlab-seq")]
+        groups = {"kvlab-seq": range(len(columns))}
     else:
-        workers = [threading.Thread(target=work, args=([i],), daemon=True, name=f"kvlab-col{i}") for i in range(len(columns))]
+        groups = {f"kvlab-col{i}": [i] for i in range(len(columns))}
+    workers: list[threading.Thread] = []
     sampler = _Sampler(tracker, started)
     try:
         with shared_threads(len(columns)) if mode == "parallel" else contextlib.nullcontext() as share:
-            if share is not None:
-                column_threads.append(share)
+            workers = [threading.Thread(target=work, args=(indices, share), daemon=True, name=name)
+                       for name, indices in groups.items()]
             for worker in workers:
                 worker.start()
             yield from _relay(workers, events, sampler)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import importlib.util
 from dataclasses import dataclass
 
-from ..deferred_hqq import ensure_hqq
 from .base import Strategy, StrategyError, register, require_int, sliding_layer_types
 
 BACKENDS = {
@@ -122,8 +121,6 @@ class Quantized(Strategy):
                 f"try {', '.join(str(g) for g in (16, 32, 64, 128) if width % g == 0)}"
             )
 
-        if self.backend == "hqq":
-            ensure_hqq()
         return QuantizedCache(backend=self.backend, config=loaded.config, **self._cache_kwargs())
 
     def cache_code(self):
