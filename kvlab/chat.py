@@ -24,7 +24,11 @@ After each turn the same input can be re-run "without reuse" (the whole history
 prefilled into an empty cache of the same strategy, honestly timed), and with
 `verify` the whole reply is generated again that way and compared.
 
-This module runs and measures; it does not render. It never imports gradio.
+How much to reuse is decided by `kvlab.reuse.plan_reuse` from the strategy's
+capabilities (`is_croppable`, `is_streaming`, `capacity`); the tokens go through
+the engine (`kvlab.engine`), so a strategy's own forward (e.g. a compiled static
+decode step) applies in chat exactly as in Compare. This module runs and
+measures; it does not render. It never imports gradio.
 """
 
 from __future__ import annotations
@@ -32,24 +36,18 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-
-import torch
 
 from .accounting import cache_bytes
 from .compute import compute_iter
-from .generation import GenerationSettings, IncrementalDetokenizer, TokenChooser, encode_prompt, eos_token_ids
-from .sink_cache import SinkCache, prefill_in_chunks
+from .generation import GenerationSettings, encode_prompt
+from .reuse import ReusePlan, Reply, generate_reply, held_tokens, plan_reuse, reply_stream, suggested_capacity
+from .reuse import time_to_first_token
 from .strategies import Strategy, StrategyError
 
 DEFAULT_CHAT_CACHE_TOKENS = 1024
 """Capacity (tokens) given to a preallocating cache (static) whose `max_cache_len` is not set."""
-
-CAPACITY_ROUNDING = 256
-"""Suggested static capacities are rounded up to a multiple of this many tokens."""
-
-ACTIONS = ("fresh", "reuse", "crop", "rebuild", "stream")
 
 
 class ChatInputError(ValueError):
@@ -74,119 +72,6 @@ class ChatCapacityError(ChatInputError):
             f"max_cache_len={capacity}: rebuild it larger (max_cache_len={self.suggested}), switch to the dynamic "
             f"strategy, or clear the conversation"
         )
-
-
-def suggested_capacity(needed: int) -> int:
-    """Twice `needed`, rounded up to a multiple of CAPACITY_ROUNDING tokens."""
-    return -(-2 * needed // CAPACITY_ROUNDING) * CAPACITY_ROUNDING
-
-
-def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
-    """Number of leading positions where the two id sequences agree."""
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
-
-
-def is_streaming(cache) -> bool:
-    """Whether `cache` evicts by its own rule (a sink cache), so its ids are not a conversation prefix."""
-    return isinstance(cache, SinkCache)
-
-
-def is_croppable(cache) -> bool:
-    """Whether every layer of `cache` supports `crop(-n)` (dynamic and static do, quantized and sink do not)."""
-    return all(getattr(layer, "is_croppable", False) for layer in getattr(cache, "layers", []))
-
-
-def cache_capacity(cache) -> int | None:
-    """Most tokens `cache` can hold, or None when it grows (dynamic, quantized) or streams (sink)."""
-    if cache is None or is_streaming(cache) or not getattr(cache, "layers", None):
-        return None
-    limit = cache.get_max_length()
-    return int(limit) if limit and limit > 0 else None
-
-
-def held_tokens(cache) -> int:
-    """Tokens whose keys/values `cache` holds now (layer 0)."""
-    return int(cache.get_seq_length()) if cache is not None else 0
-
-
-@dataclass(frozen=True)
-class ReusePlan:
-    """What to do with a cache before feeding a new input.
-
-    action: one of ACTIONS. reused_tokens: input tokens not fed again.
-    crop_tokens: tokens to remove from the end of the cache first (0 = none).
-    rebuild: drop the cache and start from an empty one. note: one sentence for the stats.
-    """
-
-    action: str
-    reused_tokens: int
-    crop_tokens: int = 0
-    rebuild: bool = False
-    note: str = ""
-
-
-def plan_reuse(cached_ids: Sequence[int], input_ids: Sequence[int], croppable: bool,
-               streaming: bool = False, reason: str = "") -> ReusePlan:
-    """Decide how much of `input_ids` a cache that went through `cached_ids` can serve.
-
-    At least one input token is always fed (its logits give the first new token),
-    so an input that is a prefix of the cached ids reuses all but its last token.
-
-    Args:
-        cached_ids: ids that went through the cache, in order (for a streaming
-            cache: every id streamed through it, not just the ones it holds).
-        input_ids: the new turn's full input ids (at least one).
-        croppable: the cache supports `crop(-n)`.
-        streaming: the cache is a sink cache (see `is_streaming`).
-        reason: why the ids may have diverged (e.g. "undo"), for the note.
-
-    Raises:
-        ValueError: empty `input_ids`.
-    """
-    if not input_ids:
-        raise ValueError("input_ids is empty: there is nothing to feed")
-    if not cached_ids:
-        return ReusePlan("fresh", 0, note="first turn: the whole input is prefilled")
-    common = common_prefix_length(cached_ids, input_ids)
-    usable = min(common, len(input_ids) - 1)
-    why = (f" ({reason})" if reason
-           else " (the chat template re-tokenized the history differently from the generated ids)")
-    where = (f"the cached ids run past the input ({len(cached_ids)} cached, {len(input_ids)} in the input)"
-             if common == len(input_ids) else f"the input diverges from the cached ids after {common} matching tokens")
-    if usable == len(cached_ids):
-        if streaming:
-            return ReusePlan("stream", usable, note=(
-                f"only the new turn's tokens were fed; the earlier {usable} tokens were streamed through the "
-                f"sink window, which keeps the sink tokens and the most recent ones"))
-        return ReusePlan("reuse", usable,
-                         note=f"the input starts with the {usable} cached tokens: only the new tail was prefilled")
-    if streaming:
-        return ReusePlan("rebuild", 0, rebuild=True, note=(
-            f"{where}{why}; a sink cache cannot be cropped (evicted tokens are gone), "
-            f"so the whole conversation was streamed through a fresh one"))
-    if not croppable:
-        return ReusePlan("rebuild", 0, rebuild=True, note=(
-            f"{where}{why}; this cache's layers cannot be cropped (quantized), "
-            f"so it was rebuilt from the whole conversation"))
-    return ReusePlan("crop", usable, crop_tokens=len(cached_ids) - usable, note=(
-        f"{where}{why}; the cache was cropped by {len(cached_ids) - usable} tokens "
-        f"to the common prefix of {usable}"))
-
-
-def feed(loaded, cache, ids: torch.Tensor) -> torch.Tensor:
-    """Feed `ids` (1, n) through the model into `cache`; returns last-position logits (1, vocab).
-
-    A sink cache is fed through `prefill_in_chunks`, so every query attends to at
-    most `window_length` keys.
-    """
-    if is_streaming(cache):
-        return prefill_in_chunks(loaded.model, ids, cache, logits_to_keep=1).logits[:, -1, :]
-    return loaded.model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1).logits[:, -1, :]
 
 
 @dataclass(frozen=True)
@@ -219,112 +104,6 @@ class ChatTurnFailed:
 
 
 ChatEvent = ChatToken | ChatStatus | ChatTurnDone | ChatTurnFailed
-
-
-@dataclass
-class Generation:
-    """One reply: token ids, text and timings (seconds).
-
-    ttft_s: from the start of the turn (crop included) to the first token chosen.
-    step_s: per decode step after the first token. stop_reason: eos | length | stopped.
-    """
-
-    token_ids: list[int] = field(default_factory=list)
-    text: str = ""
-    ttft_s: float = 0.0
-    step_s: list[float] = field(default_factory=list)
-    stop_reason: str = "length"
-
-    @property
-    def decode_tok_s(self) -> float | None:
-        """Tokens per second over the decode steps (the first token is prefill), None if there were none."""
-        total = sum(self.step_s)
-        return len(self.step_s) / total if self.step_s and total > 0 else None
-
-
-def stream_reply(loaded, cache, input_ids: Sequence[int], feed_from: int, settings: GenerationSettings,
-                 result: Generation, seed: int | None = None, stop: threading.Event | None = None,
-                 started: float | None = None, on_fed: Callable[[list[int]], None] | None = None,
-                 ) -> Iterator[ChatToken]:
-    """Feed `input_ids[feed_from:]` into `cache` (which holds the rest), then generate, yielding each token.
-
-    One forward per token (like `kvlab.runner.forward_step`), choosing with
-    `TokenChooser`; `result` is filled as it goes. The last chosen token is NOT
-    fed back, so afterwards the cache holds `input_ids` plus all reply tokens but
-    the last. Every forward runs in its own `torch.inference_mode()` block, never
-    across a `yield`, so the generator may be resumed from any thread.
-
-    Args:
-        loaded: a `kvlab.models.LoadedModel`.
-        cache: the transformers Cache to extend (already cropped by the caller).
-        input_ids: the full input, (seq,) ids.
-        feed_from: index of the first input id the cache does not hold, 0 <= feed_from < len(input_ids).
-        settings: validated generation settings (`max_new_tokens`, sampling, `stop_at_eos`).
-        result: filled with the token ids, text and timings.
-        seed: sampling seed (default `settings.seed`).
-        stop: set it to end the reply within a token (at least one token is produced).
-        started: `time.perf_counter()` value TTFT counts from (default: now).
-        on_fed: called with the ids just fed into the cache, after each forward.
-
-    Raises:
-        ValueError: `feed_from` out of range.
-    """
-    if not 0 <= feed_from < len(input_ids):
-        raise ValueError(f"feed_from must be in 0..{len(input_ids) - 1}, got {feed_from}")
-    started = time.perf_counter() if started is None else started
-    run_settings = settings if seed is None else dataclasses.replace(settings, seed=seed)
-    chooser = TokenChooser(run_settings, loaded.device)
-    detok = IncrementalDetokenizer(loaded.tokenizer)
-    eos = eos_token_ids(loaded) if settings.stop_at_eos else set()
-    with torch.inference_mode():
-        sequence = torch.tensor([list(input_ids)], device=loaded.device)
-        logits = feed(loaded, cache, sequence[:, feed_from:])
-        token = chooser(sequence, logits)
-    result.ttft_s = time.perf_counter() - started
-    if on_fed is not None:
-        on_fed(list(input_ids[feed_from:]))
-    while True:
-        result.token_ids.append(token)
-        delta = detok.push(token)
-        result.text = detok.text
-        yield ChatToken(token, delta)
-        if token in eos:
-            result.stop_reason = "eos"
-            return
-        if len(result.token_ids) >= settings.max_new_tokens:
-            result.stop_reason = "length"
-            return
-        if stop is not None and stop.is_set():
-            result.stop_reason = "stopped"
-            return
-        step_started = time.perf_counter()
-        with torch.inference_mode():
-            sequence = torch.cat([sequence, torch.tensor([[token]], device=sequence.device)], dim=1)
-            logits = feed(loaded, cache, sequence[:, -1:])
-            fed, token = token, chooser(sequence, logits)
-        result.step_s.append(time.perf_counter() - step_started)
-        if on_fed is not None:
-            on_fed([fed])
-
-
-def generate(loaded, cache, input_ids: Sequence[int], feed_from: int, settings: GenerationSettings,
-             seed: int | None = None) -> Generation:
-    """`stream_reply` run to the end; returns the filled `Generation`."""
-    result = Generation()
-    for _ in stream_reply(loaded, cache, input_ids, feed_from, settings, result, seed):
-        pass
-    return result
-
-
-def time_to_first_token(loaded, cache, input_ids: Sequence[int], settings: GenerationSettings,
-                        seed: int | None = None) -> tuple[int, float]:
-    """Prefill all of `input_ids` into the (empty) `cache` and choose one token: (token id, seconds)."""
-    run_settings = settings if seed is None else dataclasses.replace(settings, seed=seed)
-    started = time.perf_counter()
-    sequence = torch.tensor([list(input_ids)], device=loaded.device)
-    with torch.inference_mode():
-        token = TokenChooser(run_settings, loaded.device)(sequence, feed(loaded, cache, sequence))
-    return token, time.perf_counter() - started
 
 
 @dataclass
@@ -400,7 +179,7 @@ class ChatSession:
         self.strategy = self._checked(strategy)
 
     def _checked(self, strategy: Strategy) -> Strategy:
-        if not strategy.use_cache:
+        if not strategy.usable_in_chat:
             raise StrategyError(f"{strategy.name} keeps no cache, so there is nothing to reuse across turns")
         reason = strategy.unavailable_reason(self.loaded)
         if reason:
@@ -468,7 +247,7 @@ class ChatSession:
 
     def capacity(self) -> int | None:
         """Most tokens the strategy's cache holds, or None when it grows or streams."""
-        return cache_capacity(self.cache if self.cache is not None else self.new_cache())
+        return self.strategy.capacity(DEFAULT_CHAT_CACHE_TOKENS)
 
     def needed_tokens(self, history: list[dict] | None = None) -> int:
         """Tokens a turn on `history` needs: its rendered input plus max_new_tokens."""
@@ -546,15 +325,16 @@ class ChatSession:
               stop: threading.Event | None) -> Iterator[ChatEvent]:
         seed = self.settings.seed + self.generations
         self.generations += 1
-        reply = Generation()
+        reply = Reply()
         done = False
         try:
             try:
                 started = time.perf_counter()
                 plan = self._apply_plan(ids, history)
-                yield from stream_reply(self.loaded, self.cache, ids, plan.reused_tokens, self.settings, reply, seed,
-                                        stop, started, self.cached_ids.extend)
-                if not is_streaming(self.cache) and held_tokens(self.cache) != len(self.cached_ids):
+                for token_id, delta in reply_stream(self.loaded, self.strategy, self.cache, ids, plan.reused_tokens,
+                                                    self.settings, reply, seed, stop, started, self.cached_ids.extend):
+                    yield ChatToken(token_id, delta)
+                if not self.strategy.is_streaming and held_tokens(self.cache) != len(self.cached_ids):
                     raise RuntimeError(f"the cache holds {held_tokens(self.cache)} tokens but "
                                        f"{len(self.cached_ids)} ids were tracked")
             except Exception as err:  # noqa: BLE001 - a failure ends this turn only, reported as an event
@@ -594,7 +374,7 @@ class ChatSession:
                 why = reason or "there was no cache yet"
                 return ReusePlan("rebuild", 0, rebuild=True,
                                  note=f"{why}: the whole conversation was prefilled into a new cache")
-        plan = plan_reuse(self.cached_ids, ids, is_croppable(self.cache), is_streaming(self.cache), reason)
+        plan = plan_reuse(self.cached_ids, ids, self.strategy.is_croppable, self.strategy.is_streaming, reason)
         if plan.rebuild:
             self.cache, self.cached_ids = self.new_cache(), []
         elif plan.crop_tokens:
@@ -604,12 +384,13 @@ class ChatSession:
 
     def _measure_without_reuse(self, stats: TurnStats, ids: list[int], seed: int, verify: bool) -> None:
         if verify:
-            fresh = generate(self.loaded, self.new_cache(), ids, 0, self.settings, seed)
+            fresh = generate_reply(self.loaded, self.strategy, self.new_cache(), ids, 0, self.settings, seed)
             stats.no_reuse_ttft_s = fresh.ttft_s
             stats.verify_reply = fresh.text
             stats.match = fresh.token_ids == stats.reply_ids
         else:
-            _, stats.no_reuse_ttft_s = time_to_first_token(self.loaded, self.new_cache(), ids, self.settings, seed)
+            _, stats.no_reuse_ttft_s = time_to_first_token(self.loaded, self.strategy, self.new_cache(), ids,
+                                                           self.settings, seed)
         stats.saved_s = stats.no_reuse_ttft_s - stats.ttft_s
 
 

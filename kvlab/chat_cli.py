@@ -20,7 +20,7 @@ from pathlib import Path
 
 import yaml
 
-from .strategies.base import parse_strategy_list
+from .strategies.base import names_with, parse_strategy_list
 from .generation import GenerationSettings
 
 EXIT_USAGE = 2
@@ -115,9 +115,9 @@ def parse_strategy(text: str):
     if len(specs) != 1:
         raise CliInputError(f"--strategy takes exactly one strategy, got {len(specs)} in {text!r}")
     strategy = make_strategy(specs[0])
-    if not strategy.use_cache:
-        raise CliInputError(f"{strategy.name} keeps no cache, so there is nothing to reuse; "
-                            "pick dynamic, static, quantized or sink")
+    if not strategy.usable_in_chat:
+        raise CliInputError(f"{strategy.name} keeps no cache, so there is nothing to reuse; pick one of "
+                            f"{', '.join(names_with('usable_in_chat'))}")
     return strategy
 
 

@@ -13,6 +13,11 @@ from dataclasses import asdict, dataclass, field
 class ColumnResult:
     """Everything measured for one column; `to_json()` gives the CLI's JSON record.
 
+    Times in seconds, sizes in bytes. ttft_s: prefill forward + first token choice.
+    per_token_s: every step's forward + choice (the first is the TTFT). decode_tok_s:
+    decode steps over their summed time. cache_bytes: exact cache bytes after each
+    step; predicted_cache_bytes: the dense formula for the tokens held.
+
     status: `ok` (finished or stopped), `error` (bad settings or a failure while
     running) or `unavailable` (cannot run here; `message` says why).
     """
@@ -28,7 +33,8 @@ class ColumnResult:
     text: str = ""
     token_ids: list[int] = field(default_factory=list)
     prompt_tokens: int = 0
-    prefill_s: float | None = None
+    use_cache: bool = True
+    ttft_s: float | None = None
     per_token_s: list[float] = field(default_factory=list)
     decode_tok_s: float | None = None
     cache_bytes: list[int] = field(default_factory=list)
@@ -44,7 +50,10 @@ class ColumnResult:
     is_baseline: bool = False
 
     def to_json(self) -> dict:
+        """The JSON record: every field, plus `prefill_s` (the same value as `ttft_s`, kept for records read by
+        older tools) and `predicted_cache_bytes_final`."""
         record = asdict(self)
+        record["prefill_s"] = self.ttft_s
         record["predicted_cache_bytes_final"] = self.predicted_cache_bytes[-1] if self.predicted_cache_bytes else 0
         return record
 
@@ -77,14 +86,14 @@ class TokenEvent:
 class StepMetrics:
     """Measured right after step `step` (0 = prefill + first token).
 
-    elapsed_s: this step's compute time (its turn only, in fair mode).
+    per_token_s: this step's forward + token choice, seconds (its turn only, in fair mode).
     cache_bytes: exact bytes the cache holds now; predicted_cache_bytes: the dense
     formula for the tokens it holds; seen_tokens: prompt + generated so far.
     """
 
     column: int
     step: int
-    elapsed_s: float
+    per_token_s: float
     cache_bytes: int
     predicted_cache_bytes: int
     seen_tokens: int

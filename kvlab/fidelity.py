@@ -9,7 +9,8 @@ Two views, because a lossy cache can keep the text and still change the model:
   distribution is compared with the baseline's (computed the same way under the
   baseline's cache): top-1 agreement and mean KL(baseline || column) in nats.
 
-Scoring covers at most FIDELITY_MAX_TOKENS continuation tokens.
+Scoring covers at most FIDELITY_MAX_TOKENS continuation tokens. The model work
+is `kvlab.engine.score_continuation`; this module picks the baseline and compares.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from collections.abc import Iterator
 
 import torch
 
+from .engine import RunStopped, score_continuation
 from .events import ColumnResult, FidelityScored
 
 FIDELITY_MAX_TOKENS = 256
@@ -35,41 +37,6 @@ def text_agreement(baseline_ids: list[int], column_ids: list[int]) -> tuple[floa
     return matched / len(baseline_ids), first
 
 
-def teacher_forced_logprobs(loaded, strategy, prompt_ids: torch.Tensor, continuation: list[int],
-                            stop: threading.Event | None = None) -> torch.Tensor:
-    """Log-probabilities (len(continuation), vocab), float32, of each continuation token's
-    position under `strategy`'s cache: row t is the distribution that predicts continuation[t].
-
-    An exact (non-lossy) strategy computes the same attention as a full causal
-    forward, so it is scored with one forward over prompt + continuation; a lossy
-    one feeds the continuation token by token through its own cache, so every
-    eviction or quantization step acts as it did while generating.
-
-    Raises:
-        RuntimeError: stopped through `stop`.
-    """
-    from .runner import RunStopped
-
-    model = loaded.model
-    prompt = prompt_ids.to(loaded.device)
-    tokens = torch.tensor([continuation], device=loaded.device)
-    count = len(continuation)
-    with torch.inference_mode():
-        if not strategy.lossy:
-            sequence = torch.cat([prompt, tokens[:, :-1]], dim=1)
-            logits = model(input_ids=sequence, use_cache=False, logits_to_keep=count).logits[0]
-            return torch.log_softmax(logits.float(), dim=-1)
-        cache = strategy.build_cache(loaded, prompt.shape[1] + count)
-        sequence = torch.cat([prompt, tokens], dim=1)
-        rows = []
-        for t in range(count):
-            if stop is not None and stop.is_set():
-                raise RunStopped
-            end = prompt.shape[1] + t
-            rows.append(strategy.forward(loaded, cache, sequence[:, :end], prompt.shape[1] if t == 0 else 1)[0])
-        return torch.log_softmax(torch.stack(rows).float(), dim=-1)
-
-
 def compare_distributions(baseline: torch.Tensor, column: torch.Tensor) -> tuple[float, float]:
     """(top-1 agreement, mean KL(baseline || column) in nats) of two (T, vocab) log-prob tables."""
     top1 = (baseline.argmax(-1) == column.argmax(-1)).float().mean().item()
@@ -78,19 +45,20 @@ def compare_distributions(baseline: torch.Tensor, column: torch.Tensor) -> tuple
 
 
 def pick_baseline(columns, results: list[ColumnResult], baseline: int | None) -> int | None:
-    """Index of the baseline: the given one if ok, else the first ok `dynamic`, else the first ok column."""
+    """Index of the baseline: the given one if ok, else the first ok `dynamic`, else the first ok column whose
+    cache keeps everything, else the first ok column."""
     ok = [i for i, r in enumerate(results) if r.status == "ok" and r.token_ids]
     if baseline is not None and baseline in ok:
         return baseline
     dynamic = [i for i in ok if columns[i].strategy.name == "dynamic"]
-    return (dynamic or ok or [None])[0]
+    exact = [i for i in ok if columns[i].strategy.keeps_everything]
+    return (dynamic or exact or ok or [None])[0]
 
 
 def score_fidelity(loaded, prompt_ids, columns, results: list[ColumnResult], baseline: int | None,
                    stop: threading.Event) -> Iterator[FidelityScored]:
-    """Fill agreement, first_divergence, top1_agreement and mean_kl on every ok column."""
-    from .runner import RunStopped
-
+    """Fill agreement, first_divergence, top1_agreement and mean_kl on every ok column, one column per step
+    (`kvlab.engine.score_continuation` under each column's strategy)."""
     base_index = pick_baseline(columns, results, baseline)
     if base_index is None:
         return
@@ -98,7 +66,7 @@ def score_fidelity(loaded, prompt_ids, columns, results: list[ColumnResult], bas
     base.is_baseline = True
     continuation = base.token_ids[:FIDELITY_MAX_TOKENS]
     try:
-        reference = teacher_forced_logprobs(loaded, columns[base_index].strategy, prompt_ids, continuation, stop)
+        reference = score_continuation(loaded, columns[base_index].strategy, prompt_ids, continuation, stop)
     except RunStopped:
         return
     for i, result in enumerate(results):
@@ -106,7 +74,7 @@ def score_fidelity(loaded, prompt_ids, columns, results: list[ColumnResult], bas
             continue
         result.agreement, result.first_divergence = text_agreement(base.token_ids, result.token_ids)
         try:
-            scored = teacher_forced_logprobs(loaded, columns[i].strategy, prompt_ids, continuation, stop)
+            scored = score_continuation(loaded, columns[i].strategy, prompt_ids, continuation, stop)
         except RunStopped:
             return
         except Exception as err:  # noqa: BLE001 - scoring failure is reported in the column, the run goes on

@@ -14,7 +14,7 @@ import os
 import shutil
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -69,10 +69,9 @@ class ModelSpec:
 
 @dataclass
 class LoadedModel:
-    """A model shared by every column of a run.
+    """A model shared by every column of a run, with its tokenizer and device.
 
-    `lock` serializes anything that must not overlap with another user of the
-    same weights (e.g. torch.compile). `info` is a JSON-ready description.
+    `info()` is a JSON-ready description; `load_s` the seconds the load took.
     """
 
     spec: ModelSpec
@@ -81,7 +80,6 @@ class LoadedModel:
     device: torch.device
     load_s: float
     name: str
-    lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property
     def config(self):

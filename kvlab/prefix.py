@@ -31,19 +31,10 @@ from dataclasses import dataclass, field
 import torch
 
 from .accounting import cache_bytes
-from .chat import (
-    Generation,
-    cache_capacity,
-    common_prefix_length,
-    feed,
-    generate,
-    held_tokens,
-    is_croppable,
-    is_streaming,
-    stream_reply,
-)
 from .compute import compute
+from .engine import forward
 from .generation import GenerationSettings, encode_prompt
+from .reuse import Reply, common_prefix_length, generate_reply, held_tokens, reply_stream
 from .strategies import Strategy, StrategyError
 
 MAX_PROMPTS = 32
@@ -102,16 +93,14 @@ class PrefixCache:
 
     cache: the transformers Cache holding `ids` (never extended: prompts use copies).
     ids: the prefix token ids, (prefix_tokens,). prefill_s: seconds to prefill it (0 if filled elsewhere).
-    capacity: tokens a copy can hold, None when it grows.
+    max_total_tokens: the run size its cache was built for (a fresh cache, when a copy cannot serve, gets the
+    same size; None = the input's length).
     """
 
     cache: object
     ids: list[int]
     prefill_s: float = 0.0
-
-    @property
-    def capacity(self) -> int | None:
-        return cache_capacity(self.cache)
+    max_total_tokens: int | None = None
 
 
 def prefill_prefix(loaded, strategy: Strategy, prefix_ids: Sequence[int], max_total_tokens: int) -> PrefixCache:
@@ -127,16 +116,19 @@ def prefill_prefix(loaded, strategy: Strategy, prefix_ids: Sequence[int], max_to
     if not prefix_ids:
         raise ValueError("the prefix is empty: give a system prompt or a document")
     cache = strategy.build_cache(loaded, max_total_tokens)
+    ids = torch.tensor([list(prefix_ids)], device=loaded.device)
     started = time.perf_counter()
-    with torch.inference_mode():
-        feed(loaded, cache, torch.tensor([list(prefix_ids)], device=loaded.device))
-    return PrefixCache(cache, list(prefix_ids), time.perf_counter() - started)
+    forward(loaded, strategy, cache, ids, ids.shape[1])
+    return PrefixCache(cache, list(prefix_ids), time.perf_counter() - started, max_total_tokens)
 
 
 def check_prefix_strategy(loaded, strategy: Strategy) -> None:
     """Raise StrategyError unless `strategy` keeps a whole, copyable cache that can run here."""
     if not strategy.use_cache:
         raise StrategyError(f"{strategy.name} keeps no cache, so there is no prefix to reuse")
+    if not strategy.usable_in_prefix:
+        raise StrategyError(f"{strategy.describe()} streams through a window and evicts tokens: "
+                            "a prefix copy would not hold the whole prefix; use dynamic, static or quantized")
     reason = strategy.unavailable_reason(loaded)
     if reason:
         raise StrategyError(f"{strategy.describe()} cannot run here: {reason}")
@@ -230,7 +222,7 @@ class PrefixReport:
 
 
 def answer_from_prefix(loaded, strategy: Strategy, shared: PrefixCache, input_ids: Sequence[int],
-                       settings: GenerationSettings) -> tuple[Generation, float, int, str]:
+                       settings: GenerationSettings) -> tuple[Reply, float, int, str]:
     """Answer one input from a copy of `shared`: (reply, copy seconds, reused tokens, note).
 
     When `input_ids` does not start with all of `shared.ids` (a template that
@@ -244,14 +236,14 @@ def answer_from_prefix(loaded, strategy: Strategy, shared: PrefixCache, input_id
     reused = min(common_prefix_length(shared.ids, input_ids), len(input_ids) - 1)
     note = ""
     if reused < len(shared.ids):
-        if is_croppable(cache) and not is_streaming(cache):
+        if strategy.is_croppable:
             cache.crop(-(len(shared.ids) - reused))
             note = f"the prompt's ids share only {reused} of the prefix's {len(shared.ids)} ids: the copy was cropped"
         else:
-            cache, reused = strategy.build_cache(loaded, cache_capacity(shared.cache) or len(input_ids)), 0
+            cache, reused = strategy.build_cache(loaded, shared.max_total_tokens or len(input_ids)), 0
             note = "the prompt's ids do not start with the prefix ids and this cache cannot be cropped: no reuse"
-    reply = Generation()
-    for _ in stream_reply(loaded, cache, input_ids, reused, settings, reply, started=started):
+    reply = Reply()
+    for _ in reply_stream(loaded, strategy, cache, input_ids, reused, settings, reply, started=started):
         pass
     return reply, copy_s, reused, note
 
@@ -295,16 +287,13 @@ def run_prefix_reuse(loaded, strategy: Strategy, prefix: str, prompts: Sequence[
 
 def _measure_prefix_reuse(loaded, strategy: Strategy, prompts: list[str], encoded: list, prefix_ids: list[int],
                           max_total: int, settings: GenerationSettings) -> PrefixReport:
-    with torch.inference_mode():
-        feed(loaded, strategy.build_cache(loaded, max_total), torch.tensor([prefix_ids], device=loaded.device))
+    warm = torch.tensor([prefix_ids], device=loaded.device)
+    forward(loaded, strategy, strategy.build_cache(loaded, max_total), warm, warm.shape[1])
     shared = prefill_prefix(loaded, strategy, prefix_ids, max_total)
-    if is_streaming(shared.cache):
-        raise StrategyError(f"{strategy.describe()} streams through a window and evicts tokens: "
-                            "a prefix copy would not hold the whole prefix; use dynamic, static or quantized")
     report = PrefixReport(strategy.describe(), strategy.lossy, len(prefix_ids), shared.prefill_s, 0, 0)
     for prompt, (_, full) in zip(prompts, encoded):
         reply, copy_s, reused, note = answer_from_prefix(loaded, strategy, shared, full, settings)
-        fresh = generate(loaded, strategy.build_cache(loaded, max_total), full, 0, settings)
+        fresh = generate_reply(loaded, strategy, strategy.build_cache(loaded, max_total), full, 0, settings)
         report.results.append(PromptResult(
             prompt=prompt, input_tokens=len(full), reused_tokens=reused, prefilled_tokens=len(full) - reused,
             reply=reply.text, reply_ids=list(reply.token_ids), with_reuse_s=reply.ttft_s, copy_s=copy_s,

@@ -1,7 +1,10 @@
-"""Pure functions turning run results into tables and JSON records.
+"""Pure functions turning run results into summary rows, tables and JSON records.
 
-Nothing here measures or renders to a screen: the CLI prints `format_table`,
-the browser shows `summary_frame`, both from the same `summary_rows`.
+Rows are keyed by the quantity names used everywhere in kvlab (`ttft_s`,
+`decode_tok_s`, `peak_cache_bytes`, ...); `LABELS` gives the human header of
+each, applied only when a table is rendered (the CLI's text table here, the
+page's table in `kvlab.ui`). The CSV export uses the keys as its header. Nothing
+here measures or renders to a screen.
 """
 
 from __future__ import annotations
@@ -12,70 +15,93 @@ import io
 from .events import ColumnResult, RunDone
 
 SUMMARY_COLUMNS = [
-    "column", "status", "TTFT (s)", "decode tok/s", "peak cache (bytes)", "vs baseline bytes", "predicted dense (bytes)",
-    "agreement", "first divergence", "top-1 agreement", "mean KL (nats)", "note",
+    "column", "status", "ttft_s", "decode_tok_s", "peak_cache_bytes", "vs_baseline_bytes", "predicted_cache_bytes",
+    "agreement", "first_divergence", "top1_agreement", "mean_kl", "note",
 ]
-# Which direction is better, for marking the best value per metric.
-BETTER = {"TTFT (s)": min, "decode tok/s": max, "peak cache (bytes)": min, "agreement": max,
-          "top-1 agreement": max, "mean KL (nats)": min}
+"""The summary's quantities, in display order (also the CSV header)."""
+
+LABELS = {
+    "column": "column", "status": "status", "ttft_s": "TTFT (s)", "decode_tok_s": "decode tok/s",
+    "peak_cache_bytes": "peak cache (bytes)", "vs_baseline_bytes": "vs baseline bytes",
+    "predicted_cache_bytes": "predicted dense (bytes)", "agreement": "agreement",
+    "first_divergence": "first divergence", "top1_agreement": "top-1 agreement", "mean_kl": "mean KL (nats)",
+    "note": "note",
+}
+"""Quantity -> the header a text table shows (units in brackets)."""
+
+BETTER = {"ttft_s": min, "decode_tok_s": max, "peak_cache_bytes": min, "agreement": max,
+          "top1_agreement": max, "mean_kl": min}
+"""Which direction is better, for marking the best value per metric."""
 
 
 def _round(value, digits):
     return None if value is None else round(value, digits)
 
 
+def _note(r: ColumnResult) -> str:
+    note = "; ".join(filter(None, [r.message, r.caveat if r.status == "ok" else ""]))
+    if r.is_baseline:
+        return ("baseline; " + note) if note else "baseline"
+    if r.lossy and r.status == "ok":
+        return ("approximate (lossy cache); " + note) if note else "approximate (lossy cache)"
+    return note
+
+
 def summary_rows(results: list[ColumnResult]) -> list[dict]:
-    """One dict per column with the SUMMARY_COLUMNS keys (None where not measured)."""
+    """One dict per column with the SUMMARY_COLUMNS keys (None where not measured), plus `use_cache`."""
     rows = []
     base = next((r for r in results if r.is_baseline and r.peak_cache_bytes), None)
     for r in results:
-        note = "; ".join(filter(None, [r.message, r.caveat if r.status == "ok" else ""]))
-        if r.is_baseline:
-            note = ("baseline; " + note) if note else "baseline"
-        elif r.lossy and r.status == "ok":
-            note = ("approximate (lossy cache); " + note) if note else "approximate (lossy cache)"
         rows.append({
             "column": r.name,
             "status": r.status,
-            "TTFT (s)": _round(r.prefill_s, 4),
-            "decode tok/s": _round(r.decode_tok_s, 2),
-            "peak cache (bytes)": r.peak_cache_bytes if r.status == "ok" else None,
-            "vs baseline bytes": (_round(r.peak_cache_bytes / base.peak_cache_bytes, 3)
+            "ttft_s": _round(r.ttft_s, 4),
+            "decode_tok_s": _round(r.decode_tok_s, 2),
+            "peak_cache_bytes": r.peak_cache_bytes if r.status == "ok" else None,
+            "vs_baseline_bytes": (_round(r.peak_cache_bytes / base.peak_cache_bytes, 3)
                                   if base is not None and r.status == "ok" else None),
-            "predicted dense (bytes)": r.predicted_cache_bytes[-1] if r.predicted_cache_bytes else None,
+            "predicted_cache_bytes": r.predicted_cache_bytes[-1] if r.predicted_cache_bytes else None,
             "agreement": _round(r.agreement, 4),
-            "first divergence": r.first_divergence,
-            "top-1 agreement": _round(r.top1_agreement, 4),
-            "mean KL (nats)": _round(r.mean_kl, 6),
-            "note": note,
+            "first_divergence": r.first_divergence,
+            "top1_agreement": _round(r.top1_agreement, 4),
+            "mean_kl": _round(r.mean_kl, 6),
+            "note": _note(r),
+            "use_cache": r.use_cache,
         })
     return rows
 
 
+def candidates(rows: list[dict], metric: str) -> list[int]:
+    """Rows that compete for the best `metric`: finished, measured, and for cache bytes only columns that keep
+    a cache (no cache is not a memory win)."""
+    return [i for i, row in enumerate(rows) if row["status"] == "ok" and row[metric] is not None
+            and not (metric == "peak_cache_bytes" and not row.get("use_cache", True))]
+
+
 def best_marks(rows: list[dict]) -> dict[str, int]:
-    """Metric -> index of the row with the best value (only rows with status ok and a value)."""
+    """Metric -> index of the row with the best value among `candidates`."""
     marks = {}
     for metric, pick in BETTER.items():
-        candidates = [(row[metric], i) for i, row in enumerate(rows)
-                      if row["status"] == "ok" and row[metric] is not None and not (metric == "peak cache (bytes)" and row[metric] == 0 and row["column"].startswith("no_cache"))]
-        if candidates:
-            value = pick(v for v, _ in candidates)
-            marks[metric] = next(i for v, i in candidates if v == value)
+        found = candidates(rows, metric)
+        if found:
+            value = pick(rows[i][metric] for i in found)
+            marks[metric] = next(i for i in found if rows[i][metric] == value)
     return marks
 
 
 def format_table(rows: list[dict]) -> str:
-    """A plain-text table, one line per column (for the CLI)."""
+    """A plain-text table with LABELS as headers, one line per column (for the CLI)."""
     import pandas as pd
 
-    frame = pd.DataFrame(rows, columns=SUMMARY_COLUMNS, dtype=object).fillna("-")
+    frame = pd.DataFrame(rows, columns=SUMMARY_COLUMNS, dtype=object).fillna("-").rename(columns=LABELS)
     with pd.option_context("display.max_colwidth", 60, "display.width", 250):
         return frame.to_string(index=False)
 
 
 def rows_to_csv(rows: list[dict]) -> str:
+    """The summary as CSV, its header the quantity names (SUMMARY_COLUMNS)."""
     out = io.StringIO()
-    writer = csv.DictWriter(out, fieldnames=SUMMARY_COLUMNS)
+    writer = csv.DictWriter(out, fieldnames=SUMMARY_COLUMNS, extrasaction="ignore")
     writer.writeheader()
     writer.writerows(rows)
     return out.getvalue()

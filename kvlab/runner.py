@@ -32,8 +32,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .accounting import cache_bytes, cache_bytes_by_device, predicted_cache_bytes
+from .accounting import cache_bytes_by_device, predicted_cache_bytes
 from .compute import compute, compute_iter
+from .fidelity import score_fidelity
 from .events import (
     ColumnDone,
     ColumnError,
@@ -45,7 +46,8 @@ from .events import (
     StepMetrics,
     TokenEvent,
 )
-from .generation import GenerationSettings, IncrementalDetokenizer, TokenChooser, eos_token_ids
+from .engine import Decoder, RunStopped
+from .generation import GenerationSettings, IncrementalDetokenizer
 from .memory import MemoryTracker
 from .strategies import Strategy, make_strategy
 
@@ -92,23 +94,25 @@ def shared_threads(columns: int):
                 _threads_before = None
 
 
-class RunStopped(Exception):
-    """Raised inside a column loop when the stop event is set."""
-
-
 class ComputeTurns:
     """Fair and sequential modes: each step runs on kvlab's compute thread (`kvlab.compute`), one at a time, in
     the order the columns asked."""
 
-    def run(self, step):
-        return compute(step)
+    def run(self, work):
+        return compute(work)
+
+    def iterate(self, steps):
+        return compute_iter(steps)
 
 
 class FreeTurns:
     """Parallel mode: each column computes in its own thread, at the same time as the others."""
 
-    def run(self, step):
-        return step()
+    def run(self, work):
+        return work()
+
+    def iterate(self, steps):
+        return iter(steps)
 
 
 @dataclass
@@ -137,6 +141,7 @@ def new_result(index: int, strategy: Strategy, prompt_tokens: int) -> ColumnResu
         strategy=strategy.name,
         knobs=strategy.knobs(),
         lossy=strategy.lossy,
+        use_cache=strategy.use_cache,
         caveat=strategy.caveat(),
         prompt_tokens=prompt_tokens,
     )
@@ -186,47 +191,27 @@ def run_column(
 
 
 def _decode(loaded, index, strategy, prompt_ids, settings, emit, turns, stop, result) -> None:
+    """Build the column's cache, then stream the engine's steps into `result` and events."""
     max_total = prompt_ids.shape[1] + settings.max_new_tokens
-    dtype = loaded.model.dtype
-    chooser = TokenChooser(settings, loaded.device)
-    detok = IncrementalDetokenizer(loaded.tokenizer)
-    eos = eos_token_ids(loaded) if settings.stop_at_eos else set()
     cache = turns.run(lambda: strategy.build_cache(loaded, max_total))
-    sequence = prompt_ids.to(loaded.device)
-    fed = sequence.shape[1]
-
-    def step():
-        # Stop is checked again here: the step may have waited behind other columns' steps.
-        if stop.is_set():
-            raise RunStopped
-        with torch.inference_mode():
-            started = time.perf_counter()
-            logits = strategy.forward(loaded, cache, sequence, fed)
-            token = chooser(sequence, logits)
-            elapsed = time.perf_counter() - started
-        return token, elapsed, cache_bytes(cache)
-
-    for step_index in range(settings.max_new_tokens):
-        if stop.is_set():
-            raise RunStopped
-        token, elapsed, size = turns.run(step)
-        if step_index == 0:
-            result.prefill_s = elapsed
-        sequence = torch.cat([sequence, torch.tensor([[token]], device=sequence.device)], dim=1)
-        fed = 1
-        seen = sequence.shape[1] - 1
-        predicted = predicted_cache_bytes(loaded.config, dtype, strategy.held_tokens(seen, max_total)) if strategy.use_cache else 0
-        result.token_ids.append(token)
-        result.per_token_s.append(elapsed)
-        result.cache_bytes.append(size)
+    decoder = Decoder(loaded, strategy, cache, prompt_ids, settings, stop=stop, measure_bytes=True)
+    detok = IncrementalDetokenizer(loaded.tokenizer)
+    for step in turns.iterate(decoder):
+        if step.index == 0:
+            result.ttft_s = step.per_token_s
+        held = strategy.held_tokens(step.seen_tokens, max_total)
+        predicted = predicted_cache_bytes(loaded.config, loaded.model.dtype, held) if strategy.use_cache else 0
+        result.token_ids.append(step.token_id)
+        result.per_token_s.append(step.per_token_s)
+        result.cache_bytes.append(step.cache_bytes)
         result.predicted_cache_bytes.append(predicted)
-        text = detok.push(token)
+        text = detok.push(step.token_id)
         result.text = detok.text
-        emit(TokenEvent(index, step_index, token, text))
-        emit(StepMetrics(index, step_index, elapsed, size, predicted, seen))
-        if token in eos:
-            break
+        emit(TokenEvent(index, step.index, step.token_id, text))
+        emit(StepMetrics(index, step.index, step.per_token_s, step.cache_bytes, predicted, step.seen_tokens))
     result.cache_bytes_by_device = cache_bytes_by_device(cache)
+    if decoder.stop_reason == "stopped":
+        raise RunStopped
 
 
 def run_compare(
@@ -253,8 +238,6 @@ def run_compare(
         ValueError: bad mode, no columns or too many (before anything runs).
         StrategyError: a column spec names an unknown strategy or knob.
     """
-    from .fidelity import score_fidelity
-
     if mode not in MODES:
         raise ValueError(f"mode must be one of {list(MODES)}, got {mode!r}")
     if not columns:

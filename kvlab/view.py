@@ -29,7 +29,7 @@ from .events import (
     StepMetrics,
     TokenEvent,
 )
-from .report import best_marks, summary_rows
+from .report import LABELS, best_marks, candidates, summary_rows
 
 MIB = 1024 * 1024
 BEST_MARK = " ★"
@@ -46,21 +46,17 @@ STATUS_TEXT = {
     "unavailable": "unavailable",
 }
 
-# Display columns of the summary table: (header shown, key in report.summary_rows, formatter kind).
 DISPLAY_COLUMNS = [
-    ("column", "column", "text"),
-    ("status", "status", "text"),
-    ("TTFT (s)", "TTFT (s)", "seconds"),
-    ("decode tok/s", "decode tok/s", "rate"),
-    ("peak cache (MiB)", "peak cache (bytes)", "mib"),
-    ("vs baseline", "vs baseline bytes", "ratio"),
-    ("predicted dense (MiB)", "predicted dense (bytes)", "mib"),
-    ("agreement", "agreement", "percent"),
-    ("first divergence", "first divergence", "int"),
-    ("top-1 agreement", "top-1 agreement", "percent"),
-    ("mean KL (nats)", "mean KL (nats)", "kl"),
-    ("note", "note", "text"),
+    ("column", "text"), ("status", "text"), ("ttft_s", "seconds"), ("decode_tok_s", "rate"),
+    ("peak_cache_bytes", "mib"), ("vs_baseline_bytes", "ratio"), ("predicted_cache_bytes", "mib"),
+    ("agreement", "percent"), ("first_divergence", "int"), ("top1_agreement", "percent"), ("mean_kl", "kl"),
+    ("note", "text"),
 ]
+"""The summary table: (key in `report.summary_rows`, formatter kind), in display order."""
+
+HEADERS = {**LABELS, "peak_cache_bytes": "peak cache (MiB)", "vs_baseline_bytes": "vs baseline",
+           "predicted_cache_bytes": "predicted dense (MiB)"}
+"""Header shown per key: the report's labels, with MiB where the page shows bytes as MiB."""
 
 
 def format_mib(n_bytes: int | None) -> str:
@@ -99,16 +95,16 @@ class ColumnView:
     prompt_tokens: int = 0
     cache_bytes: list[int] = field(default_factory=list)
     predicted_cache_bytes: list[int] = field(default_factory=list)
-    latency_s: list[float] = field(default_factory=list)
+    per_token_s: list[float] = field(default_factory=list)
     result: ColumnResult | None = None
 
     @property
     def tokens(self) -> int:
-        return len(self.latency_s)
+        return len(self.per_token_s)
 
     def tok_s(self) -> float | None:
         """Decode tokens per second of compute (the first token, which includes prefill, is left out)."""
-        decode = self.latency_s[1:]
+        decode = self.per_token_s[1:]
         total = sum(decode)
         return len(decode) / total if decode and total > 0 else None
 
@@ -170,7 +166,7 @@ class RunView:
             return {event.column}
         if isinstance(event, StepMetrics):
             column = self.columns[event.column]
-            column.latency_s.append(event.elapsed_s)
+            column.per_token_s.append(event.per_token_s)
             column.cache_bytes.append(event.cache_bytes)
             column.predicted_cache_bytes.append(event.predicted_cache_bytes)
             return {event.column}
@@ -246,11 +242,11 @@ class RunView:
         """
         rows, marks = self.summary()
         marked = {key: best_rows(rows, key, best) for key, best in marks.items()}
-        headers = [header for header, _, _ in DISPLAY_COLUMNS]
+        headers = [HEADERS[key] for key, _ in DISPLAY_COLUMNS]
         table = []
         for i, row in enumerate(rows):
             cells = []
-            for _, key, kind in DISPLAY_COLUMNS:
+            for key, kind in DISPLAY_COLUMNS:
                 cell = format_value(row[key], kind)
                 if i in marked.get(key, ()):
                     cell += BEST_MARK
@@ -263,10 +259,9 @@ def best_rows(rows: list[dict], metric: str, best: int) -> set[int]:
     """Indices of the rows tied with row `best` on `metric` (the candidates `report.best_marks` chose
     from); empty when every candidate ties."""
     value = rows[best][metric]
-    candidates = [i for i, row in enumerate(rows) if row["status"] == "ok" and row[metric] is not None
-                  and not (metric == "peak cache (bytes)" and row[metric] == 0 and row["column"].startswith("no_cache"))]
-    tied = {i for i in candidates if rows[i][metric] == value}
-    return set() if len(tied) == len(candidates) and len(candidates) > 1 else tied
+    competing = candidates(rows, metric)
+    tied = {i for i in competing if rows[i][metric] == value}
+    return set() if len(tied) == len(competing) and len(competing) > 1 else tied
 
 
 def render_figure(view: RunView, width_in: float = 15.0, height_in: float = 3.8):
@@ -278,16 +273,16 @@ def render_figure(view: RunView, width_in: float = 15.0, height_in: float = 3.8)
     cache_ax, latency_ax, memory_ax = fig.subplots(1, 3)
     drawn = False
     for column, slot in zip(view.columns, view.slots):
-        if not column.latency_s:
+        if not column.per_token_s:
             continue
         drawn = True
         color = COLORS[slot % len(COLORS)]
-        steps = range(1, len(column.latency_s) + 1)
+        steps = range(1, len(column.per_token_s) + 1)
         cache_ax.plot(steps, [b / MIB for b in column.cache_bytes], color=color, lw=1.8, label=column.title)
         if any(column.predicted_cache_bytes):
             cache_ax.plot(steps, [b / MIB for b in column.predicted_cache_bytes], color=color, lw=1.2, ls="--",
                           alpha=0.8)
-        latency_ax.plot(steps, [1000 * s for s in column.latency_s], color=color, lw=1.2, label=column.title)
+        latency_ax.plot(steps, [1000 * s for s in column.per_token_s], color=color, lw=1.2, label=column.title)
     cache_ax.set(title="KV cache: measured (solid), dense prediction (dashed)", xlabel="generated tokens",
                  ylabel="cache tensors (MiB)")
     latency_ax.set(title="per-token latency (first token includes prefill)", xlabel="generated tokens",

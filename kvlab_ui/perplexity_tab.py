@@ -22,19 +22,22 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from kvlab.models import ModelLoadError, ModelSpec  # noqa: E402
 from kvlab_ui.compare_tab import CONCURRENCY, MODEL_CONCURRENCY_ID  # noqa: E402
-from kvlab.perplexity import STRATEGY_NAMES, cache_makers, default_text, moving_log_ppl, ppl_by_segment, stream_many  # noqa: E402
+from kvlab.perplexity import default_text, moving_log_ppl, perplexity_strategies, ppl_by_segment, stream_many  # noqa: E402
+from kvlab.strategies import StrategyError  # noqa: E402
 
 MAX_TOKENS_CAP = int(os.environ.get("KVLAB_MAX_PERPLEXITY_TOKENS", "8192"))
 PLOT_EVERY_S = 1.5
-COLORS = {"dense": "#1f77b4", "window": "#d62728", "sink": "#2ca02c", "sliding_window": "#9467bd"}
+CHOICES = {"dynamic": "dynamic", "window": "sink:num_sink_tokens=0", "sink": "sink", "sliding_window": "sliding_window"}
+"""Checkbox label -> strategy spec (compare syntax); window and sink take the window/sinks sliders."""
+PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd")
 BUILT_IN = "Python's help topics (pydoc_data.topics)"
 PASTED = "the text pasted below"
 EXPLAIN = (
-    "Each token of a long text is predicted from what the cache still holds. **dense** keeps everything; "
-    "**window** keeps only the last `window` tokens (the paper's window-attention baseline); **sink** keeps the "
+    "Each token of a long text is predicted from what the cache still holds. **dynamic** keeps everything; "
+    "**window** (a sink cache with 0 sinks) keeps only the last `window` tokens (the paper's window-attention baseline); **sink** keeps the "
     "first `sinks` tokens as attention sinks plus the recent ones (Xiao et al. 2023, *Efficient Streaming Language "
     "Models with Attention Sinks*). Past the window, window attention's perplexity shoots up while sink stays "
-    "close to dense at constant memory. Curves show log-perplexity (nats) over the last `window` tokens."
+    "close to dynamic at constant memory. Curves show log-perplexity (nats) over the last `window` tokens."
 )
 
 
@@ -44,8 +47,9 @@ def render(curves: dict[str, list[float]], sizes: dict[str, list[int]], window: 
     for name, nll in curves.items():
         if nll:
             xs = range(1, len(nll) + 1)
-            ax_ppl.plot(xs, moving_log_ppl(nll, window), label=name, color=COLORS.get(name))
-            ax_mem.plot(xs, [b / 2**20 for b in sizes[name]], label=name, color=COLORS.get(name))
+            color = PALETTE[list(curves).index(name) % len(PALETTE)]
+            ax_ppl.plot(xs, moving_log_ppl(nll, window), label=name, color=color)
+            ax_mem.plot(xs, [b / 2**20 for b in sizes[name]], label=name, color=color)
     for ax in (ax_ppl, ax_mem):
         ax.axvline(window, color="grey", linestyle=":", linewidth=1)
         ax.set_xlabel("position (tokens)")
@@ -75,7 +79,7 @@ def build_perplexity_tab(pool) -> None:
     with gr.Row():
         source = gr.Textbox("bundled", label="model ('bundled', hub id or local folder)", scale=2)
         text_choice = gr.Radio([BUILT_IN, PASTED], value=BUILT_IN, label="text", scale=2)
-        strategies = gr.CheckboxGroup(list(STRATEGY_NAMES), value=["dense", "window", "sink"], label="caches", scale=2)
+        strategies = gr.CheckboxGroup(list(CHOICES), value=["dynamic", "window", "sink"], label="caches", scale=2)
     with gr.Row():
         tokens = gr.Slider(64, MAX_TOKENS_CAP, value=1024, step=64, label="tokens to stream", elem_id="ppl-tokens")
         window = gr.Slider(16, 2048, value=256, step=16, label="window_length (tokens)", elem_id="ppl-window")
@@ -109,19 +113,19 @@ def build_perplexity_tab(pool) -> None:
             ids = loaded.tokenizer(text, return_tensors="pt")["input_ids"][:, : int(tokens)]
             if ids.shape[1] < 2:
                 raise ValueError("the text has fewer than 2 tokens")
-            makers = cache_makers(loaded, list(strategies or []), int(window), int(sinks))
-            if not makers:
-                raise ValueError("pick at least one cache")
-        except (ValueError, ModelLoadError) as err:
+            makers = perplexity_strategies(loaded, ",".join(CHOICES[name] for name in strategies or []),
+                                           int(window), int(sinks))
+        except (ValueError, ModelLoadError, StrategyError) as err:
             yield {status: f"⚠️ {err}"}
             return
         curves = {name: [] for name in makers}
         sizes = {name: [] for name in makers}
         total = ids.shape[1] - 1
         last_plot = 0.0
-        for name, position, nll, size in stream_many(loaded.model, ids, makers, stop_event):
-            curves[name].append(nll)
-            sizes[name].append(size)
+        for step in stream_many(loaded, ids, makers, stop_event):
+            curves[step.name].append(step.nll)
+            sizes[step.name].append(step.cache_bytes)
+            position = step.position
             now = time.perf_counter()
             if now - last_plot >= PLOT_EVERY_S:
                 last_plot = now

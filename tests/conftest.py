@@ -1,7 +1,6 @@
 """Shared fixtures: the real bundled model (loaded once per session) and a tiny
 random Llama model (built in-process, no download) for tests that need many calls."""
 
-import threading
 
 import pytest
 import torch
@@ -66,4 +65,4 @@ def tiny(tokenizer):
     )
     model = LlamaForCausalLM(config).eval()
     return LoadedModel(ModelSpec(source="tiny-random-llama", device="cpu"), model, tokenizer,
-                       torch.device("cpu"), 0.0, "tiny-random-llama", threading.Lock())
+                       torch.device("cpu"), 0.0, "tiny-random-llama")

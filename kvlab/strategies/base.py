@@ -2,10 +2,14 @@
 
 One strategy = one small dataclass in its own module: its fields are its knobs,
 `__post_init__` validates them (messages list the allowed values), `build_cache`
-makes the transformers cache, `unavailable_reason` says in one sentence why it
-cannot run here (or None). Adding a strategy: write the module, register it with
-`@register`, import it in `kvlab/strategies/__init__.py`, add it to the test
-matrix in `tests/unit/test_strategies.py`, add its README line.
+makes the transformers cache, `forward` feeds tokens through it (the engine,
+`kvlab.engine`, calls it), `unavailable_reason` says in one sentence why it
+cannot run here (or None). Its capabilities are class attributes named in
+transformers' style (`is_croppable`, `is_sliding`, `is_compileable`, ...);
+every tab, the report and the bench ask them instead of keeping their own
+lists. Adding a strategy: write the module, register it with `@register`,
+import it in `kvlab/strategies/__init__.py`, add it to the test matrix in
+`tests/unit/test_strategies.py`, add its README line.
 """
 
 from __future__ import annotations
@@ -29,13 +33,57 @@ def register(cls: type["Strategy"]) -> type["Strategy"]:
 
 @dataclass
 class Strategy:
-    """Base of all strategies. `label` names the column (defaults to `describe()`)."""
+    """Base of all strategies. `label` names the column (defaults to `describe()`).
+
+    Capabilities (class attributes; a subclass overrides what differs):
+        use_cache: keeps a KV cache at all (False only for `no_cache`).
+        lossy: may change the model's output against a cache that keeps every token.
+        is_croppable: `Cache.crop(-n)` works on its caches, so a chat turn can roll back.
+        is_streaming: evicts tokens by its own rule and streams past its window (a sink
+            cache), so the ids that went through it are not a prefix it holds.
+        is_sliding: uses the model's own sliding-window layers.
+    Derived: `keeps_everything`, `is_compileable`, `usable_in_chat`,
+    `usable_in_perplexity`, `usable_in_prefix`, and `capacity()` for fixed-size caches.
+    """
 
     name: ClassVar[str] = ""
     summary: ClassVar[str] = ""
     lossy: ClassVar[bool] = False
     use_cache: ClassVar[bool] = True
+    is_croppable: ClassVar[bool] = False
+    is_streaming: ClassVar[bool] = False
+    is_sliding: ClassVar[bool] = False
     label: str = ""
+
+    @property
+    def keeps_everything(self) -> bool:
+        """Its cache holds every token's keys and values exactly (no eviction, no window, no quantization)."""
+        return self.use_cache and not self.lossy and not self.is_sliding and not self.is_streaming
+
+    @property
+    def is_compileable(self) -> bool:
+        """Its decode steps run through `torch.compile` (static with `compile: true`)."""
+        return False
+
+    @property
+    def usable_in_chat(self) -> bool:
+        """A chat can keep its cache across turns (anything that keeps a cache)."""
+        return self.use_cache
+
+    @property
+    def usable_in_perplexity(self) -> bool:
+        """A long text can stream through it token by token (anything that keeps a cache)."""
+        return self.use_cache
+
+    @property
+    def usable_in_prefix(self) -> bool:
+        """A copy of its prefilled cache holds the whole prefix (keeps a cache and does not stream)."""
+        return self.use_cache and not self.is_streaming
+
+    def capacity(self, max_total_tokens: int) -> int | None:
+        """Most tokens its cache can hold for a run of at most `max_total_tokens` tokens, or None when it grows
+        (dynamic, quantized) or streams (sink). Per layer type: a window on sliding layers is no limit."""
+        return None
 
     def knobs(self) -> dict:
         """The strategy's settings (fields other than `label`)."""
@@ -81,6 +129,10 @@ class Strategy:
         """Extra `generate()` keyword arguments in the snippet."""
         return "cache=cache"
 
+    def generate_kwargs(self, cache) -> dict:
+        """Keyword arguments that hand `cache` (from `build_cache`) to transformers' `generate()`."""
+        return {"cache": cache}
+
 
 def make_strategy(spec: dict | Strategy) -> Strategy:
     """Build a strategy from `{"strategy": name, **knobs}` (or return a Strategy as is).
@@ -106,6 +158,19 @@ def make_strategy(spec: dict | Strategy) -> Strategy:
         raise
     except (TypeError, ValueError) as err:
         raise StrategyError(f"{name}: {err}") from err
+
+
+def names_with(capability: str) -> list[str]:
+    """Registered strategy names, in registry order, whose instance with default knobs has `capability`
+    (a boolean attribute such as `usable_in_chat`, `usable_in_perplexity`, `is_croppable`) true."""
+    names = []
+    for name, cls in STRATEGIES.items():
+        try:
+            if getattr(cls(), capability):
+                names.append(name)
+        except StrategyError:
+            continue
+    return names
 
 
 def sliding_layer_types(loaded) -> list[str]:

@@ -9,6 +9,7 @@ from .base import Strategy, register
 @dataclass
 class Dynamic(Strategy):
     name = "dynamic"
+    is_croppable = True
     summary = "Keeps every token's keys and values, growing one token at a time. Exact; memory grows linearly with length."
 
     def build_cache(self, loaded, max_total_tokens: int):

@@ -15,6 +15,7 @@ from .static import Static
 class Offloaded(Strategy):
     name = "offloaded"
     summary = "Dynamic cache whose layers sit in CPU RAM and are prefetched to the GPU one layer ahead. Exact; saves GPU memory, costs transfer time."
+    is_croppable = True
 
     def unavailable_reason(self, loaded) -> str | None:
         return cuda_reason()
@@ -32,6 +33,7 @@ class Offloaded(Strategy):
 @dataclass
 class OffloadedStatic(Strategy):
     name = "offloaded_static"
+    is_croppable = True
     summary = "Static (preallocated) cache kept in CPU RAM, each layer prefetched to the GPU when needed. Exact; fixed host memory, transfer cost."
     max_cache_len: int | None = None
 
@@ -50,8 +52,12 @@ class OffloadedStatic(Strategy):
 
         return StaticCache(config=loaded.config, max_cache_len=self.max_cache_len or max_total_tokens, offloading=True)
 
-    def held_tokens(self, seen_tokens: int, max_total_tokens: int) -> int:
+    def capacity(self, max_total_tokens: int) -> int:
+        """`max_cache_len`, else `max_total_tokens`, tokens."""
         return self.max_cache_len or max_total_tokens
+
+    def held_tokens(self, seen_tokens: int, max_total_tokens: int) -> int:
+        return self.capacity(max_total_tokens)
 
     def cache_code(self):
         size = self.max_cache_len or "inputs.input_ids.shape[1] + max_new_tokens"

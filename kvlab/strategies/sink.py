@@ -18,6 +18,7 @@ class Sink(Strategy):
     summary = ("Keeps the first few tokens (attention sinks) and a window of the most recent ones; constant memory "
                "for endless runs. Approximate once the window is full.")
     lossy = True
+    is_streaming = True
     window_length: int = 256
     num_sink_tokens: int = 4
 

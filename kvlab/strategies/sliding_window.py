@@ -12,6 +12,7 @@ from .base import Strategy, register, sliding_layer_types
 class SlidingWindow(Strategy):
     name = "sliding_window"
     summary = "Uses the model's own sliding-window layers: those keep only the last `sliding_window` tokens. Exact for models trained that way."
+    is_sliding = True
 
     def unavailable_reason(self, loaded) -> str | None:
         if not sliding_layer_types(loaded):

@@ -17,6 +17,7 @@ class Static(Strategy):
 
     name = "static"
     summary = "Preallocates max_cache_len tokens up front and writes in place. Exact; fixed memory, compile-friendly, refuses to overflow."
+    is_croppable = True
     max_cache_len: int | None = None
     compile: bool = False
 
@@ -44,7 +45,12 @@ class Static(Strategy):
                 f"+ max_new_tokens ({max_new_tokens}) = {needed}; raise max_cache_len to at least {needed}"
             )
 
+    @property
+    def is_compileable(self) -> bool:
+        return self.compile
+
     def capacity(self, max_total_tokens: int) -> int:
+        """`max_cache_len`, else `max_total_tokens` (rounded up to COMPILE_BUCKET with compile), tokens."""
         if self.max_cache_len:
             return self.max_cache_len
         if self.compile:

@@ -25,6 +25,6 @@ def test_perplexity_streams_dense_window_and_sink(page):
     assert "127 tokens per cache" in status.inner_text()
     page.locator("#ppl-plot img").wait_for(state="visible")
     table = page.locator("#ppl-table").inner_text()
-    for name in ("dense", "window", "sink"):
+    for name in ("dynamic", "window 32", "sink 4+28"):
         assert name in table
     page.screenshot(path=str(ARTIFACTS / "perplexity-tab.png"), full_page=True)

@@ -17,7 +17,8 @@ import yaml
 from transformers import DynamicCache
 
 from kvlab.accounting import cache_bytes
-from kvlab.chat import ChatSession, ChatTurnDone, held_tokens
+from kvlab.chat import ChatSession, ChatTurnDone
+from kvlab.reuse import held_tokens
 from kvlab.cli import main
 from kvlab.generation import GenerationSettings
 from kvlab.presets import PRESETS_DIR

@@ -69,7 +69,7 @@ def test_static_too_small_is_reported_in_its_column_while_others_finish(bundled)
     settings = GenerationSettings(max_new_tokens=8)
     done = collect(run_compare(bundled, prompt, [{"strategy": "static", "max_cache_len": 10}, {"strategy": "dynamic"}], settings))
     small, dynamic = done.results
-    assert small.status == "error" and small.prefill_s is None
+    assert small.status == "error" and small.ttft_s is None
     needed = prompt.shape[1] + 8
     assert f"max_cache_len=10" in small.message and f"({prompt.shape[1]})" in small.message and str(needed) in small.message
     assert dynamic.status == "ok"
@@ -99,7 +99,7 @@ def test_cli_json_has_the_promised_fields_and_exit_codes(tmp_path):
     record = json.loads(out.read_text())
     assert record["model"]["name"] == "SmolLM2-135M-Instruct"
     for column in record["columns"]:
-        for key in ("name", "status", "message", "text", "token_ids", "prefill_s", "decode_tok_s", "per_token_s",
+        for key in ("name", "status", "message", "text", "token_ids", "ttft_s", "prefill_s", "decode_tok_s", "per_token_s",
                     "cache_bytes", "peak_cache_bytes", "predicted_cache_bytes", "agreement", "first_divergence",
                     "top1_agreement", "mean_kl"):
             assert key in column

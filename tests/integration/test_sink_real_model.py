@@ -15,6 +15,7 @@ from transformers import DynamicCache
 from kvlab.accounting import bytes_per_token, cache_bytes
 from kvlab.perplexity import ppl_by_segment, stream_nll
 from kvlab.sink_cache import SinkCache
+from kvlab.strategies import make_strategy
 
 pytestmark = pytest.mark.integration
 
@@ -82,8 +83,8 @@ def test_long_generation_keeps_cache_bytes_constant(real):
 
 
 @torch.inference_mode()
-def test_sinks_keep_perplexity_low_after_the_window_slides(real):
-    model, tokenizer = real
+def test_sinks_keep_perplexity_low_after_the_window_slides(bundled):
+    model, tokenizer = bundled.model, bundled.tokenizer
     from pydoc_data.topics import topics
 
     text = "\n".join(topics.values())
@@ -92,8 +93,10 @@ def test_sinks_keep_perplexity_low_after_the_window_slides(real):
 
     log_probs = torch.log_softmax(model(input_ids=ids).logits[0, :-1], dim=-1)
     dense = (-log_probs.gather(-1, ids[0, 1:, None])[:, 0]).tolist()
-    window = stream_nll(model, ids, lambda: SinkCache.from_model(model, PPL_WINDOW, 0))
-    sink = stream_nll(model, ids, lambda: SinkCache.from_model(model, PPL_WINDOW, SINKS))
+    window = stream_nll(bundled, ids, make_strategy({"strategy": "sink", "window_length": PPL_WINDOW,
+                                                     "num_sink_tokens": 0}))
+    sink = stream_nll(bundled, ids, make_strategy({"strategy": "sink", "window_length": PPL_WINDOW,
+                                                   "num_sink_tokens": SINKS}))
 
     # Until the window is full nothing is evicted: all three score the same tokens alike.
     assert sink[:PPL_WINDOW - 1] == pytest.approx(dense[:PPL_WINDOW - 1], abs=2e-3)

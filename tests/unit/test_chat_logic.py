@@ -25,15 +25,8 @@ from kvlab.chat import (
     ChatToken,
     ChatTurnDone,
     ChatTurnFailed,
-    cache_capacity,
-    common_prefix_length,
-    generate,
-    held_tokens,
-    is_croppable,
-    is_streaming,
-    plan_reuse,
-    suggested_capacity,
 )
+from kvlab.reuse import common_prefix_length, generate_reply, held_tokens, plan_reuse, suggested_capacity
 from kvlab.cli import main
 from kvlab.generation import GenerationSettings
 from kvlab.prefix import PrefixCache, answer_from_prefix, clone_tensor, copy_cache, run_prefix_reuse
@@ -131,7 +124,6 @@ def test_a_cropped_cache_continues_like_a_fresh_prefill(tiny, kind):
     a, b, c = (torch.randint(5, 1000, (1, n)) for n in (7, 5, 4))
     cache = new()
     _logits(tiny.model, torch.cat([a, b], 1), cache)
-    assert is_croppable(cache) and not is_streaming(cache)
     cache.crop(-b.shape[1])
     assert held_tokens(cache) == a.shape[1]
     reused = _logits(tiny.model, c, cache)
@@ -139,13 +131,20 @@ def test_a_cropped_cache_continues_like_a_fresh_prefill(tiny, kind):
     torch.testing.assert_close(reused, fresh, rtol=1e-4, atol=1e-5)
 
 
-def test_quantized_and_sink_caches_are_not_croppable(tiny):
-    quantized = QuantizedCache(backend="quanto", config=tiny.config, nbits=4, q_group_size=16, residual_length=8)
-    sink = SinkCache(tiny.config, window_length=16, num_sink_tokens=4)
-    assert not is_croppable(quantized) and not is_croppable(sink)
-    assert is_streaming(sink) and cache_capacity(sink) is None
-    assert cache_capacity(StaticCache(config=tiny.config, max_cache_len=40)) == 40
-    assert cache_capacity(DynamicCache()) is None
+@pytest.mark.parametrize("spec, croppable, streaming, capacity", [
+    ({"strategy": "dynamic"}, True, False, None),
+    ({"strategy": "static", "max_cache_len": 40}, True, False, 40),
+    ({"strategy": "quantized", "backend": "quanto", "q_group_size": 16, "residual_length": 8}, False, False, None),
+    ({"strategy": "quantized", "backend": "hqq", "q_group_size": 16, "residual_length": 8}, False, False, None),
+    ({"strategy": "quantized", "backend": "fp8"}, False, False, None),
+    ({"strategy": "sink", "window_length": 16}, False, True, None),
+])
+def test_strategy_capabilities_match_the_caches_they_build(tiny, spec, croppable, streaming, capacity):
+    strategy = make_strategy(spec)
+    cache = strategy.build_cache(tiny, 64)
+    assert strategy.is_croppable is croppable is all(layer.is_croppable for layer in cache.layers)
+    assert strategy.is_streaming is streaming and strategy.capacity(64) == capacity
+    assert strategy.usable_in_chat and strategy.usable_in_prefix is not streaming
 
 
 # --- a chat session keeps its ids in step with its cache ---------------------------------------------
@@ -389,7 +388,7 @@ def test_a_prefix_cache_filled_with_grad_enabled_serves_prompts(tiny):
         dynamic = make_strategy({"strategy": "dynamic"})
         reply, _, reused, note = answer_from_prefix(tiny, dynamic, shared, full, SETTINGS)
         assert reused == len(prefix_ids) and note == "" and held_tokens(cache) == len(prefix_ids)
-        fresh = generate(tiny, DynamicCache(), full, 0, SETTINGS)
+        fresh = generate_reply(tiny, dynamic, DynamicCache(), full, 0, SETTINGS)
         assert reply.token_ids == fresh.token_ids
 
 
@@ -442,3 +441,23 @@ def test_prefix_cli_rejects_missing_and_empty_files(tmp_path, capsys):
     empty.write_text("  \n")
     assert main(["prefix", "--prefix", str(empty), "--prompts", str(prompts)]) == 2
     assert "is empty" in capsys.readouterr().err
+
+
+def test_compiled_static_chat_matches_eager_and_compiles_once(tiny, monkeypatch):
+    import kvlab.compiled
+
+    settings = GenerationSettings(max_new_tokens=5, stop_at_eos=False, fidelity=False)
+    eager = ChatSession(tiny, make_strategy({"strategy": "static", "max_cache_len": 256}), settings)
+    compiled = ChatSession(tiny, make_strategy({"strategy": "static", "max_cache_len": 256, "compile": True}),
+                           dataclasses.replace(settings))
+    assert compiled.strategy.is_compileable and not eager.strategy.is_compileable
+    compiled_steps = []
+    real_step = kvlab.compiled.decode_step
+    monkeypatch.setattr(kvlab.compiled, "decode_step", lambda *args: compiled_steps.append(1) or real_step(*args))
+    for turn, text in enumerate(["Hello there", "Tell me more", "Bye"]):
+        _, expected = drain(eager.send(text, baseline=False))
+        with torch._dynamo.config.patch(error_on_recompile=turn > 0):
+            _, got = drain(compiled.send(text, baseline=False))
+        assert got.reply_ids == expected.reply_ids and in_sync(compiled)
+    # Every decode step after each turn's first token ran the compiled forward: 3 turns x 4 steps.
+    assert len(compiled_steps) == 12

@@ -64,7 +64,8 @@ def test_missing_and_malformed_files(tmp_path):
     (["compare", "--prompt", "", "--strategies", "dynamic"], "the prompt is empty"),
     (["compare", "--prompt", "hi", "--strategies", ","], "--strategies is empty"),
     (["compare", "--prompt", "hi"], "give --preset FILE, or both --prompt and --strategies"),
-    (["perplexity", "--strategies", ","], "--strategies is empty; pick from dense, window, sink"),
+    (["perplexity", "--strategies", ","], "pick at least one cache, e.g. dynamic,sink:num_sink_tokens=0,sink"),
+        (["perplexity", "--strategies", "no_cache"], "no_cache keeps no cache"),
     (["perplexity", "--segment", "-5"], "--segment must be at least 1 token, got -5"),
 ])
 def test_cli_refuses_bad_input_before_loading_a_model(argv, message, capsys):

@@ -99,7 +99,7 @@ def test_static_too_small_fails_before_compute_and_others_finish(tiny):
     done = events_of(tiny, [{"strategy": "static", "max_cache_len": 8}, {"strategy": "dynamic"}])[-1]
     assert done.results[0].status == "error"
     assert "max_cache_len=8" in done.results[0].message and str(PROMPT.shape[1] + GREEDY.max_new_tokens) in done.results[0].message
-    assert done.results[0].prefill_s is None
+    assert done.results[0].ttft_s is None
     assert done.results[1].status == "ok"
 
 

@@ -19,7 +19,9 @@ from transformers import (
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
 
 from kvlab.accounting import cache_bytes
+from kvlab.models import LoadedModel, ModelSpec
 from kvlab.perplexity import ppl_by_segment, stream_nll
+from kvlab.strategies import make_strategy
 from kvlab.sink_cache import (
     KeyRerotator,
     SinkCache,
@@ -45,6 +47,11 @@ def tiny_model(cls=LlamaForCausalLM, config_cls=LlamaConfig, seed=0, **overrides
 @pytest.fixture(scope="module")
 def llama():
     return tiny_model()
+
+
+def as_loaded(model) -> LoadedModel:
+    """`model` as the engine takes it (no tokenizer needed to stream ids)."""
+    return LoadedModel(ModelSpec(source="tiny-llama", device="cpu"), model, None, torch.device("cpu"), 0.0, "tiny")
 
 
 def random_ids(n, seed=1):
@@ -373,7 +380,7 @@ def test_stream_nll_with_dense_cache_equals_teacher_forced_nll(llama):
     expected = (-log_probs.gather(-1, ids[0, 1:, None])[:, 0]).tolist()
     seen = []
 
-    nll = stream_nll(llama, ids, lambda: DynamicCache(config=llama.config),
+    nll = stream_nll(as_loaded(llama), ids, make_strategy({"strategy": "dynamic"}),
                      on_token=lambda position, value, size: seen.append((position, value, size)))
 
     assert nll == pytest.approx(expected, abs=1e-4)
@@ -392,8 +399,8 @@ def test_stream_nll_under_sink_cache_holds_bytes_and_stops_on_event(llama):
         if position == 20:
             stop.set()
 
-    nll = stream_nll(llama, random_ids(40)[0], lambda: SinkCache.from_model(llama, 8, 2),
-                     stop_event=stop, on_token=on_token)
+    sink = make_strategy({"strategy": "sink", "window_length": 8, "num_sink_tokens": 2})
+    nll = stream_nll(as_loaded(llama), random_ids(40)[0], sink, stop_event=stop, on_token=on_token)
 
     assert len(nll) == 20
     assert set(sizes[8:]) == {2 * TINY["num_hidden_layers"] * KV_HEADS * 8 * HEAD_DIM * 4}
@@ -401,9 +408,7 @@ def test_stream_nll_under_sink_cache_holds_bytes_and_stops_on_event(llama):
 
 def test_stream_nll_validates_input(llama):
     with pytest.raises(ValueError, match="at least 2 tokens"):
-        stream_nll(llama, torch.tensor([[3]]), lambda: DynamicCache())
-    with pytest.raises(ValueError, match="make_cache must return"):
-        stream_nll(llama, random_ids(4), lambda: None)
+        stream_nll(as_loaded(llama), torch.tensor([[3]]), make_strategy({"strategy": "dynamic"}))
 
 
 def test_ppl_by_segment():

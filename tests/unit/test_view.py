@@ -23,6 +23,7 @@ from kvlab.strategies import STRATEGIES, make_strategy
 from kvlab.view import (
     BEST_MARK,
     DISPLAY_COLUMNS,
+    HEADERS,
     MIB,
     MISSING,
     NO_STRATEGY,
@@ -42,7 +43,8 @@ from kvlab.report import SUMMARY_COLUMNS
 
 
 def result(index, name, strategy, status="ok", **fields):
-    r = ColumnResult(index=index, name=name, strategy=strategy, knobs={}, status=status, **fields)
+    r = ColumnResult(index=index, name=name, strategy=strategy, knobs={}, status=status,
+                     use_cache=strategy != "no_cache", **fields)
     r.finish_decode_stats()
     return r
 
@@ -143,12 +145,12 @@ def test_apply_refuses_what_is_not_an_event():
 
 def finished_view():
     rows = [
-        result(0, "no_cache", "no_cache", prefill_s=0.5, per_token_s=[0.5, 0.3, 0.3], agreement=1.0,
+        result(0, "no_cache", "no_cache", ttft_s=0.5, per_token_s=[0.5, 0.3, 0.3], agreement=1.0,
                top1_agreement=1.0, mean_kl=0.0),
-        result(1, "dynamic", "dynamic", prefill_s=0.2, per_token_s=[0.2, 0.1, 0.1], cache_bytes=[10, 20, 30],
+        result(1, "dynamic", "dynamic", ttft_s=0.2, per_token_s=[0.2, 0.1, 0.1], cache_bytes=[10, 20, 30],
                predicted_cache_bytes=[10, 20, 30], agreement=1.0, top1_agreement=1.0, mean_kl=0.0,
                is_baseline=True),
-        result(2, "quantized quanto int4 r16", "quantized", prefill_s=0.3, per_token_s=[0.3, 0.05, 0.05],
+        result(2, "quantized quanto int4 r16", "quantized", ttft_s=0.3, per_token_s=[0.3, 0.05, 0.05],
                cache_bytes=[5, 8, 12], predicted_cache_bytes=[10, 20, 30], agreement=0.5, first_divergence=1,
                top1_agreement=0.8, mean_kl=0.05, lossy=True),
         result(3, "offloaded", "offloaded", status="unavailable", message="needs a CUDA GPU"),
@@ -160,7 +162,7 @@ def finished_view():
 
 def test_summary_table_formats_and_marks_the_best():
     headers, table = finished_view().summary_table()
-    assert headers == [h for h, _, _ in DISPLAY_COLUMNS]
+    assert headers == [HEADERS[key] for key, _ in DISPLAY_COLUMNS]
     by_name = {row[0]: dict(zip(headers, row)) for row in table}
     assert by_name["dynamic"]["TTFT (s)"] == "0.200" + BEST_MARK
     assert by_name["quantized quanto int4 r16"]["decode tok/s"] == "20.0" + BEST_MARK
@@ -177,7 +179,7 @@ def test_summary_table_formats_and_marks_the_best():
 
 
 def test_no_mark_when_every_column_ties():
-    rows = [result(i, name, name, prefill_s=0.1, per_token_s=[0.1, 0.1], agreement=1.0) for i, name in
+    rows = [result(i, name, name, ttft_s=0.1, per_token_s=[0.1, 0.1], agreement=1.0) for i, name in
             enumerate(["dynamic", "static"])]
     view = RunView(["dynamic", "static"])
     view.apply(RunDone(rows, 1.0, False))
@@ -192,7 +194,8 @@ def test_summary_is_empty_before_the_run_ends():
 
 
 def test_display_columns_cover_the_report():
-    assert {key for _, key, _ in DISPLAY_COLUMNS} == set(SUMMARY_COLUMNS)
+    assert [key for key, _ in DISPLAY_COLUMNS] == SUMMARY_COLUMNS
+    assert set(HEADERS) >= set(SUMMARY_COLUMNS)
 
 
 @pytest.mark.parametrize("value, kind, text", [

@@ -1,0 +1,241 @@
+"""The engine: the one place in kvlab that feeds tokens through a KV cache.
+
+Every tab, the command line, fidelity scoring, perplexity, prefix reuse and the
+benchmark's kvlab side call these operations; how one forward pass runs for a
+given cache (a whole-sequence recompute for `no_cache`, window-sized chunks for
+`sink`, a compiled step for `static` with `compile`) is the strategy's
+`Strategy.forward`, so nothing here asks which cache class it holds.
+
+- `forward`: one forward pass of the newest tokens, in inference mode.
+- `Decoder`: prefill, then one decode step per `next()`: forward, token choice
+  and (optionally) the cache's exact bytes; each `next()` is one unit of work
+  that a caller may run on kvlab's compute thread (`kvlab.compute.compute_iter`).
+- `score_continuation`: teacher-forced log-probabilities of a continuation.
+- `NllStream`: streaming negative log-likelihood of a text through several
+  caches in turns (the StreamingLLM perplexity view).
+
+Timing: a step's `per_token_s` covers its forward pass and token choice only.
+Every forward has its own `torch.inference_mode()` block that never stays open
+across a `yield`, so steps can be resumed from any thread.
+
+This module runs the model; it does not render, schedule threads or build
+events for the page.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from .accounting import cache_bytes
+from .generation import GenerationSettings, TokenChooser, eos_token_ids
+
+STOP_REASONS = ("eos", "length", "stopped")
+
+
+class RunStopped(Exception):
+    """Raised by a caller's loop (or `score_continuation`) when its stop event is set."""
+
+
+def forward(loaded, strategy, cache, sequence: torch.Tensor, new_tokens: int) -> torch.Tensor:
+    """Feed the last `new_tokens` of `sequence` (1, seq) through `cache` the way `strategy` does.
+
+    Returns the last position's logits, shape (1, vocab). Runs in inference mode.
+    """
+    with torch.inference_mode():
+        return strategy.forward(loaded, cache, sequence, new_tokens)
+
+
+@dataclass(frozen=True)
+class Step:
+    """One decode step (index 0 is the prefill and the first token).
+
+    token_id: the token chosen. per_token_s: forward pass + choice, seconds.
+    fed_ids: the ids this step's forward fed into the cache. seen_tokens: ids fed
+    through the cache so far (the input + the tokens chosen before this one).
+    cache_bytes: exact bytes the cache holds after it (None when not measured).
+    """
+
+    index: int
+    token_id: int
+    per_token_s: float
+    fed_ids: tuple[int, ...]
+    seen_tokens: int
+    cache_bytes: int | None = None
+
+
+class Decoder:
+    """Generate from `input_ids` through `cache`, one step per `next()`.
+
+    The first step feeds `input_ids[feed_from:]` (the cache holds the rest) and
+    chooses the first token; each later step feeds the previous token. The last
+    chosen token is never fed back, so afterwards the cache holds the input and
+    every generated token but the last. Iteration ends after `max_new_tokens`
+    tokens, at an end-of-sequence token (when `settings.stop_at_eos`), or before
+    any step once `stop` is set; `stop_reason` then says which.
+
+    Args:
+        loaded: a `kvlab.models.LoadedModel`.
+        strategy: the `kvlab.strategies.Strategy` whose `forward` feeds the cache.
+        cache: the transformers `Cache` to extend (None for `no_cache`).
+        input_ids: (seq,) ids or a (1, seq) tensor.
+        settings: validated generation settings (max_new_tokens, sampling, stop_at_eos).
+        feed_from: index of the first input id the cache does not hold yet, 0 <= feed_from < seq.
+        seed: sampling seed (default `settings.seed`).
+        stop: set it to end generation before the next step.
+        measure_bytes: count the cache's bytes after every step (`Step.cache_bytes`).
+
+    Raises:
+        ValueError: `feed_from` out of range or empty input.
+    """
+
+    def __init__(self, loaded, strategy, cache, input_ids, settings: GenerationSettings, *, feed_from: int = 0,
+                 seed: int | None = None, stop: threading.Event | None = None, measure_bytes: bool = False):
+        ids = input_ids if isinstance(input_ids, torch.Tensor) else torch.tensor([list(input_ids)])
+        ids = ids.reshape(1, -1).to(loaded.device)
+        if not 0 <= feed_from < ids.shape[1]:
+            raise ValueError(f"feed_from must be in 0..{ids.shape[1] - 1}, got {feed_from}")
+        run_settings = settings if seed is None else dataclasses.replace(settings, seed=seed)
+        self.loaded, self.strategy, self.cache, self.settings = loaded, strategy, cache, settings
+        self.sequence = ids
+        self.feed_from = feed_from
+        self.stop = stop
+        self.measure_bytes = measure_bytes
+        self.chooser = TokenChooser(run_settings, loaded.device)
+        self.eos = eos_token_ids(loaded) if settings.stop_at_eos else set()
+        self.token_ids: list[int] = []
+        self.per_token_s: list[float] = []
+        self.stop_reason: str | None = None
+
+    @property
+    def ttft_s(self) -> float | None:
+        """The first step's forward + choice, seconds (None before it)."""
+        return self.per_token_s[0] if self.per_token_s else None
+
+    def __iter__(self) -> "Decoder":
+        return self
+
+    def __next__(self) -> Step:
+        if self.stop_reason is None and self.stop is not None and self.stop.is_set():
+            self.stop_reason = "stopped"
+        if self.stop_reason is not None:
+            raise StopIteration
+        # 1. What this step feeds: the uncached input tail first, then the previous token.
+        index = len(self.token_ids)
+        if index:
+            token = torch.tensor([[self.token_ids[-1]]], device=self.sequence.device)
+            self.sequence = torch.cat([self.sequence, token], dim=1)
+        fed = self.sequence.shape[1] - self.feed_from if index == 0 else 1
+        # 2. The timed part: one forward through the strategy's cache and the token choice.
+        started = time.perf_counter()
+        with torch.inference_mode():
+            logits = self.strategy.forward(self.loaded, self.cache, self.sequence, fed)
+            token = self.chooser(self.sequence, logits)
+        elapsed = time.perf_counter() - started
+        # 3. Book-keeping outside the clock, then decide whether this was the last step.
+        self.token_ids.append(token)
+        self.per_token_s.append(elapsed)
+        size = cache_bytes(self.cache) if self.measure_bytes else None
+        if token in self.eos:
+            self.stop_reason = "eos"
+        elif len(self.token_ids) >= self.settings.max_new_tokens:
+            self.stop_reason = "length"
+        fed_ids = tuple(self.sequence[0, -fed:].tolist())
+        return Step(index, token, elapsed, fed_ids, self.sequence.shape[1], size)
+
+    def run(self) -> "Decoder":
+        """Run every remaining step in this thread; returns self."""
+        for _ in self:
+            pass
+        return self
+
+
+def score_continuation(loaded, strategy, prompt_ids: torch.Tensor, continuation: Sequence[int],
+                       stop: threading.Event | None = None) -> torch.Tensor:
+    """Log-probabilities (len(continuation), vocab), float32: row t is the distribution under `strategy`'s cache
+    that predicts continuation[t] after the prompt and continuation[:t].
+
+    An exact strategy (`not strategy.lossy`) attends like a full causal forward, so it is scored with one
+    forward over prompt + continuation; a lossy one feeds the continuation token by token through its own
+    cache, so every eviction or quantization acts as it did while generating.
+
+    Args:
+        prompt_ids: (1, prompt_tokens) ids.
+        continuation: the token ids to score (at least one).
+
+    Raises:
+        RunStopped: `stop` was set while scoring.
+    """
+    prompt = prompt_ids.to(loaded.device)
+    tokens = torch.tensor([list(continuation)], device=loaded.device)
+    count = tokens.shape[1]
+    if not strategy.lossy:
+        sequence = torch.cat([prompt, tokens[:, :-1]], dim=1)
+        with torch.inference_mode():
+            logits = loaded.model(input_ids=sequence, use_cache=False, logits_to_keep=count).logits[0]
+        return torch.log_softmax(logits.float(), dim=-1)
+    cache = strategy.build_cache(loaded, prompt.shape[1] + count)
+    sequence = torch.cat([prompt, tokens], dim=1)
+    rows = []
+    for t in range(count):
+        if stop is not None and stop.is_set():
+            raise RunStopped
+        end = prompt.shape[1] + t
+        rows.append(forward(loaded, strategy, cache, sequence[:, :end], prompt.shape[1] if t == 0 else 1)[0])
+    return torch.log_softmax(torch.stack(rows).float(), dim=-1)
+
+
+@dataclass(frozen=True)
+class NllStep:
+    """One token scored by one cache: `name` of the cache, `position` of the token in the text (1..seq-1),
+    `nll` in nats, `cache_bytes` the cache holds after feeding the token before it."""
+
+    name: str
+    position: int
+    nll: float
+    cache_bytes: int
+
+
+class NllStream:
+    """Stream one text through several caches in turns, one token each per round, one `NllStep` per `next()`.
+
+    Token p is predicted from what each cache still holds after tokens 0..p-1 went through it one at a time,
+    as in StreamingLLM's perplexity evaluation (Xiao et al. 2023, arXiv:2309.17453).
+
+    Args:
+        loaded: a `kvlab.models.LoadedModel`.
+        strategies: name -> `Strategy` (each gets a fresh cache sized for the text).
+        input_ids: (1, seq) or (seq,) ids, seq >= 2.
+        stop: set it to end the stream before the next step.
+
+    Raises:
+        ValueError: no strategies, or not one sequence of at least 2 tokens.
+    """
+
+    def __init__(self, loaded, strategies: dict, input_ids: torch.Tensor, stop: threading.Event | None = None):
+        if not strategies:
+            raise ValueError("pick at least one cache")
+        ids = input_ids.reshape(1, -1) if input_ids.ndim == 1 else input_ids
+        if ids.ndim != 2 or ids.shape[0] != 1 or ids.shape[1] < 2:
+            raise ValueError(f"input_ids must be one sequence of at least 2 tokens; got shape {tuple(input_ids.shape)}")
+        self.loaded, self.stop = loaded, stop
+        self.ids = ids.to(loaded.device)
+        self.columns = [(name, strategy, strategy.build_cache(loaded, self.ids.shape[1]))
+                        for name, strategy in strategies.items()]
+        self._order = ((position, column) for position in range(1, self.ids.shape[1]) for column in self.columns)
+
+    def __iter__(self) -> "NllStream":
+        return self
+
+    def __next__(self) -> NllStep:
+        if self.stop is not None and self.stop.is_set():
+            raise StopIteration
+        position, (name, strategy, cache) = next(self._order)
+        logits = forward(self.loaded, strategy, cache, self.ids[:, :position], 1)
+        value = -float(torch.log_softmax(logits[0].float(), dim=-1)[self.ids[0, position]])
+        return NllStep(name, position, value, cache_bytes(cache))
