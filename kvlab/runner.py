@@ -1,7 +1,8 @@
 """The side-by-side runner: one prompt, N cache strategies, streamed as typed events.
 
-Each column runs its own decode loop (prefill, then one forward per token) in a
-worker thread against the one shared model. Modes:
+Each column drives the engine's decode loop (`kvlab.engine.Decoder`: prefill,
+then one forward per token through its strategy) from a worker thread against
+the one shared model. Modes:
 
 - `fair` (default): every column's steps (forward, token choice, cache bytes)
   run on kvlab's one compute thread (`kvlab.compute`), one at a time in the
@@ -238,20 +239,14 @@ def run_compare(
         ValueError: bad mode, no columns or too many (before anything runs).
         StrategyError: a column spec names an unknown strategy or knob.
     """
-    if mode not in MODES:
-        raise ValueError(f"mode must be one of {list(MODES)}, got {mode!r}")
-    if not columns:
-        raise ValueError("no strategy picked: add at least one column")
-    if len(columns) > MAX_COLUMNS:
-        raise ValueError(f"at most {MAX_COLUMNS} columns, got {len(columns)}")
-    columns = [Column.from_spec(spec) for spec in columns]
+    columns = checked_columns(columns, mode)
     settings = settings or GenerationSettings()
     stop = stop or threading.Event()
     events: queue.Queue = queue.Queue()
     results: list[ColumnResult | None] = [None] * len(columns)
     turns = FreeTurns() if mode == "parallel" else ComputeTurns()
-    tracker = MemoryTracker(loaded.device)
     started = time.perf_counter()
+    sampler = _Sampler(MemoryTracker(loaded.device), started)
 
     def work(indices, threads: int | None):
         if threads is not None:
@@ -264,22 +259,22 @@ def run_compare(
     else:
         groups = {f"kvlab-col{i}": [i] for i in range(len(columns))}
     workers: list[threading.Thread] = []
-    sampler = _Sampler(tracker, started)
     try:
+        # 1. The columns, each in its own thread (one thread for all in sequential mode), events relayed live.
         with shared_threads(len(columns)) if mode == "parallel" else contextlib.nullcontext() as share:
             workers = [threading.Thread(target=work, args=(indices, share), daemon=True, name=name)
                        for name, indices in groups.items()]
             for worker in workers:
                 worker.start()
             yield from _relay(workers, events, sampler)
+        # 2. A column whose thread died without a result is reported, never waited for.
         for i, result in enumerate(results):
             if result is None:
-                lost = new_result(i, columns[i].strategy, prompt_ids.shape[1])
-                lost.status, lost.message = "error", "the column's worker ended without a result"
-                results[i] = lost
-                yield ColumnError(i, "error", lost.message, lost)
+                results[i] = new_result(i, columns[i].strategy, prompt_ids.shape[1])
+                results[i].status, results[i].message = "error", "the column's worker ended without a result"
+                yield ColumnError(i, "error", results[i].message, results[i])
+        # 3. Fidelity, one compute step per scored column, so other tabs' work can run in between.
         if settings.fidelity and not stop.is_set():
-            # One compute step per scored column, so other tabs' work can run in between.
             scorer = threading.Thread(target=_drain_into, daemon=True, name="kvlab-fidelity", args=(
                 compute_iter(score_fidelity(loaded, prompt_ids, columns, results, baseline, stop)), events))
             workers.append(scorer)
@@ -293,6 +288,22 @@ def run_compare(
         for worker in workers:
             if worker.ident is not None:
                 worker.join(JOIN_TIMEOUT_S)
+
+
+def checked_columns(columns: list, mode: str) -> list[Column]:
+    """`Column`s from specs, after checking the mode and the column count.
+
+    Raises:
+        ValueError: bad mode, no columns or more than MAX_COLUMNS.
+        StrategyError: a column spec names an unknown strategy or knob.
+    """
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {list(MODES)}, got {mode!r}")
+    if not columns:
+        raise ValueError("no strategy picked: add at least one column")
+    if len(columns) > MAX_COLUMNS:
+        raise ValueError(f"at most {MAX_COLUMNS} columns, got {len(columns)}")
+    return [Column.from_spec(spec) for spec in columns]
 
 
 class _Sampler:

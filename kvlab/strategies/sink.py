@@ -42,7 +42,7 @@ class Sink(Strategy):
                 "and the output is approximate")
 
     def unavailable_reason(self, loaded) -> str | None:
-        from ..sink_cache import unsupported_reason
+        from ..rotary import unsupported_reason
 
         return unsupported_reason(loaded.config)
 

@@ -21,15 +21,9 @@ from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply
 from kvlab.accounting import cache_bytes
 from kvlab.models import LoadedModel, ModelSpec
 from kvlab.perplexity import ppl_by_segment, stream_nll
+from kvlab.rotary import KeyRerotator, inv_freq_from_config, unsupported_reason
+from kvlab.sink_cache import SinkCache, SinkLayer, prefill_in_chunks
 from kvlab.strategies import make_strategy
-from kvlab.sink_cache import (
-    KeyRerotator,
-    SinkCache,
-    SinkLayer,
-    inv_freq_from_config,
-    prefill_in_chunks,
-    unsupported_reason,
-)
 
 VOCAB = 128
 TINY = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
