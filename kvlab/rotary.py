@@ -19,21 +19,16 @@ SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 """RoPE types whose inverse frequencies do not depend on the sequence length."""
 
+
 def unsupported_reason(config) -> str | None:
     """One sentence saying why a sink cache cannot serve the model of `config`, or None if it can.
 
-    Checks `config.model_type` against `SUPPORTED_MODEL_TYPES`, that every layer
-    is full attention (`config.layer_types`, or no `config.sliding_window`), that
+    Checks that every layer is full attention (`config.layer_types`, or no
+    `config.sliding_window`), `config.model_type` against `SUPPORTED_MODEL_TYPES`, that
     `config.rope_parameters['rope_type']` is in `SUPPORTED_ROPE_TYPES` and that the
     rotary embedding covers the whole head.
     """
     cfg = config.get_text_config(decoder=True)
-    model_type = getattr(cfg, "model_type", None)
-    if model_type not in SUPPORTED_MODEL_TYPES:
-        return (
-            f"model_type {model_type!r} is not one of {SUPPORTED_MODEL_TYPES}: the sink cache re-rotates cached "
-            "keys and only knows those families' rotary layout"
-        )
     layer_types = getattr(cfg, "layer_types", None)
     if layer_types is not None:
         other = sorted(set(layer_types) - {"full_attention"})
@@ -46,6 +41,12 @@ def unsupported_reason(config) -> str | None:
         return (
             f"config.sliding_window is {cfg.sliding_window}: the model's own attention mask is sliding, "
             "the sink cache needs every layer to be full attention"
+        )
+    model_type = getattr(cfg, "model_type", None)
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        return (
+            f"model_type {model_type!r} is not one of {SUPPORTED_MODEL_TYPES}: the sink cache re-rotates cached "
+            "keys and only knows those families' rotary layout"
         )
     rope = getattr(cfg, "rope_parameters", None)
     if not isinstance(rope, dict) or "rope_type" not in rope:

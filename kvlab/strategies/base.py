@@ -53,6 +53,7 @@ class Strategy:
     is_croppable: ClassVar[bool] = False
     is_streaming: ClassVar[bool] = False
     is_sliding: ClassVar[bool] = False
+    title_knobs: ClassVar[tuple[str, ...]] = ()
     label: str = ""
 
     @property
@@ -90,8 +91,19 @@ class Strategy:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "label"}
 
     def describe(self) -> str:
-        """Short column title, e.g. `quantized quanto int4 r16`."""
-        return self.label or self.name
+        """The column's name: `label` if set, else `title()` followed by every other knob that differs from its
+        default, e.g. `quantized hqq int4 r128 q_group_size=32`, so two columns differing in any knob differ
+        in name."""
+        if self.label:
+            return self.label
+        defaults = {f.name: f.default for f in dataclasses.fields(self)}
+        extra = [f"{name}={value}" for name, value in self.knobs().items()
+                 if name not in self.title_knobs and value != defaults.get(name)]
+        return " ".join([self.title(), *extra])
+
+    def title(self) -> str:
+        """The short part of `describe()` that shows the knobs in `title_knobs` its own way."""
+        return self.name
 
     def caveat(self) -> str:
         """What to keep in mind when reading this column's numbers ('' if nothing)."""

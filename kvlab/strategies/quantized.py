@@ -8,8 +8,10 @@ A fresh cache is built for every run, so no backend setting leaks between runs
 
 from __future__ import annotations
 
+import importlib.metadata
 import importlib.util
-from dataclasses import dataclass
+import threading
+from dataclasses import dataclass, fields
 
 from .base import Strategy, StrategyError, register, require_int, sliding_layer_types
 
@@ -20,6 +22,14 @@ BACKENDS = {
 }
 DEFAULT_RESIDUAL_LENGTH = 128
 DEFAULT_Q_GROUP_SIZE = 64
+GROUP_WISE_KNOBS = ("residual_length", "q_group_size", "axis_key", "axis_value")
+"""Knobs of the group-wise backends (quanto, hqq); fp8 quantizes per tensor and takes none of them."""
+PROBE_TOKENS = (1, 2, 3, 5, 17, 64, 129)
+"""Token counts a non-default axis is tried on before a run: the backends' bit-packing fails on some
+lengths and not others, so one length proves nothing."""
+
+_probed: dict[tuple, str | None] = {}
+_probe_lock = threading.Lock()
 
 
 def _installed(module: str) -> bool:
@@ -29,18 +39,30 @@ def _installed(module: str) -> bool:
         return False
 
 
+def backend_version(backend: str) -> str:
+    """The package behind `backend` and its installed version, e.g. `optimum-quanto 0.2.7` (fp8: transformers)."""
+    pip = BACKENDS[backend]["pip"] or "transformers"
+    try:
+        return f"{pip} {importlib.metadata.version(pip)}"
+    except importlib.metadata.PackageNotFoundError:
+        return f"{pip} not installed"
+
+
 @register
 @dataclass
 class Quantized(Strategy):
     """Knobs: `backend` (quanto | hqq | fp8), `nbits` (quanto 2/4, hqq 1/2/3/4/8,
     fp8 8), `residual_length` (recent tokens kept in full precision),
     `q_group_size` (channels per quantization group), `axis_key`/`axis_value`
-    (quanto 0/-1, hqq 0/1). fp8 is per tensor: its group knobs are ignored."""
+    (quanto 0/-1, hqq 0/1). fp8 is per tensor and takes none of the group knobs.
+    A non-default axis is tried on the model's shapes before the run and refused
+    with the backend's error when it fails."""
 
     name = "quantized"
     summary = ("Stores older keys/values in 2-8 bits, the newest residual_length tokens in full precision. "
                "Lossy; saves memory once the run outgrows residual_length, costs (de)quantization time.")
     lossy = True
+    title_knobs = ("backend", "nbits", "residual_length")
     backend: str = "quanto"
     nbits: int | None = None
     residual_length: int = DEFAULT_RESIDUAL_LENGTH
@@ -55,23 +77,25 @@ class Quantized(Strategy):
         if self.nbits is None:
             self.nbits = rules["default_nbits"]
         if self.nbits not in rules["nbits"]:
-            raise StrategyError(
-                f"nbits={self.nbits!r} is not supported by the {self.backend} backend; allowed: {list(rules['nbits'])}"
-            )
+            raise StrategyError(f"nbits={self.nbits!r} is not supported by the {self.backend} backend "
+                                f"({backend_version(self.backend)}); allowed: {list(rules['nbits'])}")
         if self.backend == "fp8":
+            defaults = {f.name: f.default for f in fields(self)}
+            changed = [name for name in GROUP_WISE_KNOBS if getattr(self, name) != defaults[name]]
+            if changed:
+                raise StrategyError(f"the fp8 backend quantizes per tensor and takes no {', '.join(changed)}; "
+                                    "use the quanto or hqq backend to quantize group-wise")
             return
         require_int("residual_length", self.residual_length, 0)
         require_int("q_group_size", self.q_group_size, 1)
         for axis_name in ("axis_key", "axis_value"):
             if getattr(self, axis_name) not in rules["axes"]:
                 raise StrategyError(
-                    f"{axis_name}={getattr(self, axis_name)!r} is not supported by the {self.backend} backend; "
-                    f"allowed: {list(rules['axes'])}"
+                    f"{axis_name}={getattr(self, axis_name)!r} is not supported by the {self.backend} backend "
+                    f"({backend_version(self.backend)}); allowed: {list(rules['axes'])}"
                 )
 
-    def describe(self) -> str:
-        if self.label:
-            return self.label
+    def title(self) -> str:
         if self.backend == "fp8":
             return "quantized fp8"
         return f"quantized {self.backend} int{self.nbits} r{self.residual_length}"
@@ -120,8 +144,42 @@ class Quantized(Strategy):
                 f"q_group_size={self.q_group_size} must divide this model's head_dim ({width}); "
                 f"try {', '.join(str(g) for g in (16, 32, 64, 128) if width % g == 0)}"
             )
-
+        if (self.axis_key, self.axis_value) != (0, 0):
+            problem = self._probe_axes(loaded)
+            if problem:
+                raise StrategyError(problem)
         return QuantizedCache(backend=self.backend, config=loaded.config, **self._cache_kwargs())
+
+    def _probe_axes(self, loaded) -> str | None:
+        """Quantize keys/values of this model's shape at every PROBE_TOKENS length with these knobs (once per
+        process and shape); the backend's error as a sentence, or None when every length works."""
+        import torch
+        from transformers import QuantizedCache
+
+        from ..models import head_dim
+
+        cfg = loaded.config.get_text_config(decoder=True)
+        kv_heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
+        shape = (kv_heads, head_dim(cfg))
+        key = (self.backend, self.nbits, self.q_group_size, self.axis_key, self.axis_value, shape)
+        with _probe_lock:
+            if key not in _probed:
+                _probed[key] = None
+                for tokens in PROBE_TOKENS:
+                    cache = QuantizedCache(backend=self.backend, config=cfg, **{**self._cache_kwargs(),
+                                                                                  "residual_length": 0})
+                    states = torch.randn(1, *shape[:1], tokens, shape[1])
+                    try:
+                        cache.layers[0].update(states, states.clone())
+                    except Exception as err:  # noqa: BLE001 - any backend failure is the answer
+                        _probed[key] = (
+                            f"the {self.backend} backend ({backend_version(self.backend)}) fails with "
+                            f"axis_key={self.axis_key}, "
+                            f"axis_value={self.axis_value}, nbits={self.nbits} on this model's keys ({kv_heads} KV "
+                            f"heads x {shape[1]} dims, {tokens} tokens: {type(err).__name__}: "
+                            f"{str(err).splitlines()[0][:120]}); use axis_key=0 and axis_value=0")
+                        break
+        return _probed[key]
 
     def cache_code(self):
         args = "".join(f", {key}={value!r}" for key, value in self._cache_kwargs().items())

@@ -19,6 +19,7 @@ class Sink(Strategy):
                "for endless runs. Approximate once the window is full.")
     lossy = True
     is_streaming = True
+    title_knobs = ("window_length", "num_sink_tokens")
     window_length: int = 256
     num_sink_tokens: int = 4
 
@@ -30,9 +31,7 @@ class Sink(Strategy):
         except ValueError as err:
             raise StrategyError(str(err)) from err
 
-    def describe(self) -> str:
-        if self.label:
-            return self.label
+    def title(self) -> str:
         if self.num_sink_tokens == 0:
             return f"window {self.window_length}"
         return f"sink {self.num_sink_tokens}+{self.window_length - self.num_sink_tokens}"

@@ -18,6 +18,7 @@ class Static(Strategy):
     name = "static"
     summary = "Preallocates max_cache_len tokens up front and writes in place. Exact; fixed memory, compile-friendly, refuses to overflow."
     is_croppable = True
+    title_knobs = ("max_cache_len", "compile")
     max_cache_len: int | None = None
     compile: bool = False
 
@@ -27,8 +28,9 @@ class Static(Strategy):
         if not isinstance(self.compile, bool):
             raise StrategyError(f"compile must be true or false, got {self.compile!r}")
 
-    def describe(self) -> str:
-        return self.label or f"static{'' if self.max_cache_len is None else f' {self.max_cache_len}'}{' compiled' if self.compile else ''}"
+    def title(self) -> str:
+        size = "" if self.max_cache_len is None else f" {self.max_cache_len}"
+        return f"static{size}{' compiled' if self.compile else ''}"
 
     def caveat(self) -> str:
         if self.compile:

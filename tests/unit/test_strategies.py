@@ -50,7 +50,7 @@ def test_unknown_knob_lists_allowed_knobs():
 
 
 def test_quanto_nbits_3_lists_allowed_values():
-    with pytest.raises(StrategyError, match=r"nbits=3 is not supported by the quanto backend; allowed: \[2, 4\]"):
+    with pytest.raises(StrategyError, match=r"nbits=3 is not supported by the quanto backend \(optimum-quanto [0-9.]+\); allowed: \[2, 4\]"):
         make_strategy({"strategy": "quantized", "backend": "quanto", "nbits": 3})
 
 
@@ -66,7 +66,7 @@ def test_unknown_backend_lists_backends():
 
 
 def test_quantized_axis_rules_per_backend():
-    with pytest.raises(StrategyError, match=r"axis_key=1 is not supported by the quanto backend; allowed: \[0, -1\]"):
+    with pytest.raises(StrategyError, match=r"axis_key=1 is not supported by the quanto backend \(optimum-quanto [0-9.]+\); allowed: \[0, -1\]"):
         make_strategy({"strategy": "quantized", "backend": "quanto", "axis_key": 1})
     assert make_strategy({"strategy": "quantized", "backend": "hqq", "axis_key": 1}).axis_key == 1
 
@@ -161,3 +161,48 @@ def test_compiled_static_matches_eager_and_compiles_once_per_cache_size(tiny):
 def test_quantized_group_size_must_divide_head_dim_before_compute(tiny):
     with pytest.raises(StrategyError, match=r"q_group_size=7 must divide this model's head_dim \(64\); try 16, 32, 64"):
         make_strategy({"strategy": "quantized", "backend": "hqq", "q_group_size": 7}).build_cache(tiny, 10)
+
+
+@pytest.mark.parametrize("spec, works", [
+    ({"backend": "hqq", "nbits": 4, "axis_key": 1}, False),
+    ({"backend": "hqq", "nbits": 2, "axis_value": 1}, False),
+    ({"backend": "hqq", "nbits": 8, "axis_key": 1, "axis_value": 1}, True),
+    ({"backend": "quanto", "nbits": 4, "axis_key": -1}, False),
+])
+def test_a_non_default_axis_runs_or_is_refused_before_the_run(tiny, spec, works):
+    from kvlab.generation import GenerationSettings
+    from kvlab.runner import collect, run_compare
+
+    strategy = make_strategy({"strategy": "quantized", "residual_length": 2, **spec})
+    if not works:
+        with pytest.raises(StrategyError, match=rf"the {spec['backend']} backend \(\S+ \d[^)]*\) fails with axis_key="):
+            strategy.build_cache(tiny, 32)
+    settings = GenerationSettings(max_new_tokens=9, stop_at_eos=False, fidelity=False)
+    for prompt in ([[1, 400, 401]], [[1, 400, 401, 402, 403, 404, 405]]):
+        result = collect(run_compare(tiny, torch.tensor(prompt), [strategy], settings)).results[0]
+        if works:
+            assert result.status == "ok" and len(result.token_ids) == 9
+        else:
+            assert result.status == "error" and "use axis_key=0 and axis_value=0" in result.message
+            assert result.token_ids == []
+
+
+def test_column_names_show_every_non_default_knob():
+    names = {make_strategy(spec).describe() for spec in (
+        {"strategy": "quantized", "backend": "hqq"},
+        {"strategy": "quantized", "backend": "hqq", "q_group_size": 32},
+        {"strategy": "quantized", "backend": "hqq", "axis_key": 1},
+        {"strategy": "quantized", "backend": "hqq", "axis_value": 1},
+    )}
+    assert names == {"quantized hqq int4 r128", "quantized hqq int4 r128 q_group_size=32",
+                     "quantized hqq int4 r128 axis_key=1", "quantized hqq int4 r128 axis_value=1"}
+    assert make_strategy({"strategy": "sink", "window_length": 64, "label": "mine"}).describe() == "mine"
+
+
+def test_backend_errors_name_the_installed_version():
+    from importlib.metadata import version
+
+    with pytest.raises(StrategyError, match=rf"quanto backend \(optimum-quanto {version('optimum-quanto')}\); allowed"):
+        make_strategy({"strategy": "quantized", "backend": "quanto", "nbits": 3})
+    with pytest.raises(StrategyError, match="fp8 backend quantizes per tensor and takes no q_group_size"):
+        make_strategy({"strategy": "quantized", "backend": "fp8", "q_group_size": 32})

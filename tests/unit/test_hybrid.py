@@ -1,0 +1,81 @@
+"""A hybrid model (Gemma 3 layout: sliding and full-attention layers alternating) built tiny and random in the
+test: a sliding layer's window is never mistaken for the cache's capacity, and what kvlab reads from a cache
+(capacity, length, croppability) is read per layer type."""
+
+import dataclasses
+
+import pytest
+import torch
+
+from kvlab.chat import ChatSession, ChatTurnDone
+from kvlab.generation import GenerationSettings
+from kvlab.models import LoadedModel, ModelSpec
+from kvlab.reuse import held_tokens
+from kvlab.runner import collect, run_compare
+from kvlab.strategies import make_strategy
+
+WINDOW = 16
+SETTINGS = GenerationSettings(max_new_tokens=6, stop_at_eos=False, fidelity=False)
+
+
+@pytest.fixture(scope="module")
+def hybrid(tiny):
+    """4 layers alternating sliding (window 16) and full attention, the tiny tokenizer."""
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    torch.manual_seed(0)
+    config = Gemma3TextConfig(
+        vocab_size=len(tiny.tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+        num_attention_heads=2, num_key_value_heads=1, head_dim=32, sliding_window=WINDOW,
+        layer_types=["sliding_attention", "full_attention"] * 2, max_position_embeddings=1024,
+        eos_token_id=tiny.tokenizer.eos_token_id, bos_token_id=1, pad_token_id=2)
+    model = Gemma3ForCausalLM(config).eval()
+    return LoadedModel(ModelSpec(source="tiny-random-gemma3", device="cpu"), model, tiny.tokenizer,
+                       torch.device("cpu"), 0.0, "tiny-random-gemma3")
+
+
+def chat(loaded, spec):
+    return ChatSession(loaded, make_strategy(spec), dataclasses.replace(SETTINGS))
+
+
+def test_a_sliding_window_chat_has_no_capacity_limit_and_replies_like_dynamic(hybrid):
+    sliding, dynamic = chat(hybrid, {"strategy": "sliding_window"}), chat(hybrid, {"strategy": "dynamic"})
+    assert sliding.capacity() is None
+    for text in ["Tell me a long story about a garden and its compost heap", "And then?", "Go on, please"]:
+        replies = []
+        for session in (sliding, dynamic):
+            events = list(session.send(text, baseline=False))
+            done = [e.stats for e in events if isinstance(e, ChatTurnDone)]
+            assert done, events[-1]
+            replies.append(done[0].reply_ids)
+        assert replies[0] == replies[1]
+        assert held_tokens(sliding.cache) == len(sliding.cached_ids) > WINDOW
+    sliding_layers = [layer for layer in sliding.cache.layers if layer.is_sliding]
+    assert sliding_layers and all(layer.keys.shape[-2] < WINDOW for layer in sliding_layers)
+
+
+def test_a_static_cache_on_a_hybrid_model_is_as_large_as_its_full_layers(hybrid):
+    static = make_strategy({"strategy": "static", "max_cache_len": 40})
+    cache = static.build_cache(hybrid, 40)
+    assert static.capacity(40) == 40 and int(cache.get_max_length()) == 40
+    session = chat(hybrid, {"strategy": "static", "max_cache_len": 40})
+    assert session.capacity() == 40
+
+
+def test_compare_on_a_hybrid_model_gives_the_same_tokens_for_exact_caches(hybrid):
+    prompt = torch.randint(5, 1000, (1, 2 * WINDOW), generator=torch.Generator().manual_seed(3))
+    columns = [{"strategy": "dynamic"}, {"strategy": "sliding_window"}, {"strategy": "static"},
+               {"strategy": "no_cache"}]
+    results = collect(run_compare(hybrid, prompt, columns, SETTINGS)).results
+    assert [r.status for r in results] == ["ok"] * 4, [r.message for r in results]
+    assert results[0].token_ids == results[1].token_ids == results[2].token_ids == results[3].token_ids
+    assert results[1].peak_cache_bytes < results[0].peak_cache_bytes
+
+
+def test_quantized_and_sink_are_refused_on_sliding_layers_with_the_reason(hybrid):
+    done = collect(run_compare(hybrid, torch.tensor([[1, 400, 401]]),
+                               [{"strategy": "quantized"}, {"strategy": "sink"}, {"strategy": "dynamic"}], SETTINGS))
+    quantized, sink, dynamic = done.results
+    assert quantized.status == "unavailable" and "sliding_attention" in quantized.message
+    assert sink.status == "unavailable" and "sliding_attention" in sink.message
+    assert dynamic.status == "ok"
