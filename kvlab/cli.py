@@ -1,9 +1,11 @@
 """Command line: `python -m kvlab compare|...`.
 
 `compare` runs a preset (or strategies named on the command line) headless,
-prints one summary row per column and optionally writes JSON. The exit status
-is non-zero only when the run cannot start (bad preset or settings, model not
-found), with the reason on stderr; a column that errors is reported in its row.
+prints one summary row per column and optionally writes JSON. A column that
+cannot run (a bad knob, an error while running) is reported in its row and on
+stderr while the others run; the exit status is 2 when the run cannot start
+(bad preset or settings, model not found, a folder that cannot be written),
+with the reason in one line on stderr, 1 when no column finished, else 0.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from pathlib import Path
 
 from . import bench, chat_cli, perplexity_cli
 from .generation import encode_prompt
-from .strategies.base import parse_strategy_list
+from .strategies.base import parse_strategy_item, split_strategy_list
 from .report import format_table, run_record, summary_rows
 
 
@@ -44,41 +46,60 @@ def add_compare(sub) -> None:
 
 
 def resolve_compare(args) -> dict:
-    """Merge preset and flags into {model spec, prompt, settings, columns, mode, baseline}.
+    """Merge preset and flags into {preset, model spec, settings, columns}.
+
+    Columns named with `--strategies` are parsed one by one: a bad one becomes a rejected column that reports
+    its reason in its own row while the others run (as a bad column in the app does). A preset file's own
+    columns are validated with the file.
 
     Raises PresetError / ValueError with the reason (the caller prints it).
     """
     from .models import ModelSpec
+    from .presets import parse_preset
+
+    preset = _base_preset(args)
+    data = preset.model_dump()
+    _apply_flags(data, args)
+    preset = parse_preset(data, preset.name, lenient_columns=bool(args.strategies))
+    if args.strategies:
+        columns = [_column(item) for item in split_strategy_list(args.strategies)]
+    else:
+        columns = preset.build_columns()
+    return {"preset": preset, "model": ModelSpec(**preset.model.model_dump()), "settings": preset.settings(),
+            "columns": columns}
+
+
+def _base_preset(args):
     from .presets import load_preset, parse_preset
 
+    if args.strategies is not None and not split_strategy_list(args.strategies):
+        raise ValueError("--strategies is empty: name at least one, e.g. dynamic,static")
     if args.preset:
-        preset = load_preset(args.preset)
-    else:
-        if args.prompt is None or args.strategies is None:
-            raise ValueError("give --preset FILE, or both --prompt and --strategies")
-        if not args.prompt.strip():
-            raise ValueError("the prompt is empty: type something to generate from")
-        if not parse_strategy_list(args.strategies):
-            raise ValueError("--strategies is empty: name at least one, e.g. dynamic,static")
-        preset = parse_preset({"name": "command line", "prompt": {"text": args.prompt},
-                               "columns": parse_strategy_list(args.strategies)}, "command line")
-    data = preset.model_dump()
+        return load_preset(args.preset)
+    if args.prompt is None or args.strategies is None:
+        raise ValueError("give --preset FILE, or both --prompt and --strategies")
+    if not args.prompt.strip():
+        raise ValueError("the prompt is empty: type something to generate from")
+    items = [{"strategy": item.split(":")[0]} for item in split_strategy_list(args.strategies)]
+    return parse_preset({"name": "command line", "prompt": {"text": args.prompt}, "columns": items},
+                        "command line", lenient_columns=True)
+
+
+def _apply_flags(data: dict, args) -> None:
+    """Write the command-line flags over a preset's data (in place)."""
     if args.prompt is not None:
         data["prompt"]["text"] = args.prompt
     if args.system is not None:
         data["prompt"]["system"] = args.system
     if args.plain:
         data["prompt"]["chat"] = False
-    if args.strategies and args.preset:
-        data["columns"] = parse_strategy_list(args.strategies)
     for flag, key in (("model", "source"), ("dtype", "dtype"), ("device", "device")):
         if getattr(args, flag):
             data["model"][key] = getattr(args, flag)
     generation = data["generation"]
-    for flag, key in (("max_new_tokens", "max_new_tokens"), ("temperature", "temperature"), ("top_p", "top_p"),
-                      ("top_k", "top_k"), ("seed", "seed")):
+    for flag in ("max_new_tokens", "temperature", "top_p", "top_k", "seed"):
         if getattr(args, flag) is not None:
-            generation[key] = getattr(args, flag)
+            generation[flag] = getattr(args, flag)
     if args.sample:
         generation["do_sample"] = True
     if args.ignore_eos:
@@ -87,13 +108,17 @@ def resolve_compare(args) -> dict:
         generation["fidelity"] = False
     if args.mode:
         data["mode"] = args.mode
-    preset = parse_preset(data, preset.name)
-    return {
-        "preset": preset,
-        "model": ModelSpec(**preset.model.model_dump()),
-        "settings": preset.settings(),
-        "columns": preset.build_columns(),
-    }
+
+
+def _column(item: str):
+    """A runner Column for one `--strategies` item, or a rejected one carrying the reason."""
+    from .runner import Column
+
+    try:
+        spec = parse_strategy_item(item)
+    except ValueError as err:
+        return Column(None, rejected=str(err), title=item)
+    return Column.or_rejected(spec, title=item)
 
 
 def cmd_compare(args) -> int:
@@ -115,11 +140,14 @@ def cmd_compare(args) -> int:
     done = collect(run_compare(loaded, prompt_ids, plan["columns"], plan["settings"], preset.mode,
                                threading.Event(), preset.baseline))
     print(format_table(summary_rows(done.results)))
+    for result in done.results:
+        if result.status == "error":
+            print(f"kvlab compare: column {result.index + 1} ({result.name}): {result.message}", file=sys.stderr)
     if args.json:
         record = run_record(loaded, preset, plan["settings"], done)
         Path(args.json).write_text(json.dumps(record, indent=1))
         print(f"wrote {args.json}", file=sys.stderr)
-    return 0
+    return 0 if any(result.status == "ok" for result in done.results) else 1
 
 
 def build_parser() -> argparse.ArgumentParser:

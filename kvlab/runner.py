@@ -50,7 +50,7 @@ from .events import (
 from .engine import Decoder, RunStopped
 from .generation import GenerationSettings, IncrementalDetokenizer
 from .memory import MemoryTracker
-from .strategies import Strategy, make_strategy
+from .strategies import Strategy, StrategyError, make_strategy
 
 MODES = ("fair", "parallel", "sequential")
 MAX_COLUMNS = 8
@@ -118,10 +118,16 @@ class FreeTurns:
 
 @dataclass
 class Column:
-    """One column: a strategy and optional per-column generation overrides."""
+    """One column: a strategy and optional per-column generation overrides.
 
-    strategy: Strategy
+    A spec that cannot become a strategy (unknown name, bad knob) may still be a column: `strategy` is None,
+    `rejected` says why and `title` names it; it reports that reason in its own row and runs nothing.
+    """
+
+    strategy: Strategy | None
     overrides: dict = field(default_factory=dict)
+    rejected: str = ""
+    title: str = ""
 
     @classmethod
     def from_spec(cls, spec: dict | Strategy | "Column") -> "Column":
@@ -133,6 +139,14 @@ class Column:
         spec = dict(spec)
         overrides = spec.pop("generation", None) or {}
         return cls(make_strategy(spec), dict(overrides))
+
+    @classmethod
+    def or_rejected(cls, spec: dict, title: str = "") -> "Column":
+        """`from_spec`, or a rejected column carrying the reason when the spec is invalid."""
+        try:
+            return cls.from_spec(spec)
+        except StrategyError as err:
+            return cls(None, rejected=str(err), title=title or str(spec.get("strategy", "?")))
 
 
 def new_result(index: int, strategy: Strategy, prompt_tokens: int) -> ColumnResult:
@@ -146,6 +160,14 @@ def new_result(index: int, strategy: Strategy, prompt_tokens: int) -> ColumnResu
         caveat=strategy.caveat(),
         prompt_tokens=prompt_tokens,
     )
+
+
+def _rejected(index: int, column: Column, prompt_tokens: int, emit) -> ColumnResult:
+    result = ColumnResult(index=index, name=column.title, strategy=column.title, knobs={}, status="error",
+                          message=column.rejected, prompt_tokens=prompt_tokens)
+    emit(ColumnStarted(index, result.name, prompt_tokens))
+    emit(ColumnError(index, "error", result.message, result))
+    return result
 
 
 def run_column(
@@ -162,6 +184,8 @@ def run_column(
 
     Raises nothing: failures become a `ColumnError` event and status `error`.
     """
+    if column.strategy is None:
+        return _rejected(index, column, prompt_ids.shape[1], emit)
     strategy = column.strategy
     prompt_tokens = prompt_ids.shape[1]
     result = new_result(index, strategy, prompt_tokens)

@@ -214,16 +214,27 @@ def parse_strategy_list(text: str) -> list[dict]:
     Raises:
         ValueError: a knob not written as key=value.
     """
+    return [parse_strategy_item(item) for item in split_strategy_list(text)]
+
+
+def split_strategy_list(text: str) -> list[str]:
+    """The non-empty items of a comma list of strategies, stripped."""
+    return [part.strip() for part in text.split(",") if part.strip()]
+
+
+def parse_strategy_item(item: str) -> dict:
+    """One column spec from `name:knob=value:...`.
+
+    Raises:
+        ValueError: a knob not written as key=value.
+    """
     import yaml
 
-    columns = []
-    for item in filter(None, (part.strip() for part in text.split(","))):
-        name, *pairs = item.split(":")
-        spec: dict = {"strategy": name}
-        for pair in pairs:
-            key, equals, value = pair.partition("=")
-            if not equals:
-                raise ValueError(f"bad knob {pair!r} in {item!r}: write key=value")
-            spec[key] = yaml.safe_load(value)
-        columns.append(spec)
-    return columns
+    name, *pairs = item.split(":")
+    spec: dict = {"strategy": name}
+    for pair in pairs:
+        key, equals, value = pair.partition("=")
+        if not equals:
+            raise ValueError(f"bad knob {pair!r} in {item!r}: write key=value")
+        spec[key] = yaml.safe_load(value)
+    return spec
