@@ -23,5 +23,5 @@ bench: setup
 	$(PYTHON) -m kvlab bench
 
 clean:
-	rm -rf .venv .pytest_cache artifacts
+	rm -rf .venv .pytest_cache artifacts build *.egg-info
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +
