@@ -16,8 +16,6 @@ from kvlab.accounting import bytes_per_token, cache_bytes
 from kvlab.perplexity import ppl_by_segment, stream_nll
 from kvlab.sink_cache import SinkCache
 
-pytestmark = pytest.mark.integration
-
 PPL_TOKENS = 640
 PPL_WINDOW = 64
 SINKS = 4
