@@ -22,13 +22,15 @@ ENV HOME=/home/user \
     GRADIO_SERVER_PORT=7860
 WORKDIR /home/user/app
 
-# Dependencies first, so that code changes reuse this layer.
-COPY --chown=user requirements.txt requirements-test.txt ./
+# Dependencies first, so that code changes reuse this layer; kvlab itself
+# (editable, no dependencies) once the source is there.
+COPY --chown=user requirements.txt requirements-test.txt pyproject.toml ./
 COPY --chown=user scripts/setup.sh scripts/
-RUN KVLAB_TORCH_INDEX_URL="$KVLAB_TORCH_INDEX_URL" PIP_NO_CACHE_DIR=1 bash scripts/setup.sh
+RUN KVLAB_TORCH_INDEX_URL="$KVLAB_TORCH_INDEX_URL" PIP_NO_CACHE_DIR=1 bash scripts/setup.sh --no-project
 
 COPY --chown=user . .
-RUN .venv/bin/python -c "from kvlab.models import prepare_bundled_model; prepare_bundled_model()"
+RUN PIP_NO_CACHE_DIR=1 bash scripts/setup.sh \
+    && .venv/bin/python -c "from kvlab.models import prepare_bundled_model; prepare_bundled_model()"
 
 EXPOSE 7860
 HEALTHCHECK --interval=30s --timeout=10s --start-period=120s --retries=3 \

@@ -1,11 +1,12 @@
-# kvlab: `make run` starts the app, `make test` runs the test suite.
+# kvlab: `make run` starts the app, `make test` runs the test suite,
+# `make test-fast` only its unit tier (no bundled model, no browser).
 # Every target installs what it needs first (scripts/setup.sh skips work
 # already done) and uses .venv/bin/python directly.
 
 PYTHON := .venv/bin/python
 SETUP := bash scripts/setup.sh
 
-.PHONY: setup setup-test run test bench clean
+.PHONY: setup setup-test run test test-fast bench clean
 
 setup:
 	$(SETUP)
@@ -19,9 +20,12 @@ run: setup
 test: setup-test
 	$(PYTHON) -m pytest -q tests
 
+test-fast: setup-test
+	$(PYTHON) -m pytest -q -m unit tests
+
 bench: setup
 	$(PYTHON) -m kvlab bench
 
 clean:
-	rm -rf .venv .pytest_cache artifacts
+	rm -rf .venv .pytest_cache artifacts build *.egg-info
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +

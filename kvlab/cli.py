@@ -1,4 +1,4 @@
-"""Command line: `python -m kvlab compare|...`.
+"""Command line: `kvlab compare|...` (or `python -m kvlab compare|...`).
 
 `compare` runs a preset (or strategies named on the command line) headless,
 prints one summary row per column and optionally writes JSON. A column that
@@ -150,8 +150,8 @@ def cmd_compare(args) -> int:
     return 0 if any(result.status == "ok" for result in done.results) else 1
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m kvlab", description=__doc__.splitlines()[0])
+def build_parser(prog: str = "kvlab") -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     add_compare(sub)
     for module in (chat_cli, perplexity_cli, bench):
@@ -159,7 +159,8 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+def main(argv: list[str] | None = None, prog: str = "kvlab") -> int:
+    """Run one subcommand; `prog` is the name usage lines show (`kvlab` or `python -m kvlab`)."""
+    parser = build_parser(prog)
     args = parser.parse_args(argv)
     return args.func(args)

@@ -3,12 +3,19 @@
 A preset names the model, the prompt, the generation settings, the mode and the
 columns (each `strategy:` plus its knobs, and optionally per-column
 `generation:` overrides). Validation errors name the field and the allowed
-values. This module parses and validates; running is `kvlab.runner`'s job.
+values. This module finds, parses and validates presets; running them is
+`kvlab.runner`'s job.
+
+The preset folder is `KVLAB_PRESETS_DIR` when set, else the repository's
+`presets/` beside the package (a source checkout or an editable install), else
+the copy a regular install puts under `<sys.prefix>/share/kvlab/presets`.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
+import sys
 from pathlib import Path
 from typing import Literal
 
@@ -19,7 +26,32 @@ from .generation import GenerationSettings
 from .runner import MAX_COLUMNS, MODES, Column
 from .strategies import STRATEGIES, StrategyError, make_strategy
 
-PRESETS_DIR = Path(__file__).resolve().parent.parent / "presets"
+PRESETS_DIR_ENV = "KVLAB_PRESETS_DIR"
+SOURCE_ROOT = Path(__file__).resolve().parent.parent
+INSTALLED_PRESETS_SUBDIR = Path("share") / "kvlab" / "presets"
+
+
+def presets_dir() -> Path:
+    """The folder holding the preset files, looked up in this order:
+
+    1. `KVLAB_PRESETS_DIR`, when set and not empty;
+    2. `presets/` beside the package, when the package sits in a source checkout
+       (its parent folder holds `pyproject.toml`), as with an editable install;
+    3. `<sys.prefix>/share/kvlab/presets`, where a regular install puts them.
+
+    The third is returned even when it does not exist (`list_presets()` is then empty).
+    """
+    override = os.environ.get(PRESETS_DIR_ENV)
+    if override:
+        return Path(override).expanduser()
+    source = SOURCE_ROOT / "presets"
+    if (SOURCE_ROOT / "pyproject.toml").is_file() and source.is_dir():
+        return source
+    return Path(sys.prefix) / INSTALLED_PRESETS_SUBDIR
+
+
+# The folder as found at import, for the UI; the functions below look it up on every call.
+PRESETS_DIR = presets_dir()
 
 
 class PresetError(ValueError):
@@ -108,10 +140,11 @@ def parse_preset(data: dict, source: str = "preset", lenient_columns: bool = Fal
 
 
 def load_preset(path: str | Path) -> Preset:
-    """Read and validate one preset file (a name like `quickstart` looks in `presets/`)."""
+    """Read and validate one preset file (a name like `quickstart` looks in `presets_dir()`)."""
     path = Path(path)
-    if not path.exists() and (PRESETS_DIR / f"{path}.yaml").exists():
-        path = PRESETS_DIR / f"{path}.yaml"
+    named = presets_dir() / f"{path}.yaml"
+    if not path.exists() and named.exists():
+        path = named
     if not path.is_file():
         raise PresetError(f"preset file not found: {path}")
     try:
@@ -122,12 +155,12 @@ def load_preset(path: str | Path) -> Preset:
 
 
 def list_presets() -> dict[str, Path]:
-    """Preset name (file stem) -> path, for every `presets/*.yaml` except plain YAML lists.
+    """Preset name (file stem) -> path, for every `*.yaml` in `presets_dir()` except plain YAML lists.
 
     A file holding a YAML list is an input of another command (`chat --turns`,
     `prefix --prompts`), not a comparison preset.
     """
-    return {p.stem: p for p in sorted(PRESETS_DIR.glob("*.yaml")) if not _is_yaml_list(p)}
+    return {p.stem: p for p in sorted(presets_dir().glob("*.yaml")) if not _is_yaml_list(p)}
 
 
 def _is_yaml_list(path: Path) -> bool:

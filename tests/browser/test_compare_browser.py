@@ -16,10 +16,6 @@ import shutil
 import time
 from pathlib import Path
 
-import pytest
-
-pytestmark = pytest.mark.browser
-
 QUICKSTART_PROMPT = "Explain in three sentences why the sky is blue."
 SAMPLING_PROMPT = "Give me three creative names for a coffee shop run by cats."
 QUICKSTART_STRATEGIES = ["no_cache", "dynamic", "static", "quantized", "quantized", "offloaded", "(none)", "(none)"]

@@ -3,9 +3,6 @@
 import re
 from pathlib import Path
 
-import pytest
-
-pytestmark = pytest.mark.browser
 ARTIFACTS = Path(__file__).resolve().parents[2] / "artifacts"
 
 

@@ -27,8 +27,6 @@ from kvlab.models import ModelSpec, converted_bundled_folder
 from kvlab.view import NO_STRATEGY, code_snippet
 from kvlab_ui.compare_tab import RunRequest, build_compare_tab
 
-pytestmark = pytest.mark.integration
-
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CLI_TIMEOUT_S = 1800
 SHORT = 4

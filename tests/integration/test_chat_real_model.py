@@ -25,8 +25,6 @@ from kvlab.presets import PRESETS_DIR
 from kvlab.prefix import PrefixCache, answer_from_prefix, prefix_and_prompt_ids, prefill_prefix, run_prefix_reuse
 from kvlab.strategies import make_strategy
 
-pytestmark = pytest.mark.integration
-
 NEW_TOKENS = 24
 TURNS = yaml.safe_load((PRESETS_DIR / "chat_turns.yaml").read_text())
 DOCUMENT = (PRESETS_DIR / "prefix_document.txt").read_text()

@@ -12,8 +12,6 @@ from kvlab.presets import load_preset
 from kvlab.runner import Column, collect, run_compare
 from kvlab.strategies import make_strategy
 
-pytestmark = pytest.mark.integration
-
 
 @pytest.fixture(scope="module")
 def quickstart(bundled):

@@ -7,8 +7,6 @@ import pytest
 from kvlab.models import ModelLoadError, ModelPool, ModelSpec, prepare_bundled_model
 from kvlab_ui.loader import BackgroundLoader
 
-pytestmark = pytest.mark.integration
-
 
 def test_loader_logs_ready_and_failure(tmp_path, caplog):
     caplog.set_level(logging.INFO, logger="kvlab_ui.loader")

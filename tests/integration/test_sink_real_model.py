@@ -17,8 +17,6 @@ from kvlab.perplexity import ppl_by_segment, stream_nll
 from kvlab.sink_cache import SinkCache
 from kvlab.strategies import make_strategy
 
-pytestmark = pytest.mark.integration
-
 PPL_TOKENS = 640
 PPL_WINDOW = 64
 SINKS = 4

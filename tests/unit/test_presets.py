@@ -1,9 +1,14 @@
-"""The preset schema: every shipped preset validates; bad ones name the field and the allowed values."""
+"""The preset schema: every shipped preset validates; bad ones name the field and the allowed values.
+Where the preset folder is found: the environment, the source checkout, the installed copy."""
+
+import sys
+from pathlib import Path
 
 import pytest
 import yaml
 
-from kvlab.presets import PresetError, list_presets, load_preset, parse_preset
+from kvlab import presets
+from kvlab.presets import PRESETS_DIR_ENV, PresetError, list_presets, load_preset, parse_preset, presets_dir
 
 MINIMAL = {"name": "t", "prompt": {"text": "hi"}, "columns": [{"strategy": "dynamic"}]}
 
@@ -73,3 +78,40 @@ def test_cli_refuses_bad_input_before_loading_a_model(argv, message, capsys):
 
     assert main(argv) == 2
     assert message in capsys.readouterr().err
+
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_presets_dir_is_the_repositorys_in_a_source_checkout(monkeypatch):
+    monkeypatch.delenv(PRESETS_DIR_ENV, raising=False)
+    assert presets_dir() == REPO_ROOT / "presets"
+
+
+def test_presets_dir_env_comes_first(tmp_path, monkeypatch):
+    (tmp_path / "mine.yaml").write_text(yaml.safe_dump(MINIMAL))
+    monkeypatch.setenv(PRESETS_DIR_ENV, str(tmp_path))
+    assert presets_dir() == tmp_path
+    assert list(list_presets()) == ["mine"]
+    assert load_preset("mine").name == "t"
+
+
+@pytest.mark.parametrize("source_files", [[], ["presets/"], ["pyproject.toml"]])
+def test_presets_dir_falls_back_to_the_installed_copy(tmp_path, monkeypatch, source_files):
+    """Outside a source checkout (no `pyproject.toml` and `presets/` beside the package) it is sys.prefix's share/."""
+    monkeypatch.delenv(PRESETS_DIR_ENV, raising=False)
+    site = tmp_path / "site-packages"
+    site.mkdir()
+    for name in source_files:
+        if name.endswith("/"):
+            (site / name).mkdir()
+        else:
+            (site / name).write_text("")
+    prefix = tmp_path / "prefix"
+    installed = prefix / "share" / "kvlab" / "presets"
+    installed.mkdir(parents=True)
+    (installed / "shipped.yaml").write_text(yaml.safe_dump(MINIMAL))
+    monkeypatch.setattr(presets, "SOURCE_ROOT", site)
+    monkeypatch.setattr(sys, "prefix", str(prefix))
+    assert presets_dir() == installed
+    assert list(list_presets()) == ["shipped"]

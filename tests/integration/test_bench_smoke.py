@@ -13,8 +13,6 @@ import pytest
 
 from kvlab.bench import SECTIONS, format_markdown, format_report, make_check, parse_only, status_of
 
-pytestmark = pytest.mark.integration
-
 REPO = Path(__file__).resolve().parents[2]
 HANG_GUARD_S = 1800
 EXPECTED_PLOTS = {"overhead.png", "fair.png", "parallel.png", "scaling_latency.png", "scaling_bytes.png",
