@@ -2,8 +2,11 @@
 
 `chat --turns FILE --strategy NAME[:knob=value...]` runs a YAML list of user
 messages as one conversation with one cache kept across turns, printing one row
-per turn (reused and prefilled tokens, TTFT with and without reuse); `--verify`
-also generates each reply without reuse and reports `match`.
+per turn (reused and prefilled tokens, TTFT with and without reuse); the
+no-reuse re-run can be sampled (`--no-reuse-every N`, 0 = never) because it
+prefills the whole history; `--verify` also generates each reply without reuse
+and reports `match`. The JSON record is rewritten after every turn, so an
+interrupt (Ctrl-C) keeps the finished turns.
 
 `prefix --prefix FILE --prompts FILE` prefills the prefix file once and answers
 every prompt of a YAML list from a copy of its cache, and again without reuse.
@@ -15,6 +18,7 @@ or invalid settings print the reason on stderr and exit with status 2.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -39,6 +43,9 @@ def add_parser(sub) -> None:
                            "quantized:backend=quanto:nbits=4 | sink (default dynamic)")
     chat.add_argument("--system", default="", help="system prompt")
     chat.add_argument("--verify", action="store_true", help="also generate every reply without reuse and compare")
+    chat.add_argument("--no-reuse-every", type=int, default=1, metavar="N",
+                      help="re-run every Nth turn without reuse to time it (1 = every turn, the default; 0 = never): "
+                           "the re-run prefills the whole history, which grows with the conversation")
     _add_common(chat)
     chat.set_defaults(func=cmd_chat)
 
@@ -142,55 +149,85 @@ def _fail(command: str, err: Exception) -> int:
     return EXIT_USAGE
 
 
-def _write_json(path: str | None, record: dict) -> None:
+def _write_json(path: str | None, record: dict, quiet: bool = False) -> None:
+    """Write `record` to `path` (nothing when None) through a temporary file, so a reader or an interrupt
+    never sees half a file."""
     if path:
-        Path(path).write_text(json.dumps(record, indent=1))
-        print(f"wrote {path}", file=sys.stderr)
+        target = Path(path)
+        partial = target.with_name(target.name + ".partial")
+        partial.write_text(json.dumps(record, indent=1))
+        os.replace(partial, target)
+        if not quiet:
+            print(f"wrote {path}", file=sys.stderr)
 
 
 def _seconds(value: float | None) -> str:
     return "-" if value is None else f"{value:.3f}"
 
 
+def measured_turn(turn: int, every: int) -> bool:
+    """Whether turn `turn` (1-based) is re-run without reuse when sampling every `every` turns (0 = never)."""
+    return every > 0 and (turn - 1) % every == 0
+
+
 def cmd_chat(args) -> int:
-    """Run the scripted conversation; 0 on success, 2 when it cannot start, 1 when a turn fails."""
-    from .chat import ChatInputError, ChatSession, ChatTurnDone, ChatTurnFailed
+    """Run the scripted conversation; 0 on success, 2 when it cannot start, 1 when a turn fails, 130 when
+    interrupted. The JSON record is rewritten after every turn, so an interrupt keeps every finished turn."""
+    from .chat import ChatSession
     from .models import ModelLoadError
 
     try:
         turns = read_message_list(args.turns, "turns")
         strategy = parse_strategy(args.strategy)
         settings = settings_from(args)
+        if args.no_reuse_every < 0:
+            raise CliInputError(f"--no-reuse-every must be 0 (never) or a number of turns, got {args.no_reuse_every}")
         loaded = _load(args)
         session = ChatSession(loaded, strategy, settings, args.system)
     except (ValueError, ModelLoadError) as err:
         return _fail("chat", err)
-    records = []
-    status, error = 0, None
+    record = {"command": "chat", "model": loaded.info(), "strategy": strategy.describe(), "knobs": strategy.knobs(),
+              "system": args.system, "verify": args.verify, "no_reuse_every": args.no_reuse_every,
+              "settings": vars(settings), "turns": [], "error": None, "finished": False}
     print(f"{'turn':>4} {'action':>8} {'reused':>6} {'prefilled':>9} {'ttft_s':>7} {'no_reuse_s':>10} "
           f"{'match':>5}  reply")
-    for text in turns:
+    status = 0
+    try:
+        status = _chat_turns(session, turns, args, record)
+    except KeyboardInterrupt:
+        record["error"] = f"interrupted after {len(record['turns'])} of {len(turns)} turns"
+        print(f"kvlab chat: {record['error']}", file=sys.stderr)
+        status = 130
+    finally:
+        record["finished"] = status == 0
+        _write_json(args.json, record, quiet=False)
+    return status
+
+
+def _chat_turns(session, turns: list[str], args, record: dict) -> int:
+    """Send every turn, printing a row and rewriting the JSON after each; the exit status."""
+    from .chat import ChatInputError, ChatTurnDone, ChatTurnFailed
+
+    for number, text in enumerate(turns, 1):
+        measure = args.verify or measured_turn(number, args.no_reuse_every)
         try:
-            events = list(session.send(text, baseline=True, verify=args.verify))
+            events = list(session.send(text, baseline=measure, verify=args.verify))
         except ChatInputError as err:
-            status, error = _fail("chat", err), str(err)
-            break
+            record["error"] = str(err)
+            return _fail("chat", err)
         failed = [e for e in events if isinstance(e, ChatTurnFailed)]
         if failed:
-            error = f"turn {len(records) + 1} failed: {failed[0].message}"
-            print(f"kvlab chat: {error}", file=sys.stderr)
-            status = 1
-            break
+            record["error"] = f"turn {number} failed: {failed[0].message}"
+            print(f"kvlab chat: {record['error']}", file=sys.stderr)
+            return 1
         stats = next(e.stats for e in events if isinstance(e, ChatTurnDone))
         match = "-" if stats.match is None else str(stats.match).lower()
         print(f"{stats.turn:>4} {stats.action:>8} {stats.reused_tokens:>6} {stats.prefilled_tokens:>9} "
               f"{_seconds(stats.ttft_s):>7} {_seconds(stats.no_reuse_ttft_s):>10} {match:>5}  "
-              f"{stats.reply[:60]!r}")
-        records.append(stats.to_json())
-    _write_json(args.json, {"command": "chat", "model": loaded.info(), "strategy": strategy.describe(),
-                            "knobs": strategy.knobs(), "system": args.system, "verify": args.verify,
-                            "settings": vars(settings), "turns": records, "error": error})
-    return status
+              f"{stats.reply[:60]!r}", flush=True)
+        record["turns"].append(stats.to_json())
+        _write_json(args.json, record, quiet=True)
+    return 0
 
 
 def cmd_prefix(args) -> int:
