@@ -107,10 +107,12 @@ def measure_scaling(ctx: Context, lineup: dict[str, dict], lengths: list[int], n
     return figures
 
 
-def not_judged(name: str, target: str, needs: str) -> dict:
-    """A check that cannot be judged because the strategy it needs was not measured."""
+def not_judged(name: str, target: str, needs: dict[str, str | None]) -> dict:
+    """A check that cannot be judged because a strategy it needs was not measured; `needs` maps what the check
+    needs (e.g. `no_cache`) to the label found for it, None where none was found."""
+    missing = " and ".join(kind for kind, label in needs.items() if label is None)
     return make_check("scaling", name, [], target, None,
-                      f"not judged: needs {needs} among the measured strategies (see --strategies)")
+                      f"not judged: needs {missing} among the measured strategies (see --strategies)")
 
 
 def scaling_checks(lineup: dict[str, dict], figures: ScalingFigures) -> list[dict]:
@@ -129,7 +131,7 @@ def scaling_checks(lineup: dict[str, dict], figures: ScalingFigures) -> list[dic
 def no_cache_check(figures: ScalingFigures, label: str | None, first: int, last: int) -> dict:
     name, target = f"no_cache latency {last}/{first} tokens", f"≥ {NO_CACHE_GROWTH_MIN} (grows with length)"
     if label is None:
-        return not_judged(name, target, "no_cache")
+        return not_judged(name, target, {"no_cache": label})
     return make_check("scaling", name, figures.growth(label, first, last), target,
                       lambda v: v >= NO_CACHE_GROWTH_MIN,
                       figures.missing(label) or f"{figures.path(label, first, last)}: at these lengths reading the "
@@ -141,7 +143,7 @@ def relative_growth_check(figures: ScalingFigures, dynamic: str | None, no_cache
     name = "dynamic growth / no_cache growth"
     target = f"≤ {DYNAMIC_VS_NO_CACHE_GROWTH_MAX} (grows slowly)"
     if dynamic is None or no_cache is None:
-        return not_judged(name, target, "dynamic and no_cache")
+        return not_judged(name, target, {"dynamic": dynamic, "no_cache": no_cache})
     relative = [d / c for d, c in zip(figures.growth(dynamic, first, last), figures.growth(no_cache, first, last))]
     return make_check("scaling", name, relative, target, lambda v: v <= DYNAMIC_VS_NO_CACHE_GROWTH_MAX,
                       figures.missing(dynamic) or figures.missing(no_cache) or
@@ -151,7 +153,7 @@ def relative_growth_check(figures: ScalingFigures, dynamic: str | None, no_cache
 def sink_check(figures: ScalingFigures, label: str | None, strategy) -> dict:
     low, high = SINK_FLAT_BAND
     if label is None:
-        return not_judged("sink latency flat after its window", "flat after its window", "a sink strategy")
+        return not_judged("sink latency flat after its window", "flat after its window", {"a sink strategy": label})
     window = strategy.window_length
     past = [n for n in figures.lengths if n >= window]
     if len(past) < 2:
@@ -169,7 +171,7 @@ def int4_bytes_check(figures: ScalingFigures, int4: str | None, dynamic: str | N
     name = f"quantized int4 / dynamic bytes at {last} tokens"
     target = f"≤ {QUANTIZED_INT4_BYTES_MAX_RATIO} (≈ ¼)"
     if int4 is None or dynamic is None:
-        return not_judged(name, target, "dynamic and a quantized int4 strategy")
+        return not_judged(name, target, {"dynamic": dynamic, "a quantized int4 strategy": int4})
     ratios = [q / d for q, d in zip(figures.nbytes[int4][last], figures.nbytes[dynamic][last])]
     return make_check("scaling", name, ratios, target, lambda v: v <= QUANTIZED_INT4_BYTES_MAX_RATIO,
                       figures.missing(int4) or figures.missing(dynamic) or

@@ -160,7 +160,9 @@ def test_scaling_checks_without_their_strategy_are_not_judged(throwaway):
         assert check["value"] is None and check["met"] is None
         assert status_of(check).startswith("n/a (not judged: needs ")
     assert "needs no_cache among the measured strategies" in checks[0]["reason"]
-    assert "needs a sink strategy" in checks[2]["reason"]
+    assert "needs no_cache among" in checks[1]["reason"]
+    assert "needs a sink strategy among" in checks[2]["reason"]
+    assert "needs a quantized int4 strategy among" in checks[3]["reason"]
 
 
 def test_scaling_checks_find_strategies_by_kind_not_label():
