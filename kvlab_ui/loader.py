@@ -15,11 +15,13 @@ import threading
 import time
 from dataclasses import dataclass
 
+from kvlab import readiness
 from kvlab.models import LoadedModel, ModelLoadError, ModelPool, ModelSpec
 
 logger = logging.getLogger(__name__)
 READY_LOG = "model ready: %s (%.1f s to load)"
-"""Logged once per finished load; the benchmark's start-up section waits for this line."""
+"""Logged once per finished load, for whoever reads the server log. A launching process (the benchmark's
+start-up section) learns the outcome from `kvlab.readiness` instead, which `_load` also calls."""
 
 
 @dataclass(frozen=True)
@@ -96,8 +98,11 @@ class BackgroundLoader:
             outcome = LoadStatus("error", 1.0, f"could not load {spec.source!r}: {type(err).__name__}: {err}")
         else:
             outcome = LoadStatus("ready", 1.0, f"{loaded.name} ready")  # the pool holds the model, not this record
-            logger.info(READY_LOG, loaded.name, time.perf_counter() - started)
+            load_s = time.perf_counter() - started
+            logger.info(READY_LOG, loaded.name, load_s)
+            readiness.announce(readiness.READY, name=loaded.name, load_s=load_s)
         if outcome.state == "error":
             logger.warning("model load failed: %s", outcome.message)
+            readiness.announce(readiness.ERROR, name=spec.source, message=outcome.message)
         with self._guard:
             self._status[spec] = outcome

@@ -68,7 +68,7 @@ def plot_fair(section: dict, folder: Path) -> list[Path]:
     axes.set_xticks(range(len(rows)))
     axes.set_xticklabels([r["strategy"] for r in rows], fontsize=8)
     axes.set_ylabel("median per-token latency ratio")
-    axes.set_title("Fair mode: 4 columns together vs each alone")
+    axes.set_title(f"Fair mode: {len(rows)} columns together vs each alone")
     axes.legend(fontsize=8)
     return [_save(figure, folder, "fair.png")]
 

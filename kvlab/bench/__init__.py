@@ -1,0 +1,46 @@
+"""`python -m kvlab bench`: is the instrument honest, and what does it cost?
+
+Six sections, each measured side by side in one run with its comparison runs
+interleaved (A, B, A, B... with the order alternating), so machine noise hits
+both sides; every figure is the median over the repeats with min–max beside it:
+
+- `overhead`: tok/s of kvlab's runner (one column, events streamed and consumed)
+  vs bare `model.generate` with a fresh cache of the same strategy.
+- `fair`: median per-token latency of 4 strategies run together in fair mode vs
+  each alone.
+- `parallel`: wall time of 4 columns in parallel mode vs the same 4 sequentially,
+  and the same comparison for bare `generate` calls with one torch thread each.
+- `scaling`: cache bytes and per-token latency vs context length per strategy.
+- `startup`: process start to model ready and to first token, in a subprocess,
+  on a fresh cache folder (first launch) and on the same folder again; and
+  `python app.py` itself, from spawn to its page answering and its model ready.
+- `roofline`: decode tok/s vs the memory-bandwidth bound measured here (weight
+  bytes read per token over large-tensor copy bandwidth), and the levers kvlab
+  controls (threads, static cache, torch.compile, bf16).
+
+Strategies are resolved through kvlab's registry, so `--strategies` can put any
+registered strategy in the overhead, fair and scaling sections. Timed model work
+always runs on kvlab's compute thread (`kvlab.compute`), kvlab's runner and the
+bare baseline alike, and the bench runs no torch work in its main thread: a
+second thread doing OpenMP work makes GNU OpenMP park idle threads instead of
+letting them spin, which slowed decoding about 1.8× here. Each check prints
+`met`, `MISSED (reason)` with the reason measured in the same run, `reported`
+where the issue sets no target, or `n/a (reason)` where it cannot be judged.
+No assertion is made on a time and the exit status is 0 whenever the bench ran.
+
+Modules: `harness` (sizes, figures, checks, timed runs), `strategy_sets`, one
+module per section (`overhead`, `fair`, `parallel`, `scaling`, `startup`,
+`roofline`, with `profiling`), the child programs `startup_child` and
+`import_time_child`, `suite` (one whole run), `text` (report and Markdown),
+`plots` (matplotlib), `cli` (flags). Measuring is apart from rendering; nothing
+here imports gradio.
+"""
+
+from .cli import add_parser, check_outputs, cmd_bench, parse_only
+from .harness import RECORD_VERSION, SECTIONS, SIZES, BenchSize, make_check, summarize
+from .suite import add_bandwidth_floor, run_bench
+from .text import format_markdown, format_report, status_of
+
+__all__ = ["RECORD_VERSION", "SECTIONS", "SIZES", "BenchSize", "add_bandwidth_floor", "add_parser", "check_outputs",
+           "cmd_bench", "format_markdown", "format_report", "make_check", "parse_only", "run_bench", "status_of",
+           "summarize"]

@@ -1,0 +1,256 @@
+"""What every bench section shares: sizes, figures (median/min/max), checks, and the timed runs.
+
+`run_kvlab` times one `kvlab.runner.run_compare`; `bare_generate` / `run_bare` /
+`run_bare_together` time plain `model.generate` with a fresh cache built by the
+strategy registry (`kvlab.strategies.make_strategy(spec).build_cache`), so any
+registered strategy can be measured on both sides. Timed model work runs on
+kvlab's compute thread (`kvlab.compute`), never in the caller's thread.
+`interleaved` and `rotated` give the A, B / B, A orders sections use so machine
+drift hits both sides. This module measures; it formats no text and draws nothing.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import statistics
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TypeVar
+
+from ..compute import compute
+
+T = TypeVar("T")
+
+SECTIONS = ("overhead", "fair", "parallel", "scaling", "startup", "roofline")
+RECORD_VERSION = 1
+
+PROMPT = "Explain what a key-value cache does in a transformer, in a few sentences."
+FILLER = (
+    "A key-value cache stores the keys and values of every token a transformer has already seen, so each new "
+    "token attends to them without recomputing the whole sequence. Its memory grows with the context; "
+    "quantizing it, preallocating it or keeping only a window of it trades exactness, speed and memory. "
+)
+
+
+@dataclass(frozen=True)
+class BenchSize:
+    """How much to measure. Token counts are new tokens per run; lengths are prompt tokens; `copy_mib` is the
+    size of the tensor copied to measure memory bandwidth, in MiB."""
+
+    name: str
+    repeats: int
+    scaling_repeats: int
+    new_tokens: int
+    lengths: tuple[int, ...]
+    scaling_new_tokens: int
+    no_cache_new_tokens: int
+    startup_repeats: int
+    fresh_launch: bool
+    copy_mib: int
+    roofline_tokens: int
+    compile_static: bool
+
+
+SIZES = {
+    "smoke": BenchSize("smoke", repeats=2, scaling_repeats=2, new_tokens=3, lengths=(32, 64), scaling_new_tokens=2,
+                       no_cache_new_tokens=2, startup_repeats=1, fresh_launch=False, copy_mib=256,
+                       roofline_tokens=4, compile_static=False),
+    "small": BenchSize("small", repeats=3, scaling_repeats=2, new_tokens=32, lengths=(256, 512, 1024),
+                       scaling_new_tokens=8, no_cache_new_tokens=3, startup_repeats=2, fresh_launch=True,
+                       copy_mib=256, roofline_tokens=32, compile_static=False),
+    "full": BenchSize("full", repeats=5, scaling_repeats=3, new_tokens=128, lengths=(256, 512, 1024, 2048, 4096),
+                      scaling_new_tokens=16, no_cache_new_tokens=4, startup_repeats=3, fresh_launch=True,
+                      copy_mib=512, roofline_tokens=128, compile_static=True),
+}
+
+
+@dataclass
+class Context:
+    """What a section needs: the loaded model, the size, the prompt's token ids (1, seq), a progress callback,
+    where to write profiles (None: nowhere), and the `--strategies` lineup (label -> spec; None: each section's
+    default set)."""
+
+    loaded: object
+    size: BenchSize
+    prompt_ids: object
+    say: Callable[[str], None]
+    profile_dir: Path | None
+    strategies: dict[str, dict] | None = None
+
+    def lineup(self, default: dict[str, dict]) -> dict[str, dict]:
+        """The strategies a section measures: `--strategies` when given, else the section's `default`."""
+        return dict(default if self.strategies is None else self.strategies)
+
+
+# ---------------------------------------------------------------- figures
+
+
+def summarize(values: Sequence[float]) -> dict:
+    """{median, min, max, n, values} of a non-empty list of numbers (in the values' own unit)."""
+    values = [float(v) for v in values]
+    return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values),
+            "values": values}
+
+
+def make_check(section: str, name: str, values: Sequence[float], target: str, passes: Callable[[float], bool] | None,
+               reason: str = "", unit: str = "ratio", value: float | None = None) -> dict:
+    """One row of the verdict table: median (or `value`) and min–max of `values`, target, met, reason.
+
+    `passes` None means the issue sets no target (`met` None, status `reported`).
+    Empty `values` and no `value` means the check could not be judged (status `n/a (reason)`).
+    `reason` is kept only when the target is missed or cannot be judged. `unit` is `ratio`, `fraction` or `s`.
+    """
+    stats = summarize(values) if values else None
+    value = value if value is not None else (stats["median"] if stats else None)
+    met = None if passes is None or value is None else bool(passes(value))
+    return {"section": section, "name": name, "value": value, "min": stats["min"] if stats else None,
+            "max": stats["max"] if stats else None, "unit": unit, "target": target, "met": met,
+            "reason": "" if met else reason}
+
+
+def spread(values: Sequence[float]) -> float:
+    """(max - min) / median, a fraction: how far repeats of the same measurement disagree."""
+    return (max(values) - min(values)) / statistics.median(values) if values else 0.0
+
+
+def median_decode_s(result) -> float:
+    """Median per-token decode latency of a column in seconds (step 0, the prefill, excluded)."""
+    steps = result.per_token_s[1:] or result.per_token_s
+    return statistics.median(steps)
+
+
+def interleaved(rep: int, sides: Sequence[T]) -> list[T]:
+    """`sides` in order on even repeats and reversed on odd ones (A, B, then B, A), so drift hits both."""
+    return list(sides) if rep % 2 == 0 else list(reversed(sides))
+
+
+def rotated(items: Sequence[T], rep: int) -> list[T]:
+    """`items` starting at position `rep` (wrapping), so each one takes its turn going first."""
+    start = rep % len(items)
+    return list(items[start:]) + list(items[:start])
+
+
+def cores_available() -> int:
+    """CPU cores this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+
+
+def load_average() -> list[float] | None:
+    """The 1, 5 and 15 minute load averages, or None where the platform has none."""
+    return list(os.getloadavg()) if hasattr(os, "getloadavg") else None
+
+
+# ---------------------------------------------------------------- running
+
+
+def settings_for(new_tokens: int):
+    """Greedy settings making exactly `new_tokens` tokens, fidelity scoring off."""
+    from ..generation import GenerationSettings
+
+    return GenerationSettings(max_new_tokens=new_tokens, stop_at_eos=False, fidelity=False)
+
+
+def run_kvlab(loaded, prompt_ids, specs: list, new_tokens: int, mode: str = "fair") -> dict:
+    """One run_compare, events consumed. Returns elapsed_s (wall seconds), cpu_s (process CPU seconds) and the
+    column results.
+
+    Raises RuntimeError when a column did not finish ok (its message says why).
+    """
+    from ..runner import collect, run_compare
+
+    gc.collect()
+    cpu = time.process_time()
+    started = time.perf_counter()
+    done = collect(run_compare(loaded, prompt_ids, list(specs), settings_for(new_tokens), mode))
+    elapsed = time.perf_counter() - started
+    cpu = time.process_time() - cpu
+    for result in done.results:
+        if result.status != "ok":
+            raise RuntimeError(f"{result.name}: {result.status}: {result.message}")
+    return {"elapsed_s": elapsed, "cpu_s": cpu, "results": done.results}
+
+
+def bare_generate(loaded, prompt_ids, spec: dict, new_tokens: int) -> Callable[[], float]:
+    """A callable that runs `model.generate` once and returns its wall seconds.
+
+    The cache comes from the registry: `make_strategy(spec).build_cache(loaded, prompt + new_tokens)`, built
+    fresh inside the timed call and passed as `cache=`; a strategy without a cache (`use_cache` False) runs
+    with `use_cache=False`. The call raises RuntimeError if generate made another number of tokens.
+    """
+    import torch
+
+    from ..strategies import make_strategy
+
+    strategy = make_strategy(spec)
+    ids = prompt_ids.to(loaded.device)
+
+    def generate() -> float:
+        started = time.perf_counter()
+        if strategy.use_cache:
+            cache_kwargs = {"cache": strategy.build_cache(loaded, ids.shape[1] + new_tokens)}
+        else:
+            cache_kwargs = {"use_cache": False}
+        with torch.inference_mode():
+            out = loaded.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens,
+                                        min_new_tokens=new_tokens, do_sample=False,
+                                        pad_token_id=loaded.tokenizer.eos_token_id, **cache_kwargs)
+        elapsed = time.perf_counter() - started
+        if out.shape[1] - ids.shape[1] != new_tokens:
+            raise RuntimeError(f"generate made {out.shape[1] - ids.shape[1]} tokens, not {new_tokens}")
+        return elapsed
+
+    return generate
+
+
+def run_bare(loaded, prompt_ids, spec: dict, new_tokens: int) -> float:
+    """Wall seconds for `model.generate` with a fresh cache of `spec`'s strategy, on the compute thread."""
+    gc.collect()
+    return compute(bare_generate(loaded, prompt_ids, spec, new_tokens))
+
+
+def run_bare_together(loaded, prompt_ids, spec: dict, new_tokens: int, columns: int, torch_threads: int) -> float:
+    """Wall seconds for `columns` bare generate calls at once, each in its own thread limited to `torch_threads`
+    intra-op threads (the thread count is restored for later threads in `finally`).
+
+    Raises the first error a thread met.
+    """
+    import torch
+
+    generate = bare_generate(loaded, prompt_ids, spec, new_tokens)
+    errors: list[BaseException] = []
+
+    def column():
+        torch.set_num_threads(torch_threads)
+        try:
+            generate()
+        except BaseException as err:  # noqa: BLE001 - re-raised in the caller's thread below
+            errors.append(err)
+
+    default_threads = torch.get_num_threads()
+    gc.collect()
+    workers = [threading.Thread(target=column, name=f"kvlab-bench-{i}") for i in range(columns)]
+    started = time.perf_counter()
+    try:
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.join()
+    finally:
+        torch.set_num_threads(default_threads)
+    if errors:
+        raise errors[0]
+    return time.perf_counter() - started
+
+
+def filler_ids(tokenizer, length: int):
+    """(1, length) token ids of plain English text (FILLER repeated), for long contexts."""
+    import torch
+
+    ids: list[int] = []
+    while len(ids) < length:
+        ids.extend(tokenizer(FILLER, add_special_tokens=False)["input_ids"])
+    return torch.tensor([ids[:length]])
