@@ -6,8 +6,10 @@ FROM python:3.11-slim
 # --build-arg KVLAB_TORCH_INDEX_URL= to take torch from PyPI instead.
 ARG KVLAB_TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
 
+# g++ builds optimum-quanto's CPU kernel once at image build (scripts/setup.sh
+# runs `python -m kvlab.backends`), so no compiler runs while the app serves.
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends make \
+    && apt-get install -y --no-install-recommends make g++ \
     && rm -rf /var/lib/apt/lists/*
 
 # Hugging Face Spaces run the container as uid 1000. The app folder is made

@@ -209,7 +209,7 @@ def run_column(
         return result
     result.status = "ok"
     if result.stopped:
-        result.message = f"stopped after {len(result.token_ids)} tokens"
+        result.message = "; ".join(filter(None, [f"stopped after {len(result.token_ids)} tokens", result.message]))
     result.finish_decode_stats()
     emit(ColumnDone(index, result))
     return result
@@ -219,6 +219,7 @@ def _decode(loaded, index, strategy, prompt_ids, settings, emit, turns, stop, re
     """Build the column's cache, then stream the engine's steps into `result` and events."""
     max_total = prompt_ids.shape[1] + settings.max_new_tokens
     cache = turns.run(lambda: strategy.build_cache(loaded, max_total))
+    result.message = strategy.runtime_note()
     decoder = Decoder(loaded, strategy, cache, prompt_ids, settings, stop=stop, measure_bytes=True)
     detok = IncrementalDetokenizer(loaded.tokenizer)
     for step in turns.iterate(decoder):

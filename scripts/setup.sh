@@ -186,6 +186,9 @@ if [[ $with_project -eq 1 ]]; then
         "$py" -m pip install --quiet --no-deps -e "$repo_root"
         project_installed || { echo "setup: kvlab is not installed from $repo_root after pip" >&2; exit 1; }
     fi
+    # optimum-quanto compiles its CPU kernel on first use; build it here, where a compiler is expected, so no
+    # compiler runs inside a user's run (kvlab falls back to a pure-PyTorch unpack where it cannot be built).
+    "$py" -m kvlab.backends
 fi
 
 if [[ $with_test -eq 1 ]]; then

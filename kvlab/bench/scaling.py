@@ -28,7 +28,7 @@ QUANTIZED_INT4_BYTES_MAX_RATIO = 0.30
 
 
 def bench_scaling(ctx: Context) -> dict:
-    """The scaling section's record: per strategy, latency (ms), cache bytes and prefill (s) per length."""
+    """The scaling section's record: per strategy, latency (ms), cache bytes and TTFT (s) per length."""
     from ..strategies import make_strategy
 
     lineup = ctx.lineup(SCALING_STRATEGIES)
@@ -45,12 +45,12 @@ def bench_scaling(ctx: Context) -> dict:
 @dataclass
 class ScalingFigures:
     """Per-repeat values: latency (median decode seconds per token), nbytes (cache bytes after the run) and
-    prefill (seconds), each label -> length -> list; errors: label -> why that strategy stopped running."""
+    ttft (seconds, prefill + first token), each label -> length -> list; errors: label -> why that strategy stopped running."""
 
     lengths: list[int]
     latency: dict
     nbytes: dict
-    prefill: dict
+    ttft: dict
     errors: dict
 
     def series(self, label: str) -> dict:
@@ -59,7 +59,7 @@ class ScalingFigures:
             return [summarize([v * scale for v in values[n]]) if values[n] else None for n in self.lengths]
 
         series = {"latency_ms": stats(self.latency[label], 1000), "cache_bytes": stats(self.nbytes[label]),
-                  "prefill_s": stats(self.prefill[label])}
+                  "ttft_s": stats(self.ttft[label])}
         if label in self.errors:
             series["error"] = self.errors[label]
         return series
@@ -89,7 +89,7 @@ def measure_scaling(ctx: Context, lineup: dict[str, dict], lengths: list[int], n
     def empty() -> dict:
         return {label: {n: [] for n in lengths} for label in lineup}
 
-    figures = ScalingFigures(lengths, latency=empty(), nbytes=empty(), prefill=empty(), errors={})
+    figures = ScalingFigures(lengths, latency=empty(), nbytes=empty(), ttft=empty(), errors={})
     for rep in range(ctx.size.scaling_repeats):
         for n in lengths:
             ctx.say(f"scaling: {n} tokens, repeat {rep + 1}/{ctx.size.scaling_repeats}")
@@ -103,7 +103,7 @@ def measure_scaling(ctx: Context, lineup: dict[str, dict], lengths: list[int], n
                     continue
                 figures.latency[label][n].append(median_decode_s(result))
                 figures.nbytes[label][n].append(result.cache_bytes[-1])
-                figures.prefill[label][n].append(result.prefill_s)
+                figures.ttft[label][n].append(result.ttft_s)
     return figures
 
 

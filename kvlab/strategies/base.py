@@ -109,6 +109,11 @@ class Strategy:
         """What to keep in mind when reading this column's numbers ('' if nothing)."""
         return ""
 
+    def runtime_note(self) -> str:
+        """One sentence about how this process runs the strategy, when that differs from the usual (e.g. a
+        backend's slower fallback kernel); '' otherwise. Asked after `build_cache`."""
+        return ""
+
     def unavailable_reason(self, loaded) -> str | None:
         """One sentence saying why this strategy cannot run on `loaded` here, or None."""
         return None

@@ -100,6 +100,11 @@ class Quantized(Strategy):
             return "quantized fp8"
         return f"quantized {self.backend} int{self.nbits} r{self.residual_length}"
 
+    def runtime_note(self) -> str:
+        from ..backends import prepare_quanto
+
+        return (prepare_quanto(build=False) or "") if self.backend == "quanto" else ""
+
     def caveat(self) -> str:
         if self.backend == "fp8":
             return "fp8: every token stored in 8 bits with one scale per tensor"
@@ -144,6 +149,10 @@ class Quantized(Strategy):
                 f"q_group_size={self.q_group_size} must divide this model's head_dim ({width}); "
                 f"try {', '.join(str(g) for g in (16, 32, 64, 128) if width % g == 0)}"
             )
+        if self.backend == "quanto":
+            from ..backends import prepare_quanto
+
+            prepare_quanto(build=False)
         if (self.axis_key, self.axis_value) != (0, 0):
             problem = self._probe_axes(loaded)
             if problem:

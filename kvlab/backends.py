@@ -1,0 +1,139 @@
+"""One-time preparation of the quantization backends, outside any timed region and without a compiler at run time.
+
+optimum-quanto unpacks its 2- and 4-bit tensors on CPU with a C++ kernel
+(`quanto_cpp`) that it compiles with the system's C++ compiler the first time
+it is needed, inside that first run: about 20 s of stalled decoding, or a
+failure with a long build log where no compiler exists (the `python:3.11-slim`
+image has none). kvlab instead:
+
+- builds the kernel once at set-up (`scripts/setup.sh` and the Dockerfile call
+  `python -m kvlab.backends`), where a compiler is present;
+- at run time loads the built library directly when it matches the installed
+  torch, so neither the compiler nor ninja runs inside a user's run;
+- where it is not built and cannot be (no compiler, a read-only install), uses
+  a pure-PyTorch unpack with the same result as quanto's own pure-PyTorch path
+  (`optimum/quanto/library/unpack.py`, whose function is not importable because
+  its registration decorator returns None) and says so in one line.
+
+This module prepares; it does not quantize or measure.
+"""
+
+from __future__ import annotations
+
+import importlib.machinery
+import importlib.util
+import os
+import shutil
+import sys
+import threading
+import types
+
+import torch
+
+QUANTO_EXTENSION = "quanto_cpp"
+
+_lock = threading.Lock()
+_quanto_note: str | None = None
+_quanto_ready = False
+
+
+def unpack_pure(packed: torch.Tensor, bits: int) -> torch.Tensor:
+    """Unpack 2- or 4-bit values packed in uint8 along dim 0, as quanto's pure-PyTorch `quanto::unpack` does.
+
+    Args:
+        packed: uint8 tensor, each byte holding 8 // bits values (lowest bits first).
+        bits: 2 or 4.
+
+    Returns:
+        uint8 tensor with dim 0 multiplied by 8 // bits.
+    """
+    parts = []
+    for i in range(8 // bits):
+        mask = 2 ** (bits * (i + 1)) - 1
+        parts.append((packed & mask) >> (bits * i))
+    return torch.cat(parts).to(torch.uint8)
+
+
+def compiler() -> str | None:
+    """The C++ compiler torch's extension builder would run (`CXX`, else `c++`), or None when it is absent."""
+    return shutil.which(os.environ.get("CXX") or "c++")
+
+
+def _built_library(ext) -> str | None:
+    """Path of quanto's built kernel when it exists and was built for the installed torch, else None."""
+    version_file = os.path.join(ext.build_directory, "pytorch_version.txt")
+    library = os.path.join(ext.build_directory, f"{QUANTO_EXTENSION}.so")
+    try:
+        with open(version_file) as handle:
+            built_for = handle.read().strip()
+    except OSError:
+        return None
+    return library if built_for == torch.__version__ and os.path.isfile(library) else None
+
+
+def _load(path: str):
+    loader = importlib.machinery.ExtensionFileLoader(QUANTO_EXTENSION, path)
+    spec = importlib.util.spec_from_file_location(QUANTO_EXTENSION, path, loader=loader)
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    return module
+
+
+def prepare_quanto(build: bool = True) -> str | None:
+    """Make quanto's CPU unpack kernel ready without compiling inside a run; once per process.
+
+    Args:
+        build: compile the kernel now when it is not built and a compiler is present (set-up time).
+
+    Returns:
+        None when the C++ kernel is in use (or quanto is not installed); otherwise one sentence saying that the
+        pure-PyTorch unpack is used and why.
+    """
+    global _quanto_note, _quanto_ready
+    with _lock:
+        if _quanto_ready:
+            return _quanto_note
+        if importlib.util.find_spec("optimum.quanto") is None:
+            _quanto_ready = True
+            return None
+        from optimum.quanto.library.extensions.cpp import ext
+
+        _quanto_note = _attach_kernel(ext, build)
+        _quanto_ready = True
+        return _quanto_note
+
+
+def _attach_kernel(ext, build: bool) -> str | None:
+    """Attach the built kernel, build it, or attach the pure-PyTorch unpack; the note for the last case."""
+    if ext._lib is not None:
+        return None
+    built = _built_library(ext)
+    if built is not None:
+        try:
+            ext._lib = _load(built)
+            return None
+        except ImportError as err:
+            reason = f"its built C++ kernel does not load ({err})"
+    elif compiler() is None:
+        reason = f"its C++ kernel is not built and no C++ compiler is available (CXX={os.environ.get('CXX') or 'c++'})"
+    elif not build:
+        reason = "its C++ kernel is not built (kvlab's set-up builds it: `python -m kvlab.backends`)"
+    else:
+        try:
+            ext.lib  # noqa: B018 - the property compiles and loads the kernel
+            return None
+        except Exception as err:  # noqa: BLE001 - any build failure falls back, reported in one line
+            reason = f"its C++ kernel could not be built ({type(err).__name__}: {str(err).splitlines()[0][:100]})"
+    ext._lib = types.SimpleNamespace(unpack=unpack_pure)
+    return f"quanto: {reason}; using a pure-PyTorch unpack instead (same values, slower)"
+
+
+def main() -> int:
+    """`python -m kvlab.backends`: build what the backends need, once (set-up time); prints what was done."""
+    note = prepare_quanto(build=True)
+    print(f"kvlab.backends: {note}" if note else "kvlab.backends: quanto C++ kernel ready")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
