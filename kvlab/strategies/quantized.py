@@ -133,11 +133,12 @@ class Quantized(Strategy):
         }
 
     def build_cache(self, loaded, max_total_tokens: int):
-        """A fresh QuantizedCache.
+        """A fresh QuantizedCache. The first call per backend, knobs and model shape in a process also runs the
+        backend once on small tensors (`_try_on_model_shapes`), so its one-time set-up is never timed.
 
         Raises:
-            StrategyError: q_group_size does not divide the model's head_dim (the
-                backends then fail mid-run with a shape error).
+            StrategyError: q_group_size does not divide the model's head_dim, or the backend fails on this
+                model's shapes with these knobs (both would otherwise fail mid-run with a shape error).
         """
         from transformers import QuantizedCache
 
@@ -153,15 +154,16 @@ class Quantized(Strategy):
             from ..backends import prepare_quanto
 
             prepare_quanto(build=False)
-        if (self.axis_key, self.axis_value) != (0, 0):
-            problem = self._probe_axes(loaded)
-            if problem:
-                raise StrategyError(problem)
+        problem = self._try_on_model_shapes(loaded)
+        if problem:
+            raise StrategyError(problem)
         return QuantizedCache(backend=self.backend, config=loaded.config, **self._cache_kwargs())
 
-    def _probe_axes(self, loaded) -> str | None:
-        """Quantize keys/values of this model's shape at every PROBE_TOKENS length with these knobs (once per
-        process and shape); the backend's error as a sentence, or None when every length works."""
+    def _try_on_model_shapes(self, loaded) -> str | None:
+        """Quantize, flush and de-quantize keys/values of this model's shape, dtype and device with these knobs,
+        once per process: the backend's one-time set-up (imports, kernel loading, first-call dispatch) happens
+        here, outside any timed step. A non-default axis is tried at every PROBE_TOKENS length (the backends'
+        bit-packing fails on some lengths only). Returns the backend's error as a sentence, or None."""
         import torch
         from transformers import QuantizedCache
 
@@ -170,25 +172,28 @@ class Quantized(Strategy):
         cfg = loaded.config.get_text_config(decoder=True)
         kv_heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
         shape = (kv_heads, head_dim(cfg))
-        key = (self.backend, self.nbits, self.q_group_size, self.axis_key, self.axis_value, shape)
+        dtype, device = loaded.model.dtype, loaded.device
+        key = (self.backend, self.nbits, self.q_group_size, self.axis_key, self.axis_value, shape, dtype, str(device))
+        lengths = PROBE_TOKENS if (self.axis_key, self.axis_value) != (0, 0) else PROBE_TOKENS[-1:]
         with _probe_lock:
-            if key not in _probed:
-                _probed[key] = None
-                for tokens in PROBE_TOKENS:
-                    cache = QuantizedCache(backend=self.backend, config=cfg, **{**self._cache_kwargs(),
-                                                                                  "residual_length": 0})
-                    states = torch.randn(1, *shape[:1], tokens, shape[1])
-                    try:
-                        cache.layers[0].update(states, states.clone())
-                    except Exception as err:  # noqa: BLE001 - any backend failure is the answer
-                        _probed[key] = (
-                            f"the {self.backend} backend ({backend_version(self.backend)}) fails with "
-                            f"axis_key={self.axis_key}, "
-                            f"axis_value={self.axis_value}, nbits={self.nbits} on this model's keys ({kv_heads} KV "
-                            f"heads x {shape[1]} dims, {tokens} tokens: {type(err).__name__}: "
-                            f"{str(err).splitlines()[0][:120]}); use axis_key=0 and axis_value=0")
-                        break
-        return _probed[key]
+            if key in _probed:
+                return _probed[key]
+            _probed[key] = None
+            knobs = self._cache_kwargs() if self.backend == "fp8" else {**self._cache_kwargs(), "residual_length": 1}
+            for tokens in lengths:
+                layer = QuantizedCache(backend=self.backend, config=cfg, **knobs).layers[0]
+                try:
+                    for step in (tokens, 1, 1):
+                        states = torch.randn(1, kv_heads, step, shape[1], dtype=dtype, device=device)
+                        layer.update(states, states.clone())
+                except Exception as err:  # noqa: BLE001 - any backend failure is the answer
+                    _probed[key] = (
+                        f"the {self.backend} backend ({backend_version(self.backend)}) fails with "
+                        f"axis_key={self.axis_key}, axis_value={self.axis_value}, nbits={self.nbits} on this "
+                        f"model's keys ({kv_heads} KV heads x {shape[1]} dims, {tokens} tokens: "
+                        f"{type(err).__name__}: {str(err).splitlines()[0][:120]}); use axis_key=0 and axis_value=0")
+                    break
+            return _probed[key]
 
     def cache_code(self):
         args = "".join(f", {key}={value!r}" for key, value in self._cache_kwargs().items())
