@@ -38,6 +38,7 @@ from dataclasses import dataclass
 import torch
 
 from .accounting import layer_bytes_by_device
+from .strategies import StrategyError
 from .planner_probe import Architecture, LayerGroup, StandIn, meta_model, shrunk_config
 
 META = torch.device("meta")
@@ -160,6 +161,8 @@ class StrategyMeter:
     def _build(self, context: int):
         try:
             cache = self.strategy.build_cache(self.arch.stand_in, context)
+        except StrategyError as err:
+            raise MeasureError(str(err)) from err
         except (ValueError, TypeError, RuntimeError, ImportError) as err:
             raise MeasureError(f"{type(err).__name__}: {err}") from err
         if cache is not None and cache.layers:
@@ -234,8 +237,9 @@ def linear_state_bytes(arch: Architecture, strategy, batch: int, dtype: torch.dt
 
     Raises:
         MeasureError: the strategy's cache cannot serve the model (the forward fails, with
-            transformers' reason), a layer type mixes states and keys/values, or the states
-            change size between the two steps.
+            transformers' reason), a layer type mixes states and keys/values, the states
+            change size between the two steps, or the model only runs in bfloat16 on the
+            meta device (MoE kernels there need it).
     """
     groups = [group for group in arch.groups if group.is_linear]
     if not groups:
@@ -243,6 +247,32 @@ def linear_state_bytes(arch: Architecture, strategy, batch: int, dtype: torch.dt
     mixed = sorted({group.layer_type for group in groups if group.layer_type in UNSUPPORTED_LAYER_TYPES})
     if mixed:
         raise MeasureError(f"layer type(s) {mixed} hold states and keys/values in one layer; not planned")
+    try:
+        sizes = _run_states(arch, strategy, batch, dtype, groups)
+    except MeasureError as err:
+        if dtype != torch.bfloat16 and _runs(arch, strategy, batch, groups):
+            raise MeasureError(f"the model's recurrent states can only be measured in bfloat16 here (its MoE "
+                               f"kernels need it on the meta device); plan with dtype bfloat16 ({err})") from err
+        kinds = ", ".join(sorted({group.layer_type for group in groups}))
+        raise MeasureError(f"the model's {kinds} layers keep recurrent/convolution states, and running them "
+                           f"through this cache failed: {err}") from err
+    if sizes is None:
+        return {group: 0 for group in groups}
+    if sizes[0] != sizes[1]:
+        raise MeasureError("recurrent/convolution states changed size between prefill and decode; not planned")
+    return sizes[1]
+
+
+def _runs(arch: Architecture, strategy, batch: int, groups: list[LayerGroup]) -> bool:
+    try:
+        _run_states(arch, strategy, batch, torch.bfloat16, groups)
+    except MeasureError:
+        return False
+    return True
+
+
+def _run_states(arch: Architecture, strategy, batch: int, dtype: torch.dtype, groups: list[LayerGroup]):
+    """[bytes per group after a 2-token prefill, after one decode step], or None for a strategy without a cache."""
     probed = [group for group in arch.groups if group.layer_type != "dummy"]
     shrunk = shrunk_config(arch.config, probed)
     model = meta_model(shrunk, dtype)
@@ -251,7 +281,7 @@ def linear_state_bytes(arch: Architecture, strategy, batch: int, dtype: torch.dt
     except (ValueError, TypeError, RuntimeError, ImportError) as err:
         raise MeasureError(f"{type(err).__name__}: {err}") from err
     if cache is None:
-        return {group: 0 for group in groups}
+        return None
     sizes = []
     try:
         with torch.inference_mode():
@@ -260,6 +290,4 @@ def linear_state_bytes(arch: Architecture, strategy, batch: int, dtype: torch.dt
                 sizes.append({group: _layer_bytes(cache, probed.index(group)) for group in groups})
     except Exception as err:  # noqa: BLE001 - any model's forward; the reason is reported
         raise MeasureError(f"{type(err).__name__}: {err}") from err
-    if sizes[0] != sizes[1]:
-        raise MeasureError("recurrent/convolution states changed size between prefill and decode; not planned")
-    return sizes[1]
+    return sizes

@@ -140,7 +140,10 @@ def shrunk_config(config, groups: list[LayerGroup]):
     original = getattr(config.get_text_config(decoder=True), "layer_types", None)
     text.num_hidden_layers = len(groups)
     if original is not None:
-        text.layer_types = [original[group.indices[0]] for group in groups]
+        try:
+            text.layer_types = [original[group.indices[0]] for group in groups]
+        except AttributeError:
+            pass  # derived from other fields (a read-only property), so it follows num_hidden_layers
     return shrunk
 
 
