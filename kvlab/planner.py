@@ -41,7 +41,9 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 MAX_CONTEXTS = 64
 MAX_STRATEGIES = 16
 MAX_BATCH = 1 << 20
-MAX_CONTEXT_TOKENS = 1 << 40
+MAX_CONTEXT_TOKENS = 1 << 32
+MAX_ELEMENTS = 1 << 62
+"""Largest key or value tensor the meter may describe (elements); torch sizes are 64-bit."""
 GIB = 1 << 30
 OFFLOADED_RESIDENT_LAYERS = 2
 """Offloaded layers on the GPU at once in transformers' offloading: the one attending and the next, prefetched."""
@@ -193,6 +195,10 @@ def plan(request: PlanRequest) -> Plan:
         arch = describe_architecture(resolved.config, DTYPES[request.dtype])
     except (ConfigError, ProbeError) as err:
         raise PlanError(str(err)) from err
+    widest = max([group.elements_per_token for group in arch.groups] + [1])
+    if request.batch * widest * FAR_TOKENS >= MAX_ELEMENTS:
+        raise PlanError(f"batch {request.batch:,} is too large to plan for this model "
+                        f"(at most {MAX_ELEMENTS // (widest * FAR_TOKENS) - 1:,})")
     planned = [_plan_strategy(arch, strategy, spec, request) for strategy, spec in zip(strategies, request.strategies)]
     return Plan(_model_info(arch, resolved, request), _settings(request), planned)
 
@@ -316,7 +322,7 @@ def _max_context(totals: _Totals, laws: dict[object, GroupLaw], request: PlanReq
     slope = sum(law.bytes_per_token * group.count for group, law in laws.items() if law.kind in ("linear", "periodic"))
     start = max([law.knee or 1 for law in laws.values()] + [1])
     low, high = 1, FAR_TOKENS
-    if slope > 0 and fits(start) and totals.fitting_bytes(start) is not None:
+    if slope > 0 and fits(start):
         guess = start + int((budget - totals.fitting_bytes(start)) / slope)
         width = 1024
         low, high = max(start, guess - width), guess + width
