@@ -31,7 +31,7 @@ def _law_text(law) -> str:
         return f"grow {per_token} per token each until {law.knee:,} tokens, then stay at {format_bytes(law.far_bytes)}"
     if law.kind == "constant":
         return f"hold a fixed {format_bytes(law.far_bytes)} each"
-    return f"grow {law.bytes_per_token:,.1f} B per token each on average (quantized groups, exact in steps)"
+    return f"grow about {law.bytes_per_token:,.1f} B per token each, in steps (packed groups or a rounded buffer)"
 
 
 def _latent_text(arch, group) -> str:

@@ -131,3 +131,13 @@ def test_entries_carry_only_config_json_fields():
         assert "quantization_config" not in entry.config and "auto_map" not in entry.config
         assert isinstance(entry.build_config().get_text_config(decoder=True).num_hidden_layers, int)
         assert torch.bfloat16  # the catalog is dtype-free: the planner chooses the dtype
+
+
+def test_phi_3_5_is_all_sliding_for_transformers_so_compare_and_plan_say_so():
+    specs = ({"strategy": "quantized", "q_group_size": 32}, {"strategy": "sliding_window"})
+    quantized, sliding = plan(PlanRequest(model="microsoft/Phi-3.5-mini-instruct", contexts=(131072, 300000),
+                                          strategies=specs)).strategies
+    assert quantized.status == "unavailable" and "sliding_attention" in quantized.message
+    label = "sliding_attention (window 262144)"
+    kept = [cell.cache_bytes_by_layer_type[label] for cell in sliding.cells]
+    assert kept == [32 * (2 * 32 * 96 * 2 * n + 8) for n in (131072, 262143)]
