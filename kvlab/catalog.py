@@ -91,8 +91,9 @@ class ResolvedConfig:
     notes: str = ""
 
 
-def resolve_config(source: str) -> ResolvedConfig:
-    """The config of `source`: `bundled`, a catalog hub id, a local folder with config.json, or a hub id.
+def resolve_config(source) -> ResolvedConfig:
+    """The config of `source`: `bundled`, a catalog hub id, a local folder with config.json, a hub id, or a
+    transformers config object (used as is).
 
     A hub id outside the catalog is read with `AutoConfig.from_pretrained` (config.json
     only) where the hub is reachable, else from the local Hugging Face cache.
@@ -104,6 +105,9 @@ def resolve_config(source: str) -> ResolvedConfig:
     """
     from .models import BUNDLED, allow_hub, allow_local_folders
 
+    if hasattr(source, "get_text_config"):
+        name = getattr(source, "name_or_path", "") or source.model_type
+        return ResolvedConfig(source, name, "config")
     name = (source or "").strip()
     if not name:
         raise ConfigError(f"no model given: use 'bundled', a local folder, or one of {_known_text()}")

@@ -67,14 +67,14 @@ def _offload_equivalent(strategy):
 class PlanRequest:
     """What to plan.
 
-    model: `bundled`, a catalog hub id, a local folder or a hub id. contexts: context
+    model: `bundled`, a catalog hub id, a local folder, a hub id, or a transformers config. contexts: context
     lengths, tokens, each >= 1. batch: sequences, >= 1. dtype: one of `DTYPES`.
     strategies: specs as Compare takes them (`{"strategy": name, **knobs}`).
     budget_bytes: memory for weights + cache on the accelerator, bytes (None: no budget).
     prefill_tokens: prompt tokens prefilled in one forward (None: the whole context).
     """
 
-    model: str = "bundled"
+    model: object = "bundled"
     contexts: tuple[int, ...] = (1024, 32768, 131072)
     batch: int = 1
     dtype: str = "bfloat16"

@@ -27,7 +27,8 @@ def add_parser(sub) -> None:
     p.add_argument("--dtype", default="bfloat16", help="float32 | bfloat16 | float16 (default bfloat16)")
     p.add_argument("--strategies", default="dynamic",
                    help="comma list as Compare takes it: dynamic,quantized:backend=quanto:nbits=4,sink:window_length=1024")
-    p.add_argument("--budget-gib", help="accelerator memory for weights + cache, GiB (2^30 bytes)")
+    p.add_argument("--budget-gib", help="accelerator memory for weights + cache, GiB (2^30 bytes); activations and "
+                   "framework overhead are not counted")
     p.add_argument("--prefill", help="prompt tokens prefilled in one forward; the rest of each context is decoded "
                    "one token at a time (default: the whole context is the prompt)")
     p.add_argument("--json", help="write the full plan to this file")

@@ -164,3 +164,12 @@ def test_cli_lists_the_catalog():
     done = subprocess.run([sys.executable, "-m", "kvlab", "plan", "--list-models"], capture_output=True, text=True,
                           timeout=120)
     assert done.returncode == 0 and LLAMA in done.stdout.split()
+
+
+def test_a_config_object_plans_like_its_catalog_entry():
+    config = load_catalog()[LLAMA].build_config()
+    direct = plan(PlanRequest(model=config, contexts=(4096,)))
+    by_id = plan(PlanRequest(model=LLAMA, contexts=(4096,)))
+    assert direct.model["origin"] == "config"
+    assert direct.strategies[0].cells[0].cache_bytes == by_id.strategies[0].cells[0].cache_bytes
+    assert direct.model["parameters"] == by_id.model["parameters"]
