@@ -38,8 +38,8 @@ from dataclasses import dataclass
 import torch
 
 from .accounting import layer_bytes_by_device
-from .strategies import StrategyError
 from .planner_probe import Architecture, LayerGroup, StandIn, meta_model, shrunk_config
+from .strategies import StrategyError
 
 META = torch.device("meta")
 PERIOD_ELEMENTS_PER_GROUP = 40
