@@ -305,7 +305,10 @@ def _cell(totals: _Totals, context: int, budget: int | None) -> PlanCell:
 
 
 def _max_context(totals: _Totals, laws: dict[object, GroupLaw], request: PlanRequest) -> tuple[int | None, bool]:
-    """(longest context whose weights + on-device cache fit the budget at every step, unbounded?)."""
+    """(longest context whose weights + on-device cache fit the budget at every step, unbounded?).
+
+    Past the last knee the bytes grow (about) linearly: the measured slope over 2^20 tokens gives an
+    estimate, kept when it fits and one token more does not, else refined by bisection around it."""
     budget = request.budget_bytes
 
     def fits(context: int) -> bool:
@@ -319,21 +322,31 @@ def _max_context(totals: _Totals, laws: dict[object, GroupLaw], request: PlanReq
         return 0, False
     if fits(FAR_TOKENS):
         return None, True
-    slope = sum(law.bytes_per_token * group.count for group, law in laws.items() if law.kind in ("linear", "periodic"))
     start = max([law.knee or 1 for law in laws.values()] + [1])
     low, high = 1, FAR_TOKENS
-    if slope > 0 and fits(start):
-        guess = start + int((budget - totals.fitting_bytes(start)) / slope)
-        width = 1024
-        low, high = max(start, guess - width), guess + width
-        while low > start and not fits(low):
-            low, width = max(start, low - 2 * width), width * 2
-        while high < FAR_TOKENS and fits(high):
-            low, high, width = high, min(FAR_TOKENS, high + 2 * width), width * 2
+    if fits(start):
+        span = 1 << 20
+        base, ahead = totals.fitting_bytes(start), totals.fitting_bytes(start + span)
+        if ahead is not None and ahead > base:
+            guess = start + (budget - base) * span // (ahead - base)
+            if fits(guess) and not fits(guess + 1):
+                return guess, False  # exactly linear past the knees: the estimate is the answer
+            low, high = _bracket(fits, start, guess)
     while low + 1 < high:
         middle = (low + high) // 2
         low, high = (middle, high) if fits(middle) else (low, middle)
     return low, False
+
+
+def _bracket(fits, start: int, guess: int) -> tuple[int, int]:
+    """(low, high) around `guess` with fits(low) and not fits(high), widening from 1024 tokens; fits(start) holds."""
+    width = 1024
+    low, high = max(start, guess - width), min(FAR_TOKENS, guess + width)
+    while low > start and not fits(low):
+        low, width = max(start, low - 2 * width), width * 2
+    while high < FAR_TOKENS and fits(high):
+        low, high, width = high, min(FAR_TOKENS, high + 2 * width), width * 2
+    return low, high
 
 
 def _previous_residual_peak(totals: _Totals, context: int) -> int | None:
