@@ -1,6 +1,7 @@
 """The plan equals the bytes a real run holds, step by step, on tiny random models built in-process.
 
-Each toy model (random weights, float32, CPU) is run through kvlab's engine
+Each toy model (random weights, float32, CPU; Llama, a Gemma 3 with sliding layers,
+LFM2 with convolution layers, Mamba2 with state-space layers) is run through kvlab's engine
 (`Decoder`, what Compare runs) for a prompt and some decode steps; the planner,
 given only the toy's config.json, must give the same bytes at every step. Also:
 quantized extrapolation against direct CPU measurement at moderate lengths, and
@@ -27,6 +28,8 @@ TOYS = {
                         layer_types=["sliding_attention", "sliding_attention", "full_attention"]),
     "lfm2": dict(vocab_size=97, hidden_size=64, intermediate_size=64, num_hidden_layers=3, num_attention_heads=2,
                  num_key_value_heads=1, layer_types=["conv", "full_attention", "conv"]),
+    "mamba2": dict(vocab_size=97, hidden_size=64, num_hidden_layers=2, num_heads=4, head_dim=32, n_groups=1,
+                   state_size=16, expand=2, chunk_size=32),
 }
 CASES = [
     ("llama", {"strategy": "dynamic"}), ("llama", {"strategy": "static"}), ("llama", {"strategy": "no_cache"}),
@@ -38,6 +41,7 @@ CASES = [
     ("gemma3_text", {"strategy": "sliding_window"}), ("gemma3_text", {"strategy": "dynamic"}),
     ("gemma3_text", {"strategy": "static"}),
     ("lfm2", {"strategy": "sliding_window"}), ("lfm2", {"strategy": "static"}),
+    ("mamba2", {"strategy": "sliding_window"}), ("mamba2", {"strategy": "static"}),
 ]
 
 
