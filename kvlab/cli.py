@@ -16,7 +16,7 @@ import sys
 import threading
 from pathlib import Path
 
-from . import bench, chat_cli, perplexity_cli
+from . import bench, chat_cli, perplexity_cli, planner_cli
 from .generation import encode_prompt
 from .strategies.base import parse_strategy_item, split_strategy_list
 from .report import format_table, run_record, summary_rows
@@ -154,7 +154,7 @@ def build_parser(prog: str = "kvlab") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     add_compare(sub)
-    for module in (chat_cli, perplexity_cli, bench):
+    for module in (chat_cli, perplexity_cli, planner_cli, bench):
         module.add_parser(sub)
     return parser
 

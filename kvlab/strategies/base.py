@@ -191,9 +191,18 @@ def names_with(capability: str) -> list[str]:
 
 
 def sliding_layer_types(loaded) -> list[str]:
-    """The model's non-full-attention layer types (e.g. `sliding_attention`), if any."""
+    """The model's non-full-attention layer types (e.g. `sliding_attention`), if any, as transformers' caches
+    see them (`get_layer_types_and_kwargs`: a config without `layer_types` but with a `sliding_window`, such as
+    Phi-3.5's, has sliding layers)."""
+    from transformers.cache_utils import get_layer_types_and_kwargs
+
     cfg = loaded.config.get_text_config(decoder=True)
-    return sorted(set(getattr(cfg, "layer_types", None) or []) - {"full_attention"})
+    types = set(getattr(cfg, "layer_types", None) or [])
+    try:
+        types |= set(get_layer_types_and_kwargs(cfg)[0])
+    except (AttributeError, TypeError, ValueError):
+        pass  # an inconsistent config (a sliding type without a window): its layer_types alone
+    return sorted(types - {"full_attention", "dummy"})
 
 
 def cuda_reason() -> str | None:

@@ -172,7 +172,9 @@ class Quantized(Strategy):
         cfg = loaded.config.get_text_config(decoder=True)
         kv_heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
         shape = (kv_heads, head_dim(cfg))
-        dtype, device = loaded.model.dtype, loaded.device
+        dtype, device = loaded.model.dtype, torch.device(loaded.device)
+        if device.type == "meta":
+            return None  # shapes only (the planner): nothing runs, nothing to set up or check
         key = (self.backend, self.nbits, self.q_group_size, self.axis_key, self.axis_value, shape, dtype, str(device))
         lengths = PROBE_TOKENS if (self.axis_key, self.axis_value) != (0, 0) else PROBE_TOKENS[-1:]
         with _probe_lock:

@@ -140,7 +140,7 @@ def fake_figures(lineup, lengths=(256, 512, 1024)):
         return {label: {n: [value(label, n)] * 2 for n in lengths} for label in lineup}
 
     return ScalingFigures(list(lengths), latency=per_length(lambda label, n: 0.01 * n if label == "no_cache" else 0.01),
-                          nbytes=per_length(lambda label, n: 100 * n), prefill=per_length(lambda label, n: 0.1),
+                          nbytes=per_length(lambda label, n: 100 * n), ttft=per_length(lambda label, n: 0.1),
                           errors={})
 
 
