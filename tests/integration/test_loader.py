@@ -5,13 +5,13 @@ import logging
 import pytest
 
 from kvlab.models import ModelLoadError, ModelPool, ModelSpec, prepare_bundled_model
-from kvlab_ui.loader import BackgroundLoader
+from kvlab.ui.loader import BackgroundLoader
 
 pytestmark = pytest.mark.integration
 
 
 def test_loader_logs_ready_and_failure(tmp_path, caplog):
-    caplog.set_level(logging.INFO, logger="kvlab_ui.loader")
+    caplog.set_level(logging.INFO, logger="kvlab.ui.loader")
     loader = BackgroundLoader(ModelPool())
     good = ModelSpec(source=str(prepare_bundled_model()), device="cpu")
     bad = ModelSpec(source=str(tmp_path), device="cpu")
