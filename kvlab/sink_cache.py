@@ -19,7 +19,8 @@ What it does:
 - If the model is called with explicit `position_ids` that run past the cache
   (as `generate()` does: it counts every token seen), the keys returned for
   attention are rotated into the query's frame, so relative distances stay the
-  paper's. Stored keys always stay at their cache positions.
+  paper's. Stored keys always stay at their cache positions. The rotation and
+  the check of which models allow it are `kvlab.rope`'s (re-exported here).
 
 What it does not do:
 
@@ -42,11 +43,17 @@ from __future__ import annotations
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
-"""Model families whose attention applies rotate-half RoPE to the whole head after `k_proj`."""
+from .rope import (
+    SUPPORTED_MODEL_TYPES,
+    SUPPORTED_ROPE_TYPES,
+    KeyRerotator,
+    head_dim,
+    inv_freq_from_config,
+    unsupported_reason,
+)
 
-SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
-"""RoPE types whose inverse frequencies do not depend on the sequence length."""
+__all__ = ["DEFAULT_NUM_SINK_TOKENS", "SUPPORTED_MODEL_TYPES", "SUPPORTED_ROPE_TYPES", "KeyRerotator", "SinkCache",
+           "SinkLayer", "inv_freq_from_config", "prefill_in_chunks", "unsupported_reason", "validate_knobs"]
 
 DEFAULT_NUM_SINK_TOKENS = 4
 """The paper's choice: four initial tokens suffice as attention sinks."""
@@ -75,131 +82,6 @@ def validate_knobs(window_length, num_sink_tokens) -> None:
             f"num_sink_tokens must be an integer with 0 <= num_sink_tokens < window_length "
             f"(0..{window_length - 1} for window_length={window_length}); got {num_sink_tokens!r}"
         )
-
-
-def unsupported_reason(config) -> str | None:
-    """One sentence saying why a sink cache cannot serve the model of `config`, or None if it can.
-
-    Checks `config.model_type` against `SUPPORTED_MODEL_TYPES`, that every layer
-    is full attention (`config.layer_types`, or no `config.sliding_window`), that
-    `config.rope_parameters['rope_type']` is in `SUPPORTED_ROPE_TYPES` and that the
-    rotary embedding covers the whole head.
-    """
-    cfg = config.get_text_config(decoder=True)
-    model_type = getattr(cfg, "model_type", None)
-    if model_type not in SUPPORTED_MODEL_TYPES:
-        return (
-            f"model_type {model_type!r} is not one of {SUPPORTED_MODEL_TYPES}: the sink cache re-rotates cached "
-            "keys and only knows those families' rotary layout"
-        )
-    layer_types = getattr(cfg, "layer_types", None)
-    if layer_types is not None:
-        other = sorted(set(layer_types) - {"full_attention"})
-        if other:
-            return (
-                f"config.layer_types has layers other than full attention ({', '.join(other)}); "
-                "the sink cache needs every layer to be full attention"
-            )
-    elif getattr(cfg, "sliding_window", None) is not None:
-        return (
-            f"config.sliding_window is {cfg.sliding_window}: the model's own attention mask is sliding, "
-            "the sink cache needs every layer to be full attention"
-        )
-    rope = getattr(cfg, "rope_parameters", None)
-    if not isinstance(rope, dict) or "rope_type" not in rope:
-        return ("config.rope_parameters has no single 'rope_type': "
-                "the sink cache needs one rotary embedding for all layers")
-    if rope["rope_type"] not in SUPPORTED_ROPE_TYPES:
-        return (
-            f"rope_type {rope['rope_type']!r} is not one of {SUPPORTED_ROPE_TYPES}: its frequencies change with "
-            "the sequence length, so cached keys cannot be re-rotated"
-        )
-    partial = rope.get("partial_rotary_factor", getattr(cfg, "partial_rotary_factor", None))
-    if partial not in (None, 1, 1.0):
-        return f"partial_rotary_factor is {partial}: the sink cache re-rotates the whole head only"
-    return None
-
-
-def _head_dim(cfg) -> int:
-    return getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-
-
-def inv_freq_from_config(config) -> torch.Tensor:
-    """The RoPE inverse frequencies of `config`, shape (head_dim // 2,), float32, radians per position.
-
-    Uses transformers' own initialisation functions, so it matches the model's
-    `rotary_emb.inv_freq` for every type in `SUPPORTED_ROPE_TYPES`.
-    """
-    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
-
-    cfg = config.get_text_config(decoder=True)
-    rope_type = cfg.rope_parameters["rope_type"]
-    if rope_type == "default":
-        dim = _head_dim(cfg)
-        base = cfg.rope_parameters["rope_theta"]
-        return 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
-    inv_freq, _ = ROPE_INIT_FUNCTIONS[rope_type](cfg, "cpu")
-    return inv_freq.float()
-
-
-class KeyRerotator:
-    """Moves RoPE-rotated keys from one position to another.
-
-    RoPE rotates each pair of channels (i, i + head_dim/2) by `position * inv_freq[i]`;
-    rotations compose, so a key rotated at position p becomes the key at p + shift by
-    one more rotation of `shift * inv_freq`. The angles are computed in float64 and
-    the product in float32 whatever the keys' dtype.
-
-    Args:
-        inv_freq: shape (head_dim // 2,), radians per position (a model's
-            `rotary_emb.inv_freq`).
-    """
-
-    def __init__(self, inv_freq: torch.Tensor):
-        self.inv_freq = inv_freq.detach().to("cpu", torch.float64).flatten()
-        self._table: dict[tuple[int, torch.device], tuple[torch.Tensor, torch.Tensor]] = {}
-
-    @property
-    def head_dim(self) -> int:
-        """Channels the rotation covers (2 * len(inv_freq))."""
-        return 2 * self.inv_freq.numel()
-
-    def _cos_sin(self, shift: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        key = (shift, device)
-        if key not in self._table:
-            if len(self._table) > 64:
-                self._table.clear()
-            angles = shift * self.inv_freq
-            sin = angles.sin()
-            # rotate_half(k) * sin == roll(k, half) * [-sin, sin]: the sign is folded into the table.
-            self._table[key] = (torch.cat([angles.cos(), angles.cos()]).float().to(device),
-                                torch.cat([-sin, sin]).float().to(device))
-        return self._table[key]
-
-    def rotate(self, keys: torch.Tensor, shift: int) -> torch.Tensor:
-        """Keys moved by `shift` positions (negative moves them earlier).
-
-        Args:
-            keys: (batch, kv_heads, seq, head_dim), rotated at some positions p.
-            shift: position delta in tokens, the same for every key.
-
-        Returns:
-            A new tensor like `keys`, rotated at p + shift (`keys` itself when
-            `shift` is 0 or `seq` is 0).
-
-        Raises:
-            ValueError: `head_dim` differs from 2 * len(inv_freq).
-        """
-        if keys.shape[-1] != self.head_dim:
-            raise ValueError(
-                f"keys have head_dim {keys.shape[-1]} but the rotary embedding covers {self.head_dim} channels"
-            )
-        if shift == 0 or keys.shape[-2] == 0:
-            return keys
-        cos, signed_sin = self._cos_sin(int(shift), keys.device)
-        work = keys.float()
-        rotated = (work * cos).addcmul_(work.roll(work.shape[-1] // 2, dims=-1), signed_sin)
-        return rotated.to(keys.dtype)
 
 
 def _query_start(kwargs: dict, default: int) -> int:
@@ -418,9 +300,9 @@ class SinkCache(Cache):
             inv_freq = getattr(rotary, "inv_freq", None)
             if not isinstance(inv_freq, torch.Tensor):
                 raise ValueError("rotary must have an `inv_freq` tensor of shape (head_dim // 2,)")
-        if 2 * inv_freq.numel() != _head_dim(cfg):
+        if 2 * inv_freq.numel() != head_dim(cfg):
             raise ValueError(
-                f"rotary inv_freq has {inv_freq.numel()} frequencies, expected head_dim // 2 = {_head_dim(cfg) // 2}"
+                f"rotary inv_freq has {inv_freq.numel()} frequencies, expected head_dim // 2 = {head_dim(cfg) // 2}"
             )
         self.window_length = window_length
         self.num_sink_tokens = num_sink_tokens
