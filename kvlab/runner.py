@@ -238,13 +238,8 @@ def run_compare(
         ValueError: bad mode, no columns or too many (before anything runs).
         StrategyError: a column spec names an unknown strategy or knob.
     """
-    if mode not in MODES:
-        raise ValueError(f"mode must be one of {list(MODES)}, got {mode!r}")
-    if not columns:
-        raise ValueError("no strategy picked: add at least one column")
-    if len(columns) > MAX_COLUMNS:
-        raise ValueError(f"at most {MAX_COLUMNS} columns, got {len(columns)}")
-    columns = [Column.from_spec(spec) for spec in columns]
+    # 1. Check the arguments before anything runs.
+    columns = _checked_columns(mode, columns)
     settings = settings or GenerationSettings()
     stop = stop or threading.Event()
     events: queue.Queue = queue.Queue()
@@ -259,40 +254,73 @@ def run_compare(
         for i in indices:
             results[i] = run_column(loaded, i, columns[i], prompt_ids, settings, events.put, turns, stop)
 
-    if mode == "sequential":
-        groups = {"kvlab-seq": range(len(columns))}
-    else:
-        groups = {f"kvlab-col{i}": [i] for i in range(len(columns))}
     workers: list[threading.Thread] = []
     sampler = _Sampler(tracker, started)
     try:
+        # 2. One thread per column (one for all in sequential mode); relay their events as they come.
         with shared_threads(len(columns)) if mode == "parallel" else contextlib.nullcontext() as share:
             workers = [threading.Thread(target=work, args=(indices, share), daemon=True, name=name)
-                       for name, indices in groups.items()]
+                       for name, indices in _worker_groups(mode, len(columns)).items()]
             for worker in workers:
                 worker.start()
             yield from _relay(workers, events, sampler)
-        for i, result in enumerate(results):
-            if result is None:
-                lost = new_result(i, columns[i].strategy, prompt_ids.shape[1])
-                lost.status, lost.message = "error", "the column's worker ended without a result"
-                results[i] = lost
-                yield ColumnError(i, "error", lost.message, lost)
+        # 3. A column whose worker ended without a result is reported as an error.
+        yield from _report_lost(results, columns, prompt_ids)
+        # 4. Fidelity against the baseline, on its own thread.
         if settings.fidelity and not stop.is_set():
-            # One compute step per scored column, so other tabs' work can run in between.
-            scorer = threading.Thread(target=_drain_into, daemon=True, name="kvlab-fidelity", args=(
-                compute_iter(score_fidelity(loaded, prompt_ids, columns, results, baseline, stop)), events))
-            workers.append(scorer)
-            scorer.start()
-            yield from _relay([scorer], events, sampler)
+            workers.append(_start_scorer(loaded, prompt_ids, columns, results, baseline, stop, events))
+            yield from _relay(workers[-1:], events, sampler)
+        # 5. The last memory sample and the run's end.
         yield sampler.sample()
         yield RunDone(list(results), time.perf_counter() - started, stop.is_set())
     finally:
-        if any(w.is_alive() for w in workers):
-            stop.set()
-        for worker in workers:
-            if worker.ident is not None:
-                worker.join(JOIN_TIMEOUT_S)
+        _stop_and_join(workers, stop)
+
+
+def _checked_columns(mode: str, columns: list) -> list[Column]:
+    """`columns` as `Column`s. Raises ValueError for a bad mode or column count, StrategyError for a bad spec."""
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {list(MODES)}, got {mode!r}")
+    if not columns:
+        raise ValueError("no strategy picked: add at least one column")
+    if len(columns) > MAX_COLUMNS:
+        raise ValueError(f"at most {MAX_COLUMNS} columns, got {len(columns)}")
+    return [Column.from_spec(spec) for spec in columns]
+
+
+def _worker_groups(mode: str, count: int) -> dict[str, range | list[int]]:
+    """Thread name -> the column indices it runs: one thread for all in sequential mode, else one per column."""
+    if mode == "sequential":
+        return {"kvlab-seq": range(count)}
+    return {f"kvlab-col{i}": [i] for i in range(count)}
+
+
+def _start_scorer(loaded, prompt_ids, columns, results, baseline, stop, events: queue.Queue) -> threading.Thread:
+    """A started thread that puts the fidelity events into `events`; each scored column is one compute step,
+    so other tabs' work can run in between."""
+    scorer = threading.Thread(target=_drain_into, daemon=True, name="kvlab-fidelity", args=(
+        compute_iter(score_fidelity(loaded, prompt_ids, columns, results, baseline, stop)), events))
+    scorer.start()
+    return scorer
+
+
+def _stop_and_join(workers: list[threading.Thread], stop: threading.Event) -> None:
+    """Stop the run if a worker is still going (the consumer left early), then join every started worker."""
+    if any(w.is_alive() for w in workers):
+        stop.set()
+    for worker in workers:
+        if worker.ident is not None:
+            worker.join(JOIN_TIMEOUT_S)
+
+
+def _report_lost(results: list, columns: list[Column], prompt_ids: torch.Tensor) -> Iterator[Event]:
+    """Fill in an error result (and yield its ColumnError) for every column that ended without one."""
+    for i, result in enumerate(results):
+        if result is None:
+            lost = new_result(i, columns[i].strategy, prompt_ids.shape[1])
+            lost.status, lost.message = "error", "the column's worker ended without a result"
+            results[i] = lost
+            yield ColumnError(i, "error", lost.message, lost)
 
 
 class _Sampler:
