@@ -1,8 +1,8 @@
-"""kvlab's web app: builds the tabs around one shared ModelPool and wires their events.
+"""kvlab's web app: assembles the tabs around one shared ModelPool and launches them.
 
 `create_app()` returns the `gr.Blocks`; `python app.py` serves it on 0.0.0.0,
 port `GRADIO_SERVER_PORT`, else `PORT`, else 7860. Everything a tab does lives
-in its `kvlab_ui` module; this file only assembles them.
+in its `kvlab.ui` modules; this file only assembles them.
 """
 
 import logging
@@ -12,16 +12,15 @@ import sys
 import gradio as gr
 
 from kvlab.models import ModelPool
-from kvlab_ui.compare_tab import CSS as COMPARE_CSS
-from kvlab_ui.compare_tab import build_compare_tab
-from kvlab_ui.chat_tab import build_chat_tab
-from kvlab_ui.perplexity_tab import build_perplexity_tab
+from kvlab.ui.chat_tab import build_chat_tab
+from kvlab.ui.compare_tab import build_compare_tab
+from kvlab.ui.perplexity_tab import build_perplexity_tab
+from kvlab.ui.theme import CSS
 
 DEFAULT_PORT = 7860
 TITLE = "kvlab: KV-cache strategies side by side"
 CACHE_CLEANUP = (3600, 3600)
 """Every hour, delete gradio's cached copies of served files (exports) older than an hour."""
-CSS = COMPARE_CSS + "\n.kv-header h1 { margin-bottom: 0; }\n"
 
 
 def create_app(pool: ModelPool | None = None, preload: bool = True) -> gr.Blocks:
@@ -49,10 +48,9 @@ def log_to_stderr() -> None:
     """Send kvlab's own log lines (model ready or failed, run errors) to stderr, where server logs are read."""
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("kvlab: %(message)s"))
-    for name in ("kvlab", "kvlab_ui"):
-        logger = logging.getLogger(name)
-        logger.setLevel(logging.INFO)
-        logger.addHandler(handler)
+    logger = logging.getLogger("kvlab")
+    logger.setLevel(logging.INFO)
+    logger.addHandler(handler)
 
 
 def launch() -> None:

@@ -2,8 +2,8 @@
 
 The package is the backend: model loading, cache strategies, exact cache byte
 accounting, the side-by-side runner and its typed events, fidelity scoring,
-presets and the command line. It never imports gradio; the browser UI lives in
-`app.py` and `kvlab_ui/`.
+presets and the command line. Only `kvlab.ui` (the browser tabs) and `app.py`
+import gradio; everything else imports and is tested without it.
 """
 
 __version__ = "0.1.0"

@@ -27,7 +27,7 @@ TORCH_VERSION = "2.13.0"
 INSTALL_TIMEOUT_S = 1200
 SKIP_TIMEOUT_S = 60
 BUILD_TIMEOUT_S = 600
-SOURCES = ["pyproject.toml", "requirements.txt", "README.md", "kvlab", "kvlab_ui", "presets"]
+SOURCES = ["pyproject.toml", "requirements.txt", "README.md", "kvlab", "presets"]
 
 INSTALLED_PRESETS_CHECK = (
     "import sys\n"

@@ -29,7 +29,7 @@ STANDALONE = textwrap.dedent("""
     import os
     import gradio as gr
     from kvlab.models import ModelPool
-    from kvlab_ui.chat_tab import build_chat_tab
+    from kvlab.ui.chat_tab import build_chat_tab
 
     with gr.Blocks(title="kvlab chat") as demo:
         with gr.Tab("Chat"):
@@ -173,8 +173,9 @@ def test_a_static_cache_too_small_is_refused_with_a_way_on(app_url, browser):
     context, page = open_chat(browser, app_url)
     try:
         page.get_by_label("Cache strategy").click()
-        page.get_by_role("option", name="static").click()
-        size = page.get_by_label("max_cache_len (tokens)")
+        page.get_by_role("option", name="static", exact=True).click()
+        size = page.locator("#kvlab-chat-knob-0 input")
+        size.wait_for()  # the card shows static's knob fields, generated from its dataclass
         size.fill("16")
         size.press("Enter")
         send(page, "What is the capital of France?")

@@ -24,8 +24,10 @@ import pytest
 from app import create_app
 from kvlab.generation import MAX_NEW_TOKENS_CAP
 from kvlab.models import ModelSpec, converted_bundled_folder
-from kvlab.view import NO_STRATEGY, code_snippet
-from kvlab_ui.compare_tab import RunRequest, build_compare_tab
+from kvlab.ui.code import code_snippet
+from kvlab.ui.compare_tab import build_compare_tab
+from kvlab.ui.compare_view import RunRequest
+from kvlab.ui.knobs import NO_STRATEGY
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CLI_TIMEOUT_S = 1800
@@ -150,11 +152,11 @@ def test_static_too_small_fails_its_column_and_the_others_finish(tab):
     final = run_page(tab, slots=[("dynamic", []), ("static", ["8", "false"]), ("quantized", ["quanto", "5"]),
                                  ("no_cache", [])])
     cards = tab.cards
-    assert "kv-s-done" in value(final[cards[0]["status"]]) and value(final[cards[0]["text"]])
-    static = value(final[cards[1]["status"]])
+    assert "kv-s-done" in value(final[cards[0].status]) and value(final[cards[0].text])
+    static = value(final[cards[1].status])
     assert "kv-s-error" in static and "static cache too small: max_cache_len=8" in static
-    assert "kv-s-error" in value(final[cards[2]["status"]]) and "nbits=5" in value(final[cards[2]["status"]])
-    assert "kv-s-done" in value(final[cards[3]["status"]]) and value(final[cards[3]["text"]])
+    assert "kv-s-error" in value(final[cards[2].status]) and "nbits=5" in value(final[cards[2].status])
+    assert "kv-s-done" in value(final[cards[3].status]) and value(final[cards[3].text])
     status = value(final[tab.run_status])
     assert status.startswith('<div class="kv-line kv-line-error">finished')
     assert "not run: column 3" in status
@@ -177,7 +179,7 @@ def test_a_page_run_exports_its_record_and_code(tab):
 def test_view_code_reproduces_the_column(tab):
     """The snippet, pointed at the converted bundled model folder, generates the column's text."""
     final = run_page(tab, slots=[("static", ["", "false"])], max_new_tokens=12, ignore_eos=True)
-    text = value(final[tab.cards[0]["text"]])
+    text = value(final[tab.cards[0].text])
     from kvlab.generation import GenerationSettings
     from kvlab.strategies import make_strategy
 

@@ -7,11 +7,11 @@ import pytest
 
 from kvlab import readiness
 from kvlab.models import ModelLoadError, ModelPool, ModelSpec, prepare_bundled_model
-from kvlab_ui.loader import BackgroundLoader
+from kvlab.ui.loader import BackgroundLoader
 
 
 def test_loader_logs_ready_and_failure(tmp_path, caplog, monkeypatch):
-    caplog.set_level(logging.INFO, logger="kvlab_ui.loader")
+    caplog.set_level(logging.INFO, logger="kvlab.ui.loader")
     ready_file = tmp_path / "ready.jsonl"
     monkeypatch.setenv(readiness.READY_FILE_ENV, str(ready_file))
     loader = BackgroundLoader(ModelPool())

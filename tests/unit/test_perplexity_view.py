@@ -1,57 +1,89 @@
-"""The perplexity backend: strategy choices from the registry, turn-taking stream, running log-PPL (tiny model)."""
+"""The Perplexity tab's pure part (kvlab.ui.perplexity_view): choices from the registry, the form -> a plan
+on a tiny model (unavailable caches left out with the reason), fake `NllStep`s -> status, figure, table."""
 
 import math
 
 import pytest
-import torch
+from matplotlib.figure import Figure
 
-from kvlab.perplexity import moving_log_ppl, perplexity_strategies, stream_many, stream_nll
+from kvlab.engine import NllStep
 from kvlab.strategies import StrategyError
+from kvlab.strategies.base import names_with
+from kvlab.ui.perplexity_view import (
+    DEFAULT_CHOICES,
+    PASTED,
+    PerplexityRequest,
+    PerplexityView,
+    perplexity_choices,
+    plan_perplexity,
+)
+
+TEXT = "The quick brown fox jumps over the lazy dog. " * 20
 
 
-def test_perplexity_strategies_come_from_the_registry_and_explain_refusals(tiny):
-    chosen = perplexity_strategies(tiny, "dynamic,sink:num_sink_tokens=0,sink", window=8, sinks=2)
-    assert list(chosen) == ["dynamic", "window 8", "sink 2+6"]
-    assert chosen["window 8"].name == chosen["sink 2+6"].name == "sink"
-    assert chosen["window 8"].num_sink_tokens == 0 and chosen["sink 2+6"].num_sink_tokens == 2
-    assert list(perplexity_strategies(tiny, ["dense", "window"], window=8)) == ["dynamic", "window 8"]
-    with pytest.raises(StrategyError, match="sliding_window: this model has no sliding-window layers"):
-        perplexity_strategies(tiny, "sliding_window")
-    with pytest.raises(StrategyError, match="unknown strategy 'h2o'; allowed: no_cache, dynamic"):
-        perplexity_strategies(tiny, "h2o")
-    with pytest.raises(StrategyError, match="num_sink_tokens must be an integer"):
-        perplexity_strategies(tiny, "sink", window=8, sinks=8)
-    with pytest.raises(StrategyError, match="no_cache keeps no cache"):
-        perplexity_strategies(tiny, "no_cache")
-    with pytest.raises(StrategyError, match="picked twice"):
-        perplexity_strategies(tiny, "dynamic,dynamic")
+def test_choices_are_the_papers_three_then_the_registry():
+    choices = perplexity_choices()
+    assert choices[:3] == DEFAULT_CHOICES == ["dynamic", "window", "sink"]
+    assert set(choices[3:]) == set(names_with("usable_in_perplexity")) - {"dynamic", "sink"}
+    assert "no_cache" not in choices and "sliding_window" in choices
 
 
-def test_static_and_quantized_stream_too(tiny):
-    ids = torch.randint(3, 1000, (1, 12), generator=torch.Generator().manual_seed(0))
-    chosen = perplexity_strategies(tiny, "dynamic,static,quantized:backend=quanto:residual_length=4")
-    nll = {name: stream_nll(tiny, ids, strategy) for name, strategy in chosen.items()}
-    assert nll["static"] == pytest.approx(nll["dynamic"], abs=1e-5)
-    assert len(nll["quantized quanto int4 r4"]) == 11
+def test_the_default_request_is_dynamic_window_and_sink_with_the_window_settings():
+    chosen = PerplexityRequest(window=32, sinks=2).strategies()
+    assert list(chosen) == ["dynamic", "window 32", "sink 2+30"]
+    assert chosen["window 32"].num_sink_tokens == 0 and chosen["sink 2+30"].window_length == 32
 
 
-def test_stream_many_takes_turns_and_matches_single_streams(tiny):
-    ids = torch.randint(3, 1000, (1, 30), generator=torch.Generator().manual_seed(0))
-    chosen = perplexity_strategies(tiny, ["dense", "window", "sink"], window=8, sinks=2)
-    seen = list(stream_many(tiny, ids, chosen))
-    assert [step.name for step in seen[:6]] == ["dynamic", "window 8", "sink 2+6"] * 2
-    assert len(seen) == 3 * 29
-    for name, strategy in chosen.items():
-        mine = [step.nll for step in seen if step.name == name]
-        assert mine == pytest.approx(stream_nll(tiny, ids, strategy), abs=1e-5)
-    window_bytes = [step.cache_bytes for step in seen if step.name == "window 8" and step.position >= 8]
-    assert len(set(window_bytes)) == 1
-    dense_bytes = [step.cache_bytes for step in seen if step.name == "dynamic"]
-    assert dense_bytes == sorted(dense_bytes) and dense_bytes[-1] > window_bytes[0]
+def test_extra_columns_use_the_compare_syntax():
+    request = PerplexityRequest(choices=["dynamic"], extra="sink:num_sink_tokens=1:window_length=16")
+    assert request.spec_text() == "dynamic,sink:num_sink_tokens=1:window_length=16"
+    assert list(request.strategies()) == ["dynamic", "sink 1+15"]
+    with pytest.raises(StrategyError, match="pick at least one cache"):
+        PerplexityRequest(choices=[]).strategies()
+    with pytest.raises(ValueError, match="write key=value"):
+        PerplexityRequest(choices=[], extra="sink:window").strategies()
 
 
-def test_moving_log_ppl_is_the_mean_over_the_last_span():
-    nll = [1.0, 2.0, 3.0, 4.0, 5.0]
-    assert moving_log_ppl(nll, 2) == pytest.approx([1.0, 1.5, 2.5, 3.5, 4.5])
-    assert moving_log_ppl(nll, 10)[-1] == pytest.approx(3.0)
-    assert math.isclose(moving_log_ppl([0.5], 4)[0], 0.5)
+def test_a_cache_the_model_cannot_run_is_left_out_with_the_reason(tiny):
+    request = PerplexityRequest(choices=["dynamic", "sliding_window"], tokens=24, text_choice=PASTED, pasted=TEXT)
+    plan = plan_perplexity(request, tiny)
+    assert list(plan.strategies) == ["dynamic"] and plan.input_ids.shape == (1, 24)
+    assert "no sliding-window layers" in plan.skipped["sliding_window"]
+    with pytest.raises(StrategyError, match="no picked cache can run on this model: sliding_window: this model"):
+        plan_perplexity(PerplexityRequest(choices=["sliding_window"], text_choice=PASTED, pasted=TEXT), tiny)
+    with pytest.raises(ValueError, match="the text is empty"):
+        plan_perplexity(PerplexityRequest(text_choice=PASTED, pasted="  "), tiny)
+
+
+def steps(view, labels, nlls, start=1):
+    for offset, nll in enumerate(nlls):
+        for i, label in enumerate(labels):
+            view.apply(NllStep(label, start + offset, nll + i, 1000 * (start + offset)))
+
+
+def test_view_folds_steps_into_status_figure_and_table():
+    view = PerplexityView(["dynamic", "window 2"], window=2, total=5, skipped={"sliding_window": "no sliding layers"})
+    steps(view, ["dynamic", "window 2"], [1.0, 2.0, 3.0])
+    assert view.nll == {"dynamic": [1.0, 2.0, 3.0], "window 2": [2.0, 3.0, 4.0]}
+    assert view.cache_bytes["dynamic"] == [1000, 2000, 3000]
+    assert view.running_ppl("dynamic") == pytest.approx(math.exp(2.5))
+    assert view.progress_text().startswith(f"token 3 of 5 · dynamic ppl {math.exp(2.5):.1f} · window 2 ppl")
+    assert view.progress_text().endswith("not run: sliding_window: no sliding layers")
+    assert view.final_text(stopped=True).startswith("stopped: 3 tokens per cache")
+    assert view.final_text(stopped=False).startswith("done: 3 tokens per cache")
+    table = view.table()
+    assert list(table["cache"]) == ["dynamic", "window 2"]
+    assert list(table.columns) == ["cache", "tokens 1-2", "tokens 3-3"]
+    assert table.iloc[0, 1] == round(math.exp(1.5), 2)
+    fig = view.figure()
+    assert isinstance(fig, Figure) and len(fig.axes) == 2 and len(fig.axes[0].lines) == 2 + 1  # + window marker
+
+
+def test_view_before_any_step_and_bad_input():
+    view = PerplexityView(["dynamic"], window=4, total=10)
+    assert view.progress_text() == "token 0 of 10" and view.final_text(False) == "done: 0 tokens per cache"
+    assert isinstance(view.figure(), Figure)
+    with pytest.raises(TypeError):
+        view.apply(("dynamic", 1, 0.5, 10))
+    with pytest.raises(KeyError):
+        view.apply(NllStep("sink", 1, 0.5, 10))

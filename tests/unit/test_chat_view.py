@@ -1,12 +1,15 @@
-"""The chat tab's adapter: fake `kvlab.chat` events and stats turned into messages, Markdown, tables, plots."""
+"""The chat tab's pure part (kvlab.ui.chat_view): fake `kvlab.chat` events and stats turned into messages,
+Markdown, tables and plots; the chat form's strategy card and the prefix panel's refusal. No model, no gradio."""
 
 import pytest
 
 from kvlab.chat import ChatStatus, ChatToken, ChatTurnDone, ChatTurnFailed, TurnStats
 from kvlab.prefix import PrefixReport, PromptResult
-from kvlab.strategies import StrategyError
-
-chat_tab = pytest.importorskip("kvlab_ui.chat_tab")
+from kvlab.strategies import StrategyError, make_strategy
+from kvlab.strategies.base import names_with
+from kvlab.ui import chat_view as chat_tab
+from kvlab.ui.figures import turns_figure
+from kvlab.ui.knobs import card_form, max_knobs
 
 
 def stats(turn=2, **changes) -> TurnStats:
@@ -57,10 +60,10 @@ def test_table_and_plot_have_one_entry_per_turn():
     frame = chat_tab.turns_frame(turns)
     assert list(frame["reused"]) == [0, 44] and list(frame["prefilled"]) == [37, 16]
     assert {"ttft_s", "no_reuse_ttft_s", "saved_s", "decode_tok_s", "cache_bytes"} <= set(frame.columns)
-    figure = chat_tab.turns_figure(turns)
+    figure = turns_figure(turns)
     times, tokens = figure.axes
     assert len(times.patches) == 4 and len(tokens.patches) == 4
-    assert chat_tab.turns_figure([]) is None and chat_tab.turns_frame([]).empty
+    assert turns_figure([]) is None and chat_tab.turns_frame([]).empty
 
 
 def test_prefix_report_rendering():
@@ -75,15 +78,47 @@ def test_prefix_report_rendering():
     assert list(frame["saved_s"]) == [1.0, 1.0] and list(frame["match"]) == [True, True]
 
 
+def form(name, *knobs, **fields) -> "chat_tab.ChatForm":
+    return chat_tab.ChatForm(strategy_name=name, knobs=list(knobs), **fields)
+
+
 def test_form_fields_make_the_chosen_strategy_with_its_own_knobs_only():
-    make = chat_tab.strategy_from_fields
-    assert make("static", 256.0, "quanto", 4, 128, 256, 4).max_cache_len == 256
-    quantized = make("quantized", 256, "hqq", 2.0, 16, 256, 4)
+    assert form("static", "256").strategy().max_cache_len == 256
+    quantized = form("quantized", "hqq", "2", "16").strategy()
     assert (quantized.backend, quantized.nbits, quantized.residual_length) == ("hqq", 2, 16)
-    assert make("dynamic", 256, "quanto", 4, 128, 256, 4).name == "dynamic"
+    assert form("dynamic").strategy().name == "dynamic"
     with pytest.raises(StrategyError, match="nbits"):
-        make("quantized", 256, "quanto", 3, 128, 256, 4)
+        form("quantized", "quanto", "3").strategy()
     with pytest.raises(StrategyError, match="unknown strategy"):
-        make("bogus", None, None, None, None, None, None)
-    assert chat_tab.knob_visibility("static") == (True, False, False)
-    assert chat_tab.chat_strategy_choices()[:3] == ["dynamic", "static", "quantized"]
+        form("bogus").strategy()
+    with pytest.raises(StrategyError, match="unknown strategy 'no_cache'"):
+        form("no_cache").strategy()  # keeps no cache: not offered in chat
+    assert form("dynamic", max_new_tokens=12.0).settings().max_new_tokens == 12
+
+
+def test_the_card_shows_each_strategys_own_knobs_generated_from_its_dataclass():
+    count = max_knobs(chat_tab.chat_strategy_choices())
+    static = card_form("static", chat_tab.prefilled_knobs("static"), None, count)["knobs"]
+    assert [(f["label"], f["value"]) for f in static if f["visible"]] == [("max_cache_len", "512"),
+                                                                         ("compile", "false")]
+    sink = card_form("sink", chat_tab.prefilled_knobs("sink"), None, count)["knobs"]
+    assert [(f["label"], f["value"]) for f in sink if f["visible"]] == [("window_length", "256"),
+                                                                       ("num_sink_tokens", "4")]
+    assert not any(f["visible"] for f in card_form("dynamic", {}, None, count)["knobs"])
+
+
+def test_chat_choices_come_from_the_usable_in_chat_capability():
+    choices = chat_tab.chat_strategy_choices()
+    assert choices == names_with("usable_in_chat")
+    assert choices[:2] == ["dynamic", "static"] and {"quantized", "sink"} <= set(choices)
+    assert "no_cache" not in choices
+
+
+def test_prefix_refuses_by_capability_with_the_reason():
+    assert chat_tab.prefix_refusal(make_strategy({"strategy": "dynamic"})) is None
+    assert chat_tab.prefix_refusal(make_strategy({"strategy": "quantized"})) is None
+    refusal = chat_tab.prefix_refusal(make_strategy({"strategy": "sink"}))
+    assert "evicts tokens" in refusal and "would not hold the whole prefix" in refusal
+    assert "dynamic" in refusal.split("pick one of")[1] and "sink" not in refusal.split("pick one of")[1]
+    assert "keeps no cache" in chat_tab.prefix_refusal(make_strategy({"strategy": "no_cache"}))
+    assert chat_tab.prompt_lines(" a \n\n b\n") == ["a", "b"]

@@ -5,12 +5,14 @@ loads on a daemon thread and returns at once, so the page stays usable while
 weights load; `status(spec)` says where that load is (fraction, message, error,
 model info). `get(spec)` blocks until the model is ready, reusing a load in
 flight. Load outcomes are shared by every session, like the weights themselves.
-This module does not import gradio.
+`CONCURRENCY` and `MODEL_CONCURRENCY_ID` are the one queue limit every tab's
+model-bound events share. This module does not import gradio.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from dataclasses import dataclass
@@ -19,9 +21,23 @@ from kvlab import readiness
 from kvlab.models import LoadedModel, ModelLoadError, ModelPool, ModelSpec
 
 logger = logging.getLogger(__name__)
+CONCURRENCY = int(os.environ.get("KVLAB_CONCURRENCY", "1"))
+"""Model-bound jobs (Compare runs, the `compare` API, perplexity runs) running at once; the rest wait in the queue."""
+MODEL_CONCURRENCY_ID = "kvlab-model"
 READY_LOG = "model ready: %s (%.1f s to load)"
 """Logged once per finished load, for whoever reads the server log. A launching process (the benchmark's
 start-up section) learns the outcome from `kvlab.readiness` instead, which `_load` also calls."""
+
+
+def device_present(device: str) -> bool:
+    """Whether a `kvlab.models.DEVICES` name can be used here (`auto` and `cpu` always can)."""
+    import torch
+
+    if device == "cuda":
+        return torch.cuda.is_available()
+    if device == "mps":
+        return bool(getattr(torch.backends, "mps", None) and torch.backends.mps.is_available())
+    return device in ("auto", "cpu")
 
 
 @dataclass(frozen=True)
@@ -98,11 +114,16 @@ class BackgroundLoader:
             outcome = LoadStatus("error", 1.0, f"could not load {spec.source!r}: {type(err).__name__}: {err}")
         else:
             outcome = LoadStatus("ready", 1.0, f"{loaded.name} ready")  # the pool holds the model, not this record
-            load_s = time.perf_counter() - started
-            logger.info(READY_LOG, loaded.name, load_s)
-            readiness.announce(readiness.READY, name=loaded.name, load_s=load_s)
+            self._announce_ready(loaded, time.perf_counter() - started)
         if outcome.state == "error":
             logger.warning("model load failed: %s", outcome.message)
             readiness.announce(readiness.ERROR, name=spec.source, message=outcome.message)
         with self._guard:
             self._status[spec] = outcome
+
+    @staticmethod
+    def _announce_ready(loaded: LoadedModel, load_s: float) -> None:
+        """Say once per finished load that `loaded` is ready: the server log line for a human, and one JSON line
+        in the ready file (`kvlab.readiness`) for a process that launched the app."""
+        logger.info(READY_LOG, loaded.name, load_s)
+        readiness.announce(readiness.READY, name=loaded.name, load_s=load_s)

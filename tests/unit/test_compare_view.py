@@ -1,6 +1,6 @@
-"""kvlab.view with fake runner events: column texts, statuses, readouts, phases, the summary
-table's best marks, the plots, the reproduce-it snippets and the column form helpers.
-No model, no gradio."""
+"""kvlab.ui.compare_view with fake runner events: column texts, statuses, readouts, phases, the summary
+table's best marks; the plots (kvlab.ui.figures), the reproduce-it snippets (kvlab.ui.code) and the
+column form helpers (kvlab.ui.knobs). No model, no gradio."""
 
 import dataclasses
 
@@ -20,26 +20,11 @@ from kvlab.events import (
 )
 from kvlab.generation import GenerationSettings
 from kvlab.strategies import STRATEGIES, make_strategy
-from kvlab.view import (
-    BEST_MARK,
-    DISPLAY_COLUMNS,
-    HEADERS,
-    MIB,
-    MISSING,
-    NO_STRATEGY,
-    RunView,
-    code_snippet,
-    column_spec,
-    figure_png,
-    format_value,
-    knob_defaults,
-    knob_text,
-    max_knobs,
-    parse_knob,
-    plan_columns,
-    render_figure,
-)
 from kvlab.report import SUMMARY_COLUMNS
+from kvlab.ui.code import code_snippet
+from kvlab.ui.compare_view import BEST_MARK, DISPLAY_COLUMNS, HEADERS, MISSING, RunView, format_value
+from kvlab.ui.figures import MIB, figure_png, render_figure
+from kvlab.ui.knobs import NO_STRATEGY, column_spec, knob_defaults, knob_text, max_knobs, parse_knob, plan_columns
 
 
 def result(index, name, strategy, status="ok", **fields):

@@ -1,0 +1,284 @@
+"""The Chat tab: a multi-turn chat that keeps one KV cache per browser session, and a prefix-reuse panel.
+
+`ChatTab(pool).build()` lays the tab out inside the caller's `gr.Tab` and wires
+its events; nothing else. Each handler is a method that returns (or yields)
+`{component: update}` dicts, so a test can call it with a `ChatForm`. The
+strategy card is Compare's (`kvlab.ui.cards`), listing the strategies whose
+`usable_in_chat` is true. Each browser session keeps its own `ChatTabState`
+(conversation, cache, stop flag) in a `gr.State`; the only shared object is the
+model pool. What the page shows comes from `kvlab.ui.chat_view`; the turns run
+in `kvlab.chat` / `kvlab.prefix`.
+"""
+
+from __future__ import annotations
+
+import gradio as gr
+
+from kvlab.chat import ChatCapacityError, ChatInputError, ChatStatus, ChatToken
+from kvlab.generation import MAX_NEW_TOKENS_CAP
+from kvlab.models import ModelLoadError, ModelPool, ModelSpec
+from kvlab.strategies import StrategyError, make_strategy
+
+from .cards import build_card
+from .chat_view import (
+    DEFAULT_MAX_NEW_TOKENS,
+    DEFAULT_STRATEGY,
+    ChatForm,
+    ChatTabState,
+    apply_event,
+    chat_strategy_choices,
+    default_prefix_texts,
+    prefilled_knobs,
+    prefix_frame,
+    prefix_markdown,
+    prefix_refusal,
+    prompt_lines,
+    ready_session,
+    start_view,
+    turn_markdown,
+    turns_frame,
+)
+from .figures import turns_figure
+from .knobs import card_form, knob_index, max_knobs, strategy_choices
+
+CHAT_CONCURRENCY = 2
+"""Sessions that may generate at the same time (they share the model and the CPU cores)."""
+CHAT_CONCURRENCY_ID = "kvlab-chat"
+INTRO = ("Chat with the model while **one KV cache is kept across turns**: each turn prefills only the new "
+         "message and the template's glue, and is compared with the same turn re-prefilled from scratch.")
+PREFIX_INTRO = ("The prefix (a system prompt or a document) is prefilled once; each prompt starts from a deep "
+                "copy of that cache and prefills only its own tokens. Every prompt is also answered without "
+                "reuse and compared. Uses the strategy picked above (one whose cache holds the whole prefix).")
+
+
+class ChatTab:
+    """The Chat tab's components and handlers.
+
+    Args:
+        pool: the app's shared model pool (models are loaded on the first message).
+        default_spec: the model to chat with (default: the bundled model); the Settings accordion
+            lets the user type another source.
+    """
+
+    def __init__(self, pool: ModelPool, default_spec: ModelSpec | None = None):
+        self.pool = pool
+        self.spec0 = default_spec or ModelSpec()
+        self.strategies = chat_strategy_choices()
+        self.knob_count = max_knobs(self.strategies)
+
+    # ----- building -----
+
+    def build(self) -> "ChatTab":
+        gr.Markdown(INTRO)
+        self.state = gr.State(None)
+        self._build_card()
+        self._build_conversation()
+        self._build_prefix()
+        self._wire()
+        return self
+
+    def _build_card(self) -> None:
+        form = card_form(DEFAULT_STRATEGY, prefilled_knobs(DEFAULT_STRATEGY), None, self.knob_count)
+        self.card = build_card(form, strategy_choices(None, "usable_in_chat", none_choice=False), DEFAULT_STRATEGY,
+                               "Cache strategy", "kvlab-chat", outputs=False, elem_id="kvlab-chat-card")
+
+    def _build_conversation(self) -> None:
+        self.system = gr.Textbox(label="System prompt", lines=2, placeholder="(empty: the chat template's default)")
+        self.chatbot = gr.Chatbot(label="Conversation", height=360, elem_id="kvlab-chatbot")
+        with gr.Row():
+            self.message = gr.Textbox(label="Message", placeholder="Type a message and press Enter", scale=5,
+                                      elem_id="kvlab-chat-message")
+            self.send_button = gr.Button("Send", variant="primary", scale=1, elem_id="kvlab-chat-send")
+        with gr.Row():
+            self.regenerate_button = gr.Button("Regenerate last reply", size="sm", elem_id="kvlab-chat-regenerate")
+            self.undo_button = gr.Button("Undo last turn", size="sm", elem_id="kvlab-chat-undo")
+            self.clear_button = gr.Button("Clear", size="sm", elem_id="kvlab-chat-clear")
+            self.stop_button = gr.Button("Stop", size="sm", variant="stop", elem_id="kvlab-chat-stop")
+        with gr.Row():
+            self.max_new_tokens = gr.Slider(1, min(MAX_NEW_TOKENS_CAP, 512), value=DEFAULT_MAX_NEW_TOKENS, step=1,
+                                            label="max_new_tokens per reply", elem_id="kvlab-chat-max-new")
+            self.measure = gr.Checkbox(True, label="measure each turn without reuse (TTFT)")
+            self.verify = gr.Checkbox(False, label="also generate the reply without reuse and compare")
+        self.notice = gr.Markdown(elem_id="kvlab-chat-notice")
+        with gr.Row(visible=False) as self.capacity_row:
+            self.grow_button = gr.Button("Rebuild the static cache larger", size="sm")
+            self.to_dynamic_button = gr.Button("Switch to dynamic", size="sm")
+        self.turn_info = gr.Markdown(elem_id="kvlab-chat-turn")
+        self.turn_table = gr.Dataframe(label="Per turn", interactive=False, wrap=True)
+        self.turn_plot = gr.Plot(label="Per-turn TTFT and tokens")
+        with gr.Accordion("Settings", open=False):
+            self.model_source = gr.Textbox(self.spec0.source, label="Model ('bundled', a hub id or a local folder)")
+
+    def _build_prefix(self) -> None:
+        document, prompts = default_prefix_texts()
+        with gr.Accordion("Prefix reuse: prefill a shared prefix once, answer several prompts", open=False):
+            gr.Markdown(PREFIX_INTRO)
+            self.prefix_text = gr.Textbox(document, label="Shared prefix (sent as the system message)", lines=6)
+            self.prefix_prompts = gr.Textbox(prompts, label="Prompts, one per line", lines=4)
+            self.prefix_button = gr.Button("Run prefix reuse", variant="primary", elem_id="kvlab-prefix-run")
+            self.prefix_info = gr.Markdown(elem_id="kvlab-prefix-info")
+            self.prefix_table = gr.Dataframe(label="Per prompt", interactive=False, wrap=True)
+
+    # ----- wiring -----
+
+    def _wire(self) -> None:
+        self.form_inputs = {self.model_source, self.card.strategy, *self.card.knobs, self.system,
+                            self.max_new_tokens, self.measure, self.verify}
+        self.turn_outputs = [self.chatbot, self.message, self.notice, self.capacity_row, self.turn_info,
+                             self.turn_table, self.turn_plot, self.state]
+        model_bound = {"concurrency_limit": CHAT_CONCURRENCY, "concurrency_id": CHAT_CONCURRENCY_ID}
+        for trigger in (self.send_button.click, self.message.submit):
+            trigger(self._on_send, {self.message, self.state, *self.form_inputs}, self.turn_outputs, **model_bound)
+        self.regenerate_button.click(self._on_regenerate, {self.state, *self.form_inputs}, self.turn_outputs,
+                                     **model_bound)
+        self.undo_button.click(self.undo, [self.state], self.turn_outputs)
+        self.clear_button.click(self.clear, [self.state], self.turn_outputs)
+        self.stop_button.click(self.stop, [self.state], None, queue=False)
+        self.grow_button.click(self.grow, [self.state], self.turn_outputs + self.card.knobs)
+        self.to_dynamic_button.click(self.to_dynamic, [self.state],
+                                     self.turn_outputs + [self.card.strategy, *self.card.form_outputs])
+        self.card.strategy.input(self.pick_strategy, [self.card.strategy, self.model_source], self.card.form_outputs,
+                                 show_progress="hidden")
+        self.prefix_button.click(self._on_prefix, {self.prefix_text, self.prefix_prompts, *self.form_inputs},
+                                 [self.prefix_info, self.prefix_table], **model_bound)
+
+    def form_from(self, data: dict) -> ChatForm:
+        """A ChatForm from an event's {component: value} inputs."""
+        return ChatForm(source=data[self.model_source], strategy_name=data[self.card.strategy],
+                        knobs=[data[box] for box in self.card.knobs], system=data[self.system],
+                        max_new_tokens=data[self.max_new_tokens], measure=data[self.measure],
+                        verify=data[self.verify])
+
+    def _on_send(self, data: dict):
+        yield from self.send(data[self.message], data[self.state], self.form_from(data))
+
+    def _on_regenerate(self, data: dict):
+        yield from self.regenerate(data[self.state], self.form_from(data))
+
+    def _on_prefix(self, data: dict) -> dict:
+        return self.run_prefix(self.form_from(data), data[self.prefix_text], data[self.prefix_prompts])
+
+    # ----- handlers: each returns or yields {component: update} -----
+
+    def idle(self, state: ChatTabState | None, note: str, message=None, capacity: bool = False) -> dict:
+        """The page between turns: the conversation, a notice, the last turn's stats; `message` refills the box."""
+        session = state.session if state else None
+        history = [dict(m) for m in session.history] if session else []
+        turns = session.turns if session else []
+        updates = {self.chatbot: history, self.notice: note, self.capacity_row: gr.update(visible=capacity),
+                   self.turn_info: turn_markdown(turns[-1] if turns else None), self.turn_table: turns_frame(turns),
+                   self.turn_plot: turns_figure(turns), self.state: state}
+        if message is not None:
+            updates[self.message] = message
+        return updates
+
+    def send(self, text: str, state: ChatTabState | None, form: ChatForm):
+        """Send a message and stream the reply; a refused turn keeps the text in the box and says why."""
+        if not (text or "").strip():
+            yield self.idle(state, "⚠️ the message is empty: type something to send", message="")
+            return
+        state, events, error, capacity = self._begin(
+            state, form, lambda session, stop: session.send(text, form.measure, form.verify, stop))
+        if events is None:
+            yield self.idle(state, error, message=text, capacity=capacity)
+            return
+        yield from self._run_turn(state, events, state.session.history, text, keep=text)
+
+    def regenerate(self, state: ChatTabState | None, form: ChatForm):
+        """Replace the last reply with a new one for the same message."""
+        state, events, error, capacity = self._begin(
+            state, form, lambda session, stop: session.regenerate(form.measure, form.verify, stop))
+        if events is None:
+            yield self.idle(state, error, capacity=capacity)
+            return
+        yield from self._run_turn(state, events, state.session.history[:-1], None, keep=None)
+
+    def _begin(self, state, form: ChatForm, start):
+        """(state, events, '', False) for a turn that starts, or (state, None, error, capacity refused?)."""
+        try:
+            state = ready_session(state, self.pool.get(form.model_spec(self.spec0)), form)
+            state.stop.clear()
+            return state, start(state.session, state.stop), "", False
+        except ChatCapacityError as err:
+            return state, None, f"⚠️ {err}", True
+        except (ChatInputError, StrategyError, ModelLoadError, ValueError) as err:
+            return state, None, f"⚠️ {err}", False
+
+    def _run_turn(self, state: ChatTabState, events, shown_history: list[dict], user_text: str | None, keep):
+        view = start_view(shown_history, user_text)
+        yield {self.chatbot: view.messages, self.message: "", self.notice: "",
+               self.capacity_row: gr.update(visible=False), self.turn_info: f"_{view.status}_", self.state: state}
+        for event in events:
+            apply_event(view, event)
+            if isinstance(event, (ChatToken, ChatStatus)):
+                yield {self.chatbot: view.messages, self.message: "", self.notice: "",
+                       self.turn_info: f"_{view.status}_", self.state: state}
+        if view.failed is not None:
+            yield self.idle(state, f"⚠️ the turn failed: {view.failed}", message=keep)
+            return
+        yield self.idle(state, "", message="")
+
+    def undo(self, state: ChatTabState | None) -> dict:
+        if state is None or state.session is None or not state.session.undo():
+            return self.idle(state, "nothing to undo")
+        return self.idle(state, "removed the last turn; the next turn crops the cache to what is left")
+
+    def clear(self, state: ChatTabState | None) -> dict:
+        if state is not None and state.session is not None:
+            state.session.clear()
+        return self.idle(state, "", message="")
+
+    def stop(self, state: ChatTabState | None) -> None:
+        if state is not None:
+            state.stop.set()
+
+    def grow(self, state: ChatTabState | None) -> dict:
+        """Rebuild a static cache that was too small with the suggested size; the knob field shows it."""
+        if state is None or state.session is None:
+            return self.idle(state, "nothing to rebuild yet")
+        try:
+            capacity = state.session.grow_cache()
+        except (StrategyError, ChatInputError) as err:
+            return self.idle(state, f"⚠️ {err}")
+        updates = self.idle(state, f"the static cache will be rebuilt with max_cache_len={capacity} at the next "
+                                   "turn: press Send again")
+        updates[self.card.knobs[knob_index(state.session.strategy.name, "max_cache_len")]] = str(capacity)
+        return updates
+
+    def to_dynamic(self, state: ChatTabState | None) -> dict:
+        """Switch the session (and the card) to a dynamic cache."""
+        if state is not None and state.session is not None:
+            state.session.set_strategy(make_strategy({"strategy": "dynamic"}))
+        updates = self.idle(state, "switched to dynamic: the next turn prefills the conversation into a new "
+                                   "cache; press Send again")
+        updates[self.card.strategy] = "dynamic"
+        updates.update(self.pick_strategy("dynamic", None))
+        return updates
+
+    def pick_strategy(self, name: str, source: str | None) -> dict:
+        """The card's fields for strategy `name` (marked unavailable when the chat's model is loaded and refuses it)."""
+        try:
+            loaded = self.pool.loaded(ChatForm(source=source or self.spec0.source).model_spec(self.spec0))
+        except ValueError:
+            loaded = None
+        return self.card.updates(card_form(name, prefilled_knobs(name), loaded, self.knob_count))
+
+    def run_prefix(self, form: ChatForm, prefix: str, prompts_text: str) -> dict:
+        """Prefill `prefix` once and answer each prompt line from copies of its cache, with and without reuse."""
+        from kvlab.prefix import run_prefix_reuse
+
+        try:
+            chosen = form.strategy()
+            refusal = prefix_refusal(chosen)
+            if refusal:
+                raise StrategyError(refusal)
+            report = run_prefix_reuse(self.pool.get(form.model_spec(self.spec0)), chosen, prefix or "",
+                                      prompt_lines(prompts_text), form.settings())
+        except (StrategyError, ModelLoadError, ValueError) as err:
+            return {self.prefix_info: f"⚠️ {err}", self.prefix_table: None}
+        return {self.prefix_info: prefix_markdown(report), self.prefix_table: prefix_frame(report)}
+
+
+def build_chat_tab(pool: ModelPool, default_spec: ModelSpec | None = None) -> ChatTab:
+    """Build the Chat tab inside the current `gr.Tab` / `gr.Blocks` context; returns it."""
+    return ChatTab(pool, default_spec).build()

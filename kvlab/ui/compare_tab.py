@@ -1,0 +1,456 @@
+"""The Compare tab: one prompt under up to eight KV-cache strategies, streamed side by side.
+
+This module lays out the components and wires their events; nothing else.
+What the page shows comes from `kvlab.ui.compare_view` (the form -> a run plan,
+runner events -> a view model), `kvlab.ui.knobs` (the strategy cards' fields)
+and `kvlab.ui.figures`; running is `kvlab.runner`'s job. Per-session state lives
+in `gr.State`; the one shared object is the `ModelPool` of loaded weights
+(through a `BackgroundLoader`). Model-bound events (Run, the `compare` API)
+share one concurrency group limited to `CONCURRENCY` jobs; the queue shows a
+waiting browser tab its position.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+import gradio as gr
+
+from kvlab.generation import MAX_NEW_TOKENS_CAP, encode_prompt
+from kvlab.models import DEVICES, DTYPES, ModelLoadError, ModelSpec
+from kvlab.presets import Preset, PresetError, list_presets, load_preset
+from kvlab.runner import MAX_COLUMNS, MODES, run_compare
+
+from .cards import StrategyCard, build_card
+from .compare_view import (
+    INTRO,
+    MODE_HELP,
+    SUMMARY_HELP,
+    SUMMARY_WIDTHS,
+    RunPlan,
+    RunRejected,
+    RunRequest,
+    RunView,
+    model_line,
+    plan_run,
+    slot_specs,
+    start_preset,
+)
+from .figures import render_figure
+from .knobs import card_form, max_knobs, strategy_choices
+from .loader import CONCURRENCY, MODEL_CONCURRENCY_ID, BackgroundLoader, device_present
+from .records import code_text, record_for, run_preset, write_exports
+from .theme import line_html, status_html
+
+logger = logging.getLogger(__name__)
+
+TEXT_EVERY_S = 0.25
+"""Least time between two streamed updates of the column texts and statuses."""
+PLOT_EVERY_S = 1.0
+"""Least time between two redraws of the live plots."""
+PLOT_COST_FACTOR = 5.0
+"""A redraw waits at least this many times the last redraw's cost (drawing plus sending), so the plots
+never take more than about a fifth of the CPU time the model could use on a slow machine."""
+LOAD_POLL_S = 0.5
+PRIVATE = {"concurrency_limit": None, "api_visibility": "private"}
+"""Light events (presets, pickers, Stop, the timer) run at once and stay out of the API."""
+
+
+class CompareTab:
+    """The Compare tab's components and handlers (build it with `build_compare_tab`)."""
+
+    def __init__(self, pool, preload: bool = True):
+        self.loader = BackgroundLoader(pool)
+        self.knob_count = max_knobs()
+        self.presets = list_presets()
+        self.devices = [d for d in DEVICES if d in ("auto", "cpu") or device_present(d)]
+        self.dtypes = list(DTYPES) if device_present("cuda") else ["float32"]
+        if preload:
+            self.loader.start(ModelSpec())
+
+    # ----- building -----
+
+    def build(self) -> "CompareTab":
+        start = start_preset(self.presets)
+        self.session = gr.State({})
+        gr.Markdown(INTRO, elem_classes=["kv-intro"])
+        self._build_model_bar()
+        with gr.Row():
+            with gr.Column(scale=3):
+                self._build_prompt(start)
+            with gr.Column(scale=2):
+                self._build_generation(start)
+        with gr.Row(equal_height=True, elem_classes=["kv-runbar"]):
+            self.run_button = gr.Button("Run", variant="primary", scale=0, min_width=120, elem_id="kv-run")
+            self.stop_button = gr.Button("Stop", variant="stop", scale=0, min_width=120, elem_id="kv-stop",
+                                         interactive=False)
+            self.run_status = gr.HTML(line_html("ready: pick a preset or strategies, then Run"), elem_id="kv-run-status")
+        self._build_cards(start)
+        self._build_results()
+        self.timer = gr.Timer(1.0, active=True)
+        self._wire_form()
+        self._wire_run()
+        return self
+
+    def _build_model_bar(self) -> None:
+        with gr.Row(equal_height=False, elem_classes=["kv-modelbar"]):
+            self.model_source = gr.Textbox("bundled", label="Model", scale=4, elem_id="kv-model",
+                                           info="'bundled' (SmolLM2-135M-Instruct, offline), a hub id or a local folder")
+            self.dtype = gr.Dropdown(self.dtypes, value="float32", label="dtype", scale=1, elem_id="kv-dtype",
+                                     interactive=len(self.dtypes) > 1,
+                                     info="half precision needs CUDA" if len(self.dtypes) == 1 else "weights and cache")
+            self.device = gr.Dropdown(self.devices, value="auto", label="device", scale=1, elem_id="kv-device",
+                                      info="auto: CUDA if present, else CPU")
+            self.load_button = gr.Button("Load", scale=0, min_width=90, elem_id="kv-load")
+        self.model_status = gr.HTML(line_html("checking the model…", "busy"), elem_id="kv-model-status")
+
+    def _build_prompt(self, start: Preset) -> None:
+        with gr.Row(equal_height=True):
+            self.preset = gr.Dropdown(list(self.presets), value=start.name or None, label="Preset", scale=1,
+                                      elem_id="kv-preset", info="fills the prompt, settings and columns")
+            self.preset_about = gr.Markdown(start.description, elem_classes=["kv-small"])
+        self.prompt = gr.Textbox(start.prompt.text, label="Prompt", lines=3, elem_id="kv-prompt")
+        with gr.Row(equal_height=True):
+            self.system = gr.Textbox(start.prompt.system, label="System prompt (optional)", scale=4,
+                                     elem_id="kv-system")
+            self.chat = gr.Checkbox(start.prompt.chat, label="chat message", info="use the chat template", scale=1,
+                                    elem_id="kv-chat")
+
+    def _build_generation(self, start: Preset) -> None:
+        generation, sampling = start.generation, start.generation.do_sample
+        with gr.Row(equal_height=True):
+            self.max_new_tokens = gr.Number(generation.max_new_tokens, precision=0, min_width=140,
+                                            label=f"max new tokens (1–{MAX_NEW_TOKENS_CAP})", elem_id="kv-max-new")
+            self.decoding = gr.Radio(["greedy", "sample"], label="decoding", elem_id="kv-decoding",
+                                     value="sample" if sampling else "greedy")
+            self.ignore_eos = gr.Checkbox(not generation.stop_at_eos, label="ignore EOS", elem_id="kv-ignore-eos",
+                                          info="keep going past end-of-text")
+        with gr.Row(equal_height=True):
+            self.temperature = gr.Slider(0.05, 2.0, generation.temperature, step=0.05, label="temperature",
+                                         interactive=sampling)
+            self.top_p = gr.Slider(0.05, 1.0, generation.top_p, step=0.05, label="top_p", interactive=sampling)
+        with gr.Row(equal_height=True):
+            self.top_k = gr.Number(generation.top_k, precision=0, label="top_k (0 = off)", interactive=sampling,
+                                   min_width=90)
+            self.repetition_penalty = gr.Number(generation.repetition_penalty, label="repetition penalty",
+                                                min_width=90, step=0.05)
+            self.seed = gr.Number(generation.seed, precision=0, label="seed", min_width=90)
+        self.mode = gr.Radio(list(MODES), value=start.mode, label="mode", info=MODE_HELP, elem_id="kv-mode")
+        with gr.Row(equal_height=True):
+            self.baseline = gr.Dropdown(["auto"] + [f"column {i + 1}" for i in range(MAX_COLUMNS)],
+                                        value=self._baseline_value(start), label="fidelity baseline",
+                                        elem_id="kv-baseline", info="auto: the first dynamic column")
+            self.fidelity = gr.Checkbox(bool(generation.fidelity), label="score fidelity", elem_id="kv-fidelity",
+                                        info="teacher-forced, after the columns finish")
+
+    def _build_cards(self, start: Preset) -> None:
+        self.cards: list[StrategyCard] = []
+        choices = strategy_choices(None)
+        for row_start in range(0, MAX_COLUMNS, 4):
+            with gr.Row(equal_height=False, elem_classes=["kv-cards"]):
+                for slot, (name, knobs) in enumerate(slot_specs(start.columns)[row_start:row_start + 4], row_start):
+                    form = card_form(name, knobs, None, self.knob_count)
+                    self.cards.append(build_card(form, choices, name, f"Column {slot + 1}", f"kv-col-{slot}",
+                                                 outputs=True, classes=(f"kv-slot-{slot}",),
+                                                 elem_id=f"kv-card-{slot}"))
+
+    def _build_results(self) -> None:
+        self.plot = gr.Plot(label="Live plots", show_label=False, elem_id="kv-plot", format="png", visible=False)
+        with gr.Column(visible=False, elem_id="kv-results") as self.results:
+            self.summary = gr.Dataframe(value=None, headers=None, interactive=False, wrap=True, elem_id="kv-summary",
+                                        label="Summary", max_height=900, column_widths=SUMMARY_WIDTHS)
+            gr.Markdown(SUMMARY_HELP, elem_classes=["kv-small"])
+            self.exports = gr.File(label="Export: JSON record, summary CSV, plots PNG", file_count="multiple",
+                                   interactive=False, elem_id="kv-exports")
+        with gr.Accordion("View code: reproduce each column with plain transformers", open=False,
+                          elem_id="kv-code-box"):
+            self.code = gr.Code(language="python", label="generate(..., cache=...)", elem_id="kv-code",
+                                interactive=False, lines=12, max_lines=60)
+
+    @staticmethod
+    def _baseline_value(preset: Preset) -> str:
+        return "auto" if preset.baseline is None else f"column {preset.baseline + 1}"
+
+    def card_updates(self, slot: int, name: str, knobs: dict, loaded) -> dict:
+        """{component: gr.update} setting card `slot` to strategy `name` with `knobs`."""
+        return self.cards[slot].updates(card_form(name, knobs, loaded, self.knob_count))
+
+    def _loaded_for(self, source, dtype, device):
+        try:
+            return self.loader.pool.loaded(ModelSpec((source or "").strip() or "bundled", dtype, device))
+        except ValueError:
+            return None
+
+    # ----- wiring -----
+
+    def _wire_form(self) -> None:
+        """The light events: model status timer, Load, strategy pickers, decoding, presets."""
+        strategies = [card.strategy for card in self.cards]
+        model_inputs = [self.model_source, self.dtype, self.device]
+        self.timer.tick(self.tick, model_inputs, [self.model_status, self.timer, *strategies],
+                        show_progress="hidden", **PRIVATE)
+        self.load_button.click(self.load, model_inputs, [self.model_status, self.timer], **PRIVATE)
+        for slot, card in enumerate(self.cards):
+            card.strategy.input(
+                lambda name, source, dtype, device, slot=slot: self.card_updates(
+                    slot, name, {}, self._loaded_for(source, dtype, device)),
+                [card.strategy, *model_inputs], card.form_outputs, show_progress="hidden", **PRIVATE)
+        self.decoding.change(lambda d: [gr.update(interactive=d == "sample")] * 3, self.decoding,
+                             [self.temperature, self.top_p, self.top_k], show_progress="hidden", **PRIVATE)
+        self.form_outputs = [
+            self.prompt, self.system, self.chat, self.max_new_tokens, self.decoding, self.temperature, self.top_p,
+            self.top_k, self.repetition_penalty, self.seed, self.ignore_eos, self.fidelity, self.mode, self.baseline,
+            self.model_source, self.dtype, self.device, self.preset_about, self.run_status, *strategies,
+            *[c for card in self.cards for c in card.form_outputs],
+        ]
+        self.preset.input(self.apply_preset, [self.preset, *model_inputs], self.form_outputs,
+                          show_progress="hidden", **PRIVATE)
+
+    def _wire_run(self) -> None:
+        """Run (prepare, then the queued run, then re-enable), Stop, and the `compare` API."""
+        self.run_inputs = {
+            self.session, self.prompt, self.system, self.chat, self.max_new_tokens, self.decoding, self.temperature,
+            self.top_p, self.top_k, self.repetition_penalty, self.seed, self.ignore_eos, self.fidelity, self.mode,
+            self.baseline, self.preset, self.model_source, self.dtype, self.device,
+            *[card.strategy for card in self.cards], *[box for card in self.cards for box in card.knobs],
+        }
+        self.run_outputs = [self.run_status, self.model_status, self.plot, self.results, self.summary, self.exports,
+                            self.code, *[c for card in self.cards for c in (card.status, card.text)]]
+        self.run_button.click(
+            self.prepare, self.session, [self.run_button, self.stop_button, self.run_status], show_progress="hidden",
+            **PRIVATE,
+        ).then(
+            self.run, self.run_inputs, self.run_outputs, concurrency_limit=CONCURRENCY,
+            concurrency_id=MODEL_CONCURRENCY_ID, show_progress="full", show_progress_on=[self.run_status],
+            api_visibility="private",
+        ).then(
+            lambda: (gr.update(interactive=True), gr.update(interactive=False)), None,
+            [self.run_button, self.stop_button], show_progress="hidden", **PRIVATE,
+        )
+        self.stop_button.click(self.stop, self.session, self.run_status, show_progress="hidden", **PRIVATE)
+        gr.api(self.api_compare, api_name="compare", concurrency_limit=CONCURRENCY,
+               concurrency_id=MODEL_CONCURRENCY_ID)
+
+    # ----- light events -----
+
+    def tick(self, source, dtype, device):
+        """Timer: refresh the model status line; stop ticking once the load has ended (ready or failed)."""
+        try:
+            spec = ModelSpec((source or "").strip() or "bundled", dtype, device)
+        except ValueError as err:
+            return line_html(f"✖ {err}", "error"), gr.Timer(active=False), *[gr.skip()] * MAX_COLUMNS
+        status = self.loader.status(spec)
+        if status.state == "loading":
+            return model_line(status, spec), gr.Timer(active=True), *[gr.skip()] * MAX_COLUMNS
+        choices = strategy_choices(status.loaded)
+        return (model_line(status, spec), gr.Timer(active=False),
+                *[gr.update(choices=choices) for _ in range(MAX_COLUMNS)])
+
+    def load(self, source, dtype, device):
+        """Load button: start loading in the background; the timer reports progress."""
+        try:
+            spec = ModelSpec((source or "").strip() or "bundled", dtype, device)
+        except ValueError as err:
+            return line_html(f"✖ {err}", "error"), gr.Timer(active=False)
+        status = self.loader.start(spec)
+        return model_line(status, spec), gr.Timer(active=True)
+
+    def apply_preset(self, name, source, dtype, device) -> dict:
+        """Preset dropdown: fill the prompt, settings, model fields and columns from `presets/<name>.yaml`."""
+        try:
+            preset = load_preset(self.presets.get(name, name))
+        except PresetError as err:
+            return {self.run_status: line_html(f"✖ {err}", "error")}
+        generation, sampling = preset.generation, preset.generation.do_sample
+        updates = {
+            self.prompt: preset.prompt.text, self.system: preset.prompt.system, self.chat: preset.prompt.chat,
+            self.max_new_tokens: generation.max_new_tokens, self.decoding: "sample" if sampling else "greedy",
+            self.temperature: gr.update(value=generation.temperature, interactive=sampling),
+            self.top_p: gr.update(value=generation.top_p, interactive=sampling),
+            self.top_k: gr.update(value=generation.top_k, interactive=sampling),
+            self.repetition_penalty: generation.repetition_penalty, self.seed: generation.seed,
+            self.ignore_eos: not generation.stop_at_eos, self.fidelity: generation.fidelity,
+            self.mode: preset.mode, self.baseline: self._baseline_value(preset),
+            self.model_source: preset.model.source,
+            self.dtype: preset.model.dtype if preset.model.dtype in self.dtypes else self.dtypes[0],
+            self.device: preset.model.device if preset.model.device in self.devices else "auto",
+            self.preset_about: preset.description,
+            self.run_status: line_html(f"preset {preset.name}: {len(preset.columns)} columns; press Run"),
+        }
+        loaded = self._loaded_for(preset.model.source, preset.model.dtype, preset.model.device)
+        for slot, (strategy, knobs) in enumerate(slot_specs(preset.columns)):
+            updates[self.cards[slot].strategy] = strategy
+            updates.update(self.card_updates(slot, strategy, knobs, loaded))
+        return updates
+
+    def prepare(self, session: dict):
+        """Run clicked (not queued): a fresh stop event for this session, Run disabled, Stop enabled."""
+        session["stop"] = threading.Event()
+        return (gr.update(interactive=False), gr.update(interactive=True),
+                line_html("waiting for a free slot…", "busy"))
+
+    def stop(self, session: dict):
+        """Stop: end every column of this session's run within a token."""
+        event = session.get("stop")
+        if event is None or event.is_set():
+            return gr.skip()
+        event.set()
+        return line_html("stopping…", "busy")
+
+    # ----- the run -----
+
+    def request_from(self, data: dict) -> RunRequest:
+        """A RunRequest from the Run event's {component: value} inputs."""
+        return RunRequest(
+            prompt=data[self.prompt], system=data[self.system], chat=data[self.chat],
+            max_new_tokens=data[self.max_new_tokens], decoding=data[self.decoding],
+            temperature=data[self.temperature], top_p=data[self.top_p], top_k=data[self.top_k],
+            repetition_penalty=data[self.repetition_penalty], seed=data[self.seed],
+            ignore_eos=data[self.ignore_eos], fidelity=data[self.fidelity], mode=data[self.mode],
+            baseline=data[self.baseline], preset=data[self.preset], model_source=data[self.model_source],
+            dtype=data[self.dtype], device=data[self.device],
+            slots=[(data[card.strategy], [data[box] for box in card.knobs]) for card in self.cards],
+        )
+
+    def run(self, data: dict):
+        """Run (queued, model-bound): stream the run into the page. A failure is shown, never raised."""
+        session = data[self.session]
+        stop = session.get("stop") or threading.Event()
+        try:
+            yield from self.stream(self.request_from(data), stop)
+        except Exception as err:  # noqa: BLE001 - the page shows what went wrong instead of a bare "Error"
+            logger.exception("compare run failed")
+            yield {self.run_status: line_html(f"✖ the run failed: {type(err).__name__}: {err}", "error")}
+
+    def stream(self, request: RunRequest, stop: threading.Event):
+        """Validate, load, run and yield {component: update} dicts as the run goes (throttled).
+
+        Bad input yields one status-line message and ends; a column that fails shows it in its card.
+        """
+        # 1. Refuse what cannot start: stopped already, bad form, model that does not load.
+        if stop.is_set():
+            yield {self.run_status: line_html("stopped before the run started", "info")}
+            return
+        try:
+            plan = plan_run(request)
+            loaded = self.loader.pool.loaded(plan.spec)
+            if loaded is None:
+                loaded = yield from self._wait_for_model(plan.spec)
+            prompt_ids = encode_prompt(loaded.tokenizer, request.prompt, request.system or "", bool(request.chat))
+        except (RunRejected, ModelLoadError, ValueError) as err:
+            yield {self.run_status: line_html(f"✖ {err}", "error")}
+            return
+        # 2. Stream the runner's events through the view, throttled, then the final summary.
+        view = RunView([s.describe() for _, s in plan.columns], plan.slots)
+        yield self._start_updates(plan, view)
+        events = run_compare(loaded, prompt_ids, [s for _, s in plan.columns], plan.settings, request.mode, stop,
+                             plan.baseline_index())
+        try:
+            yield from self._throttled(view, events, stop)
+        finally:
+            stop.set()
+            events.close()
+        yield self._final_updates(plan, view, loaded)
+
+    def _throttled(self, view: RunView, events, stop: threading.Event):
+        """Fold every event into `view`; yield column updates at most every TEXT_EVERY_S and plots less often."""
+        last_text = time.monotonic()
+        plot_due = last_text + PLOT_EVERY_S
+        changed: set[int] = set()
+        for event in events:
+            changed |= view.apply(event)
+            view.stop_requested = stop.is_set()
+            now = time.monotonic()
+            if view.done is not None or now - last_text < TEXT_EVERY_S:
+                continue
+            updates = self._column_updates(view, changed)
+            updates[self.run_status] = line_html(view.progress_text(), "busy")
+            plotted = now >= plot_due
+            if plotted:
+                updates[self.plot] = render_figure(view)
+            changed = set()
+            yield updates
+            last_text = time.monotonic()
+            if plotted:
+                plot_due = last_text + max(PLOT_EVERY_S, PLOT_COST_FACTOR * (last_text - now))
+
+    def _wait_for_model(self, spec: ModelSpec):
+        """Generator: start or join the load of `spec`, yielding progress; returns the loaded model."""
+        status = self.loader.start(spec)
+        while status.state == "loading":
+            yield {self.run_status: line_html(f"{status.message} ({100 * status.fraction:.0f}%)", "busy"),
+                   self.model_status: model_line(status, spec)}
+            time.sleep(LOAD_POLL_S)
+            status = self.loader.status(spec)
+        if status.state != "ready":
+            raise ModelLoadError(status.message or f"could not load {spec.source!r}")
+        yield {self.model_status: model_line(status, spec)}
+        return status.loaded
+
+    def _start_updates(self, plan: RunPlan, view: RunView) -> dict:
+        updates = {self.run_status: line_html("starting…", "busy"), self.plot: gr.update(value=None, visible=True),
+                   self.results: gr.update(visible=False), self.summary: None, self.exports: None, self.code: ""}
+        for slot, card in enumerate(self.cards):
+            if slot in plan.slot_errors:
+                updates[card.status] = gr.update(value=status_html("invalid settings", "error", "",
+                                                                   plan.slot_errors[slot]), visible=True)
+                updates[card.text] = gr.update(value="", visible=True)
+            elif slot not in plan.slots:
+                updates[card.status] = gr.update(value="", visible=False)
+                updates[card.text] = gr.update(value="", visible=False)
+        updates.update(self._column_updates(view, set(range(len(view.columns)))))
+        return updates
+
+    def _column_updates(self, view: RunView, indices: set[int]) -> dict:
+        updates = {}
+        for i in sorted(indices):
+            column, card = view.columns[i], self.cards[view.slots[i]]
+            updates[card.status] = gr.update(
+                value=status_html(column.title, column.status, column.readout(), column.message), visible=True)
+            updates[card.text] = gr.update(value=column.text, visible=True)
+        return updates
+
+    def _final_updates(self, plan: RunPlan, view: RunView, loaded) -> dict:
+        updates = self._column_updates(view, set(range(len(view.columns))))
+        fig = render_figure(view)
+        updates[self.plot] = fig
+        if view.done is None:
+            updates[self.run_status] = line_html("the run ended without a result", "error")
+            return updates
+        headers, table = view.summary_table()
+        rows, _ = view.summary()
+        updates[self.summary] = gr.update(value=table, headers=headers)
+        updates[self.results] = gr.update(visible=True)
+        updates[self.exports] = write_exports(record_for(plan, loaded, view.done), rows, fig)
+        updates[self.code] = code_text(plan, view)
+        errors = [f"column {s + 1}: {m}" for s, m in plan.slot_errors.items()]
+        status = view.progress_text() + (" — not run: " + "; ".join(errors) if errors else "")
+        updates[self.run_status] = line_html(status, "error" if errors else "ok")
+        return updates
+
+    # ----- API -----
+
+    def api_compare(self, preset: str, prompt: str | None = None, max_new_tokens: int | None = None) -> dict:
+        """Run a preset headless and return its JSON run record (what `python -m kvlab compare --json` writes).
+
+        Args:
+            preset: the name of a file in presets/ (e.g. "quickstart").
+            prompt: replaces the preset's prompt text when given.
+            max_new_tokens: replaces the preset's max_new_tokens when given.
+        """
+        if preset not in self.presets:
+            raise gr.Error(f"unknown preset {preset!r}; available: {', '.join(self.presets)}")
+        try:
+            return run_preset(self.loader, self.presets[preset], preset, prompt, max_new_tokens)
+        except (PresetError, ModelLoadError, ValueError) as err:
+            raise gr.Error(str(err)) from None
+
+
+def build_compare_tab(pool, preload: bool = True) -> CompareTab:
+    """Build the Compare tab inside the current `gr.Tab` context; `pool` is the app's shared ModelPool.
+
+    preload: start loading the bundled model in the background now.
+    """
+    return CompareTab(pool, preload=preload).build()

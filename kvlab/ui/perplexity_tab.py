@@ -1,0 +1,135 @@
+"""The Perplexity tab: StreamingLLM's central figure, live on the loaded model.
+
+A long text streams token by token through dense, window and sink caches (and
+any other registered strategy usable in perplexity); the running
+log-perplexity of each grows on the plot as it is measured, with cache bytes
+beside it. This module lays out the components and wires their events; the
+form, the view model, the figure and the table are `kvlab.ui.perplexity_view`'s,
+the measuring is `kvlab.perplexity`'s. Per-session state (the stop event) lives
+in `gr.State`.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import gradio as gr
+
+from kvlab.models import ModelLoadError, ModelSpec
+from kvlab.perplexity import DEFAULT_SINKS, DEFAULT_WINDOW, stream_many
+from kvlab.strategies import StrategyError
+
+from .loader import CONCURRENCY, MODEL_CONCURRENCY_ID
+from .perplexity_view import (
+    BUILT_IN,
+    DEFAULT_CHOICES,
+    DEFAULT_TOKENS,
+    MAX_TOKENS_CAP,
+    PASTED,
+    PerplexityRequest,
+    PerplexityView,
+    perplexity_choices,
+    plan_perplexity,
+)
+
+PLOT_EVERY_S = 1.5
+"""Least time between two redraws of the plot while the text streams."""
+PRIVATE = {"concurrency_limit": None, "api_visibility": "private"}
+EXPLAIN = (
+    "Each token of a long text is predicted from what the cache still holds. **dynamic** keeps everything; "
+    "**window** (a sink cache with 0 sinks) keeps only the last `window` tokens (the paper's window-attention "
+    "baseline); **sink** keeps the first `sinks` tokens as attention sinks plus the recent ones (Xiao et al. 2023, "
+    "*Efficient Streaming Language Models with Attention Sinks*). Past the window, window attention's perplexity "
+    "shoots up while sink stays close to dynamic at constant memory. Curves show log-perplexity (nats) over the "
+    "last `window` tokens. Caches that cannot run on the model are left out, with the reason."
+)
+
+
+class PerplexityTab:
+    """The Perplexity tab's components and handlers; `pool` is the app's shared ModelPool."""
+
+    def __init__(self, pool):
+        self.pool = pool
+
+    def build(self) -> "PerplexityTab":
+        gr.Markdown(EXPLAIN)
+        with gr.Row():
+            self.source = gr.Textbox("bundled", label="model ('bundled', hub id or local folder)", scale=2)
+            self.text_choice = gr.Radio([BUILT_IN, PASTED], value=BUILT_IN, label="text", scale=2)
+        with gr.Row():
+            self.choices = gr.CheckboxGroup(perplexity_choices(), value=DEFAULT_CHOICES, label="caches", scale=3,
+                                            elem_id="ppl-caches")
+            self.extra = gr.Textbox(label="more caches (compare syntax)", scale=2, elem_id="ppl-extra",
+                                    placeholder="e.g. quantized:backend=hqq:nbits=2,sink:num_sink_tokens=1")
+        with gr.Row():
+            self.tokens = gr.Slider(64, MAX_TOKENS_CAP, value=DEFAULT_TOKENS, step=64, label="tokens to stream",
+                                    elem_id="ppl-tokens")
+            self.window = gr.Slider(16, 2048, value=DEFAULT_WINDOW, step=16, label="window_length (tokens)",
+                                    elem_id="ppl-window")
+            self.sinks = gr.Slider(0, 16, value=DEFAULT_SINKS, step=1, label="num_sink_tokens (sink)",
+                                   elem_id="ppl-sinks")
+        self.pasted = gr.Textbox(label="your text (used when 'the text pasted below' is picked)", lines=3)
+        with gr.Row():
+            self.run_button = gr.Button("Run perplexity", variant="primary", elem_id="ppl-run")
+            self.stop_button = gr.Button("Stop", elem_id="ppl-stop")
+        self.status = gr.Markdown("", elem_id="ppl-status")
+        self.plot = gr.Plot(label="log-perplexity and cache bytes vs position", elem_id="ppl-plot")
+        self.table = gr.Dataframe(label="perplexity per window-sized segment", interactive=False, elem_id="ppl-table")
+        self.session = gr.State({})
+        self._wire()
+        return self
+
+    def _wire(self) -> None:
+        self.run_inputs = {self.session, self.source, self.text_choice, self.choices, self.extra, self.tokens,
+                           self.window, self.sinks, self.pasted}
+        self.run_button.click(self.prepare, self.session, self.status, **PRIVATE).then(
+            self._on_run, self.run_inputs, [self.status, self.plot, self.table], concurrency_limit=CONCURRENCY,
+            concurrency_id=MODEL_CONCURRENCY_ID, api_visibility="private")
+        self.stop_button.click(self.stop, self.session, None, **PRIVATE)
+
+    def request_from(self, data: dict) -> PerplexityRequest:
+        """A PerplexityRequest from the Run event's {component: value} inputs."""
+        return PerplexityRequest(source=data[self.source], text_choice=data[self.text_choice],
+                                 choices=list(data[self.choices] or []), extra=data[self.extra],
+                                 tokens=data[self.tokens], window=data[self.window], sinks=data[self.sinks],
+                                 pasted=data[self.pasted])
+
+    def prepare(self, session: dict) -> str:
+        """Run clicked (before queueing): a fresh stop event for this session's run."""
+        session["stop"] = threading.Event()
+        return "waiting for a free slot…"
+
+    def stop(self, session: dict) -> None:
+        if session.get("stop") is not None:
+            session["stop"].set()
+
+    def _on_run(self, data: dict):
+        yield from self.stream(self.request_from(data), data[self.session].get("stop") or threading.Event())
+
+    def stream(self, request: PerplexityRequest, stop: threading.Event):
+        """Load, plan and stream the run, yielding {component: update}; bad input ends with a message."""
+        # 1. Load the model and plan the run; anything that cannot start is a status message.
+        yield {self.status: "loading the model…"}
+        try:
+            loaded = self.pool.get(ModelSpec(source=(request.source or "").strip() or "bundled"))
+            plan = plan_perplexity(request, loaded)
+        except (ValueError, ModelLoadError, StrategyError) as err:
+            yield {self.status: f"⚠️ {err}"}
+            return
+        # 2. Stream every cache in turns, redrawing at most every PLOT_EVERY_S.
+        view = PerplexityView(list(plan.strategies), int(request.window), plan.input_ids.shape[1] - 1, plan.skipped)
+        last_plot = 0.0
+        for step in stream_many(loaded, plan.input_ids, plan.strategies, stop):
+            view.apply(step)
+            now = time.perf_counter()
+            if now - last_plot >= PLOT_EVERY_S:
+                last_plot = now
+                yield {self.plot: view.figure(), self.status: view.progress_text()}
+        # 3. The final curves, the per-segment table and how it ended.
+        yield {self.plot: view.figure(), self.table: view.table(), self.status: view.final_text(stop.is_set())}
+
+
+def build_perplexity_tab(pool) -> PerplexityTab:
+    """Build the Perplexity tab inside the current `gr.Tab`; returns it."""
+    return PerplexityTab(pool).build()

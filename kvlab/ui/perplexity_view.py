@@ -1,0 +1,185 @@
+"""The Perplexity tab's pure part: the form -> a validated plan, the engine's `NllStep`s -> a view model.
+
+- `perplexity_choices()` lists the caches offered: the StreamingLLM paper's
+  three (`dynamic`, `window` = a sink cache with 0 sinks, `sink`) first, then
+  every other registered strategy whose `usable_in_perplexity` is true. More
+  columns with their own knobs can be typed in the compare syntax
+  (`quantized:backend=hqq:nbits=2`).
+- `plan_perplexity(request, loaded)` checks the form, tokenizes the text and
+  leaves out, with the reason, every cache that cannot run on the model (e.g.
+  `sliding_window` on a full-attention model); nothing crashes.
+- `PerplexityView.apply(step)` folds one `kvlab.engine.NllStep` in; the view
+  gives the status line, the figure and the per-segment table.
+
+No gradio; tests feed it fake steps.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, field
+
+import pandas as pd
+
+from kvlab.engine import NllStep
+from kvlab.perplexity import DEFAULT_SINKS, DEFAULT_WINDOW, default_text, parse_perplexity_strategies, ppl_by_segment
+from kvlab.strategies import Strategy, StrategyError
+from kvlab.strategies.base import names_with
+
+from .figures import perplexity_figure
+
+MAX_TOKENS_CAP = int(os.environ.get("KVLAB_MAX_PERPLEXITY_TOKENS", "8192"))
+DEFAULT_TOKENS = 1024
+CAPABILITY = "usable_in_perplexity"
+PAPER_CHOICES = {"dynamic": "dynamic", "window": "sink:num_sink_tokens=0", "sink": "sink"}
+"""The paper's three curves: checkbox label -> strategy spec (compare syntax); window and sink take the
+window/sinks settings."""
+DEFAULT_CHOICES = list(PAPER_CHOICES)
+BUILT_IN = "Python's help topics (pydoc_data.topics)"
+PASTED = "the text pasted below"
+
+
+def perplexity_choices() -> list[str]:
+    """Checkbox labels: the paper's three, then every other registered strategy usable in perplexity."""
+    names = names_with(CAPABILITY)
+    paper = [label for label, spec in PAPER_CHOICES.items() if spec.split(":")[0] in names]
+    return paper + [name for name in names if name not in PAPER_CHOICES]
+
+
+@dataclass
+class PerplexityRequest:
+    """The tab's inputs as the page sends them (not yet validated).
+
+    choices: checked labels from `perplexity_choices()`; extra: more columns in the compare syntax.
+    tokens: tokens of the text to stream; window, sinks: `window_length` and `num_sink_tokens` for sink
+    columns that do not set them.
+    """
+
+    source: str = "bundled"
+    text_choice: str = BUILT_IN
+    choices: list[str] = field(default_factory=lambda: list(DEFAULT_CHOICES))
+    extra: str = ""
+    tokens: float | int = DEFAULT_TOKENS
+    window: float | int = DEFAULT_WINDOW
+    sinks: float | int = DEFAULT_SINKS
+    pasted: str = ""
+
+    def spec_text(self) -> str:
+        """Every picked column in the compare syntax, checked boxes first."""
+        specs = [PAPER_CHOICES.get(label, label) for label in self.choices or []]
+        return ",".join(specs + [part for part in [(self.extra or "").strip()] if part])
+
+    def strategies(self) -> dict[str, Strategy]:
+        """Column label -> strategy, checked without a model.
+
+        Raises:
+            StrategyError: nothing picked, an unknown name or knob, a strategy that keeps no cache, a label twice.
+            ValueError: a knob not written as key=value.
+        """
+        return parse_perplexity_strategies(self.spec_text(), int(self.window), int(self.sinks))
+
+    def text(self) -> str:
+        """The text to stream: the pasted one, or the built-in long text."""
+        text = self.pasted if self.text_choice == PASTED else default_text()
+        if not text or not text.strip():
+            raise ValueError("the text is empty: paste a long text or pick the built-in one")
+        return text
+
+
+@dataclass
+class PerplexityPlan:
+    """A run that can start: token ids (1, seq), the caches that run, and the ones left out with why."""
+
+    input_ids: object
+    strategies: dict[str, Strategy]
+    skipped: dict[str, str]
+
+
+def plan_perplexity(request: PerplexityRequest, loaded) -> PerplexityPlan:
+    """Validate the form against `loaded` (a `kvlab.models.LoadedModel`).
+
+    Caches that cannot run on this model are left out and named in `skipped` with the reason.
+
+    Raises:
+        StrategyError: nothing usable picked, a bad spec, or no picked cache can run on this model.
+        ValueError: the text is empty or shorter than 2 tokens, a knob not written as key=value.
+    """
+    strategies = request.strategies()
+    ids = loaded.tokenizer(request.text(), return_tensors="pt")["input_ids"][:, : int(request.tokens)]
+    if ids.shape[1] < 2:
+        raise ValueError("the text has fewer than 2 tokens")
+    skipped = {label: reason for label, s in strategies.items() if (reason := s.unavailable_reason(loaded))}
+    runnable = {label: s for label, s in strategies.items() if label not in skipped}
+    if not runnable:
+        raise StrategyError("no picked cache can run on this model: " + skipped_text(skipped))
+    return PerplexityPlan(ids, runnable, skipped)
+
+
+def skipped_text(skipped: dict[str, str]) -> str:
+    """`label: reason; label: reason` for caches left out."""
+    return "; ".join(f"{label}: {reason}" for label, reason in skipped.items())
+
+
+def segment_table(nll: dict[str, list[float]], window: int) -> pd.DataFrame:
+    """One row per cache, one column per `window`-token segment (perplexity, not log)."""
+    segments = {name: ppl_by_segment(values, window) for name, values in nll.items()}
+    longest = max(segments.values(), key=len, default=[])
+    headers = [f"tokens {s['start'] + 1}-{s['end']}" for s in longest]
+    rows = [[name] + [round(s["ppl"], 2) for s in parts] + [None] * (len(longest) - len(parts))
+            for name, parts in segments.items()]
+    return pd.DataFrame(rows, columns=["cache"] + headers)
+
+
+class PerplexityView:
+    """The view model of one perplexity run, built by `apply`-ing the engine's `NllStep`s in order.
+
+    Args:
+        labels: the caches that run, in column order.
+        window: tokens of the running log-perplexity and of each table segment.
+        total: tokens scored per cache when the run completes (text tokens - 1).
+        skipped: caches left out, label -> reason (shown in the status line).
+    """
+
+    def __init__(self, labels: list[str], window: int, total: int, skipped: dict[str, str] | None = None):
+        self.window, self.total = window, total
+        self.skipped = dict(skipped or {})
+        self.nll: dict[str, list[float]] = {label: [] for label in labels}
+        self.cache_bytes: dict[str, list[int]] = {label: [] for label in labels}
+        self.position = 0
+
+    def apply(self, step: NllStep) -> None:
+        """Fold one step in. Raises TypeError for anything but an NllStep, KeyError for an unknown cache."""
+        if not isinstance(step, NllStep):
+            raise TypeError(f"not an NllStep: {step!r}")
+        self.nll[step.name].append(step.nll)
+        self.cache_bytes[step.name].append(step.cache_bytes)
+        self.position = step.position
+
+    def running_ppl(self, label: str) -> float | None:
+        """Perplexity over the last `window` tokens of one cache, None before its first token."""
+        recent = self.nll[label][-self.window:]
+        return math.exp(sum(recent) / len(recent)) if recent else None
+
+    def tokens_per_cache(self) -> int:
+        return min((len(values) for values in self.nll.values()), default=0)
+
+    def _note(self) -> str:
+        return f" · not run: {skipped_text(self.skipped)}" if self.skipped else ""
+
+    def progress_text(self) -> str:
+        """e.g. `token 300 of 1023 · dynamic ppl 12.3 · window 256 ppl 40.1`."""
+        parts = [f"token {self.position} of {self.total}"]
+        parts += [f"{label} ppl {ppl:.1f}" for label in self.nll if (ppl := self.running_ppl(label)) is not None]
+        return " · ".join(parts) + self._note()
+
+    def final_text(self, stopped: bool) -> str:
+        """e.g. `done: 1023 tokens per cache` (or `stopped: ...`), plus the caches left out."""
+        return f"{'stopped' if stopped else 'done'}: {self.tokens_per_cache()} tokens per cache" + self._note()
+
+    def figure(self):
+        """Running log-PPL and cache bytes against position (`kvlab.ui.figures.perplexity_figure`)."""
+        return perplexity_figure(self.nll, self.cache_bytes, self.window)
+
+    def table(self) -> pd.DataFrame:
+        return segment_table(self.nll, self.window)

@@ -1,0 +1,109 @@
+"""What a finished Compare run leaves behind, and the headless `compare` API's run.
+
+- `record_for`: the JSON run record of a page run (as `python -m kvlab compare --json` writes it).
+- `write_exports`: that record, the summary CSV and the plots PNG as files the page offers.
+- `code_text`: the reproduce-it transformers code for every column of a plan.
+- `run_preset`: a preset run headless (the `/compare` API), returning its record.
+
+No gradio.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from kvlab.events import RunDone
+from kvlab.generation import GenerationSettings, encode_prompt
+from kvlab.models import ModelSpec
+from kvlab.presets import load_preset, parse_preset
+from kvlab.report import rows_to_csv, run_record
+from kvlab.runner import collect, run_compare
+
+from .code import code_snippet
+from .compare_view import RunPlan, RunView
+from .figures import figure_png
+
+EXPORTS_DIR = Path(tempfile.gettempdir()) / "kvlab-exports"
+EXPORTS_KEEP_S = 3600
+"""Exported files of a run stay this long on the server (seconds)."""
+
+
+def record_for(plan: RunPlan, loaded, done: RunDone) -> dict:
+    """The JSON run record (as `python -m kvlab compare --json` writes it) for a run from the page."""
+    request = plan.request
+    preset = parse_preset({
+        "name": request.preset or "custom",
+        "model": {"source": plan.spec.source, "dtype": plan.spec.dtype, "device": plan.spec.device},
+        "prompt": {"text": request.prompt, "system": request.system or "", "chat": bool(request.chat)},
+        "generation": dataclasses.asdict(plan.settings),
+        "mode": request.mode,
+        "baseline": plan.baseline_index(),
+        "columns": [{"strategy": s.name, **s.knobs()} for _, s in plan.columns],
+    }, "page")
+    return run_record(loaded, preset, plan.settings, done)
+
+
+def write_exports(record: dict, rows: list[dict], fig) -> list[str]:
+    """JSON record, summary CSV and plot PNG in a fresh folder under EXPORTS_DIR; returns their paths.
+
+    Folders older than EXPORTS_KEEP_S are removed first (gradio serves its own copies of the files).
+    """
+    EXPORTS_DIR.mkdir(parents=True, exist_ok=True)
+    cutoff = time.time() - EXPORTS_KEEP_S
+    for old in EXPORTS_DIR.iterdir():
+        if old.is_dir() and old.stat().st_mtime < cutoff:
+            shutil.rmtree(old, ignore_errors=True)
+    folder = Path(tempfile.mkdtemp(prefix="run-", dir=EXPORTS_DIR))
+    (folder / "kvlab-run.json").write_text(json.dumps(record, indent=1))
+    (folder / "kvlab-summary.csv").write_text(rows_to_csv(rows))
+    (folder / "kvlab-plots.png").write_bytes(figure_png(fig))
+    return [str(folder / name) for name in ("kvlab-run.json", "kvlab-summary.csv", "kvlab-plots.png")]
+
+
+def code_text(plan: RunPlan, view: RunView | None = None) -> str:
+    """One self-contained snippet per column; columns that could not run here say why."""
+    request = plan.request
+    blocks = []
+    for i, (slot, strategy) in enumerate(plan.columns):
+        header = f"# ── column {slot + 1}: {strategy.describe()} " + "─" * 20
+        column = view.columns[i] if view is not None else None
+        if column is not None and column.status in ("unavailable", "error"):
+            header += f"\n# ({column.status} here: {column.message})"
+        blocks.append(header + "\n" + code_snippet(strategy, plan.settings, request.prompt, request.system or "",
+                                                   bool(request.chat), plan.spec.source, plan.spec.dtype))
+    return "\n\n".join(blocks)
+
+
+def run_preset(loader, path, name: str, prompt: str | None = None, max_new_tokens: int | None = None) -> dict:
+    """Run a preset headless and return its JSON run record (what `python -m kvlab compare --json` writes).
+
+    Args:
+        loader: the tab's `kvlab.ui.loader.BackgroundLoader`; path: the preset file; name: its name.
+        prompt: replaces the preset's prompt text when given.
+        max_new_tokens: replaces the preset's max_new_tokens when given.
+
+    Raises:
+        PresetError, ModelLoadError, ValueError: bad input or a model that cannot load; the message says why.
+    """
+    data = load_preset(path).model_dump()
+    if prompt is not None:
+        if not prompt.strip():
+            raise ValueError("the prompt is empty: type something to generate from")
+        data["prompt"]["text"] = prompt
+    if max_new_tokens is not None:
+        GenerationSettings(**{**data["generation"], "max_new_tokens": max_new_tokens}).check()
+        data["generation"]["max_new_tokens"] = max_new_tokens
+    parsed = parse_preset(data, name)
+    settings = parsed.settings()
+    settings.check()
+    loaded = loader.get(ModelSpec(**parsed.model.model_dump()))
+    prompt_ids = encode_prompt(loaded.tokenizer, parsed.prompt.text, parsed.prompt.system, parsed.prompt.chat)
+    done = collect(run_compare(loaded, prompt_ids, parsed.build_columns(), settings, parsed.mode,
+                               threading.Event(), parsed.baseline))
+    return run_record(loaded, parsed, settings, done)

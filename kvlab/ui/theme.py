@@ -1,0 +1,67 @@
+"""Colours, CSS and the small HTML pieces every tab shows (status lines, a column's status badge).
+
+Pure strings: no gradio, no model. `app.py` passes `CSS` to `launch()`.
+"""
+
+from __future__ import annotations
+
+import html
+
+COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf")
+"""One colour per column slot (matplotlib's tab10 without grey and olive), the same in every plot."""
+
+PERPLEXITY_COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf")
+"""Perplexity curves in order: dense blue, window red, sink green (as in the StreamingLLM figure), then the rest."""
+
+
+def status_html(title: str, status: str, readout: str = "", message: str = "") -> str:
+    """A column's status block: title, a coloured status badge, the live readout and any message."""
+    parts = [f'<div class="kv-status kv-s-{html.escape(status)}">',
+             f'<div class="kv-title">{html.escape(title)}</div>',
+             f'<span class="kv-badge">{html.escape(status)}</span>']
+    if readout:
+        parts.append(f'<span class="kv-readout">{html.escape(readout)}</span>')
+    if message:
+        parts.append(f'<div class="kv-msg">{html.escape(message)}</div>')
+    parts.append("</div>")
+    return "".join(parts)
+
+
+def line_html(text: str, kind: str = "info") -> str:
+    """The run or model status line. kind: info, busy, ok, error."""
+    return f'<div class="kv-line kv-line-{kind}">{html.escape(text)}</div>'
+
+
+CSS = """
+.kv-header h1 { margin-bottom: 0; }
+.kv-intro p { margin: 0; color: var(--body-text-color-subdued); }
+.kv-small, .kv-small p { font-size: 0.9em; color: var(--body-text-color-subdued); }
+.kv-line { padding: 6px 10px; border-radius: 6px; font-size: 0.95em; }
+.kv-line-info { background: var(--background-fill-secondary); }
+.kv-line-busy { background: #eef4ff; color: #1d4ed8; }
+.kv-line-ok { background: #ecfdf3; color: #067647; }
+.kv-line-error { background: #fef3f2; color: #b42318; font-weight: 600; }
+.kv-runbar { align-items: center; }
+.kv-modelbar { align-items: flex-end; }
+#kv-load { margin-bottom: 4px; }
+.kv-card { border: 1px solid var(--border-color-primary); border-radius: 10px; padding: 8px !important;
+           background: var(--background-fill-primary); gap: 6px !important; }
+.kv-about, .kv-about p { font-size: 0.8em; line-height: 1.35; color: var(--body-text-color-subdued); margin: 0; }
+.kv-knobs { gap: 4px !important; }
+.kv-knobs label span { font-size: 0.75em; }
+.kv-status { font-size: 0.85em; line-height: 1.5; }
+.kv-title { font-weight: 600; font-size: 1.05em; }
+.kv-badge { display: inline-block; padding: 0 8px; border-radius: 999px; font-size: 0.85em; font-weight: 600;
+            background: #e5e7eb; color: #374151; margin-right: 6px; }
+.kv-s-running .kv-badge { background: #dbeafe; color: #1d4ed8; }
+.kv-s-done .kv-badge { background: #dcfce7; color: #15803d; }
+.kv-s-stopped .kv-badge { background: #fef9c3; color: #854d0e; }
+.kv-s-error .kv-badge { background: #fee2e2; color: #b91c1c; }
+.kv-s-unavailable .kv-badge { background: #f3f4f6; color: #6b7280; }
+.kv-s-unavailable { opacity: 0.75; }
+.kv-readout { font-variant-numeric: tabular-nums; }
+.kv-msg { color: #b42318; font-size: 0.9em; }
+.kv-s-unavailable .kv-msg, .kv-s-stopped .kv-msg, .kv-s-done .kv-msg { color: var(--body-text-color-subdued); }
+.kv-text textarea { font-size: 0.85em !important; line-height: 1.4 !important; }
+""" + "".join(f".kv-slot-{i} {{ border-top: 4px solid {color} !important; }}\n" for i, color in enumerate(COLORS))
+"""The app's style sheet: the Compare cards and status lines, reused by the Chat card."""

@@ -1,0 +1,124 @@
+"""ChatTab's handlers, called as the page calls them, on a tiny random model (no browser).
+
+The tab is built inside an in-process `gr.Blocks` around a pool that serves the
+tiny model; every handler returns or yields `{component: update}` dicts, which
+are checked against the components the event declares as its outputs.
+"""
+
+import pytest
+
+gr = pytest.importorskip("gradio")
+
+from kvlab.ui.chat_tab import ChatTab  # noqa: E402
+from kvlab.ui.chat_view import ChatForm  # noqa: E402
+
+NEW_TOKENS = 4
+
+
+class TinyPool:
+    """Stands in for `kvlab.models.ModelPool`: every spec is the tiny model."""
+
+    def __init__(self, loaded):
+        self.model = loaded
+
+    def get(self, spec, progress=None):
+        return self.model
+
+    def loaded(self, spec):
+        return self.model
+
+
+@pytest.fixture
+def tab(tiny):
+    with gr.Blocks():
+        return ChatTab(TinyPool(tiny)).build()
+
+
+def form(name="dynamic", *knobs, **fields) -> ChatForm:
+    fields.setdefault("max_new_tokens", NEW_TOKENS)
+    fields.setdefault("measure", False)
+    return ChatForm(strategy_name=name, knobs=list(knobs), **fields)
+
+
+def last(tab, updates_stream) -> dict:
+    """Every update of a streamed turn merged, checking each targets one of the turn's outputs."""
+    final = {}
+    for updates in updates_stream:
+        assert set(updates) <= set(tab.turn_outputs), "a turn updated a component that is not its output"
+        final.update(updates)
+    return final
+
+
+def test_two_turns_keep_one_cache_and_say_what_was_reused(tab):
+    first = last(tab, tab.send("Hi there", None, form()))
+    state = first[tab.state]
+    assert [m["role"] for m in first[tab.chatbot]] == ["user", "assistant"]
+    assert "Turn 1" in first[tab.turn_info] and first[tab.message] == ""
+    second = last(tab, tab.send("And again?", state, form(measure=True)))
+    assert "Turn 2" in second[tab.turn_info]
+    assert "reused** from the cache" in second[tab.turn_info]
+    assert state.session.turns[-1].reused_tokens > 0
+    assert list(second[tab.turn_table]["turn"]) == [1, 2]
+    assert len(second[tab.turn_plot].axes) == 2
+
+
+def test_an_empty_message_is_refused(tab):
+    updates = last(tab, tab.send("   ", None, form()))
+    assert "the message is empty" in updates[tab.notice] and updates[tab.message] == ""
+
+
+def test_a_static_cache_too_small_offers_a_way_on(tab):
+    refused = last(tab, tab.send("What is the capital of France?", None, form("static", "16")))
+    assert "max_cache_len=16" in refused[tab.notice] and "switch to the dynamic strategy" in refused[tab.notice]
+    assert refused[tab.capacity_row]["visible"] is True
+    assert refused[tab.message] == "What is the capital of France?"
+    state = refused[tab.state]
+    grown = tab.grow(state)
+    size = int(grown[tab.card.knobs[0]])
+    assert size > 16 and "will be rebuilt" in grown[tab.notice]
+    done = last(tab, tab.send("What is the capital of France?", state, form("static", str(size))))
+    assert "Turn 1" in done[tab.turn_info] and "static" in done[tab.turn_info]
+
+
+def test_switch_to_dynamic_updates_the_session_and_the_card(tab):
+    state = last(tab, tab.send("Hi", None, form("static", "512")))[tab.state]
+    updates = tab.to_dynamic(state)
+    assert state.session.strategy.name == "dynamic"
+    assert updates[tab.card.strategy] == "dynamic"
+    assert not any(updates[box]["visible"] for box in tab.card.knobs)
+
+
+def test_undo_clear_and_regenerate(tab):
+    assert tab.undo(None)[tab.notice] == "nothing to undo"
+    refused = last(tab, tab.regenerate(None, form()))
+    assert "there is no reply to regenerate yet" in refused[tab.notice]
+    state = last(tab, tab.send("Hi", None, form()))[tab.state]
+    regenerated = last(tab, tab.regenerate(state, form()))
+    assert [m["role"] for m in regenerated[tab.chatbot]] == ["user", "assistant"]
+    assert "removed the last turn" in tab.undo(state)[tab.notice] and state.session.history == []
+    last(tab, tab.send("Hi", state, form()))
+    cleared = tab.clear(state)
+    assert cleared[tab.chatbot] == [] and cleared[tab.turn_info] == ""
+
+
+def test_a_strategy_the_model_cannot_run_is_explained(tab):
+    refused = last(tab, tab.send("Hi", None, form("sliding_window")))
+    assert "cannot run here" in refused[tab.notice] and "no sliding-window layers" in refused[tab.notice]
+    about = tab.pick_strategy("sliding_window", "bundled")[tab.card.about]["value"]
+    assert "unavailable here" in about
+
+
+def test_picking_a_strategy_generates_its_knob_fields(tab):
+    updates = tab.pick_strategy("quantized", "bundled")
+    shown = [(updates[box]["label"], updates[box]["value"]) for box in tab.card.knobs if updates[box]["visible"]]
+    assert shown[:3] == [("backend", "quanto"), ("nbits", ""), ("residual_length", "128")]
+    static = tab.pick_strategy("static", "bundled")
+    assert static[tab.card.knobs[0]]["value"] == "512"  # the chat's pre-filled static size
+
+
+def test_the_prefix_panel_refuses_by_capability_and_reports_a_run(tab):
+    refused = tab.run_prefix(form("sink", "32", "4"), "A shared document.", "First?\nSecond?")
+    assert "evicts tokens" in refused[tab.prefix_info] and refused[tab.prefix_table] is None
+    report = tab.run_prefix(form(max_new_tokens=2), "A shared document about tea.", "First?\nSecond?")
+    assert "prefilled once" in report[tab.prefix_info] and "2 prompts" in report[tab.prefix_info]
+    assert list(report[tab.prefix_table]["prompt"]) == ["First?", "Second?"]

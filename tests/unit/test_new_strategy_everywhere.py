@@ -1,0 +1,49 @@
+"""A strategy registered in the registry alone shows up in every tab with no UI code.
+
+A throwaway subclass of `Dynamic` is registered under a new name (and removed
+again in a `finally`); it must appear in Compare's column choices, Chat's
+strategy choices and Perplexity's cache choices, get its knob field generated
+from its dataclass, and a Compare plan with it must validate. The README's
+"Adding a strategy" section names this test.
+"""
+
+from dataclasses import dataclass
+
+from kvlab.strategies import STRATEGIES, register
+from kvlab.strategies.dynamic import Dynamic
+from kvlab.ui.chat_view import ChatForm, chat_strategy_choices
+from kvlab.ui.compare_view import RunRequest, plan_run
+from kvlab.ui.knobs import card_form, max_knobs, strategy_choices
+from kvlab.ui.perplexity_view import PerplexityRequest, perplexity_choices
+
+NAME = "throwaway_dynamic"
+
+
+@dataclass
+class ThrowawayDynamic(Dynamic):
+    """Knobs: `note` (a label only; the cache is dynamic's)."""
+
+    name = NAME
+    summary = "A dynamic cache under another name, registered by a test."
+    note: str = "hello"
+
+
+def test_a_new_strategy_appears_in_compare_chat_and_perplexity():
+    register(ThrowawayDynamic)
+    try:
+        assert NAME in [value for _, value in strategy_choices(None)]
+        assert NAME in chat_strategy_choices()
+        assert NAME in perplexity_choices()
+        fields = card_form(NAME, {}, None, max_knobs())["knobs"]
+        assert [(f["label"], f["value"]) for f in fields if f["visible"]] == [("note", "hello")]
+
+        plan = plan_run(RunRequest(prompt="Hi", slots=[("dynamic", []), (NAME, ["bye"])]))
+        assert plan.slot_errors == {}
+        assert [(slot, s.name) for slot, s in plan.columns] == [(0, "dynamic"), (1, NAME)]
+        assert plan.columns[1][1].note == "bye"
+
+        assert ChatForm(strategy_name=NAME, knobs=["bye"]).strategy().note == "bye"
+        assert list(PerplexityRequest(choices=["dynamic", NAME]).strategies()) == ["dynamic", NAME]
+    finally:
+        STRATEGIES.pop(NAME, None)
+    assert NAME not in [value for _, value in strategy_choices(None)]
