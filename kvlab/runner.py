@@ -279,18 +279,11 @@ def run_compare(
         for i in indices:
             results[i] = run_column(loaded, i, columns[i], prompt_ids, settings, events.put, turns, stop)
 
-    if mode == "sequential":
-        groups = {"kvlab-seq": range(len(columns))}
-    else:
-        groups = {f"kvlab-col{i}": [i] for i in range(len(columns))}
     workers: list[threading.Thread] = []
     try:
         # 1. The columns, each in its own thread (one thread for all in sequential mode), events relayed live.
         with shared_threads(len(columns)) if mode == "parallel" else contextlib.nullcontext() as share:
-            workers = [threading.Thread(target=work, args=(indices, share), daemon=True, name=name)
-                       for name, indices in groups.items()]
-            for worker in workers:
-                worker.start()
+            workers = _start_workers(work, len(columns), mode, share)
             yield from _relay(workers, events, sampler)
         # 2. A column whose thread died without a result is reported, never waited for.
         for i, result in enumerate(results):
@@ -313,6 +306,19 @@ def run_compare(
         for worker in workers:
             if worker.ident is not None:
                 worker.join(JOIN_TIMEOUT_S)
+
+
+def _start_workers(work, count: int, mode: str, share: int | None) -> list[threading.Thread]:
+    """Start `work(indices, share)` threads: one per column, or one for all columns in sequential mode."""
+    if mode == "sequential":
+        groups = {"kvlab-seq": range(count)}
+    else:
+        groups = {f"kvlab-col{i}": [i] for i in range(count)}
+    workers = [threading.Thread(target=work, args=(indices, share), daemon=True, name=name)
+               for name, indices in groups.items()]
+    for worker in workers:
+        worker.start()
+    return workers
 
 
 def checked_columns(columns: list, mode: str) -> list[Column]:
