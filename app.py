@@ -15,26 +15,32 @@ from kvlab.models import ModelPool
 from kvlab.ui.chat_tab import build_chat_tab
 from kvlab.ui.compare_tab import build_compare_tab
 from kvlab.ui.perplexity_tab import build_perplexity_tab
+from kvlab.ui.plan_tab import build_plan_tab
 from kvlab.ui.theme import CSS
 
 DEFAULT_PORT = 7860
 TITLE = "kvlab: KV-cache strategies side by side"
+COMPARE_TAB = "compare"
+"""The Compare tab's id: the Plan tab's "measure it for real" switches to it."""
 CACHE_CLEANUP = (3600, 3600)
 """Every hour, delete gradio's cached copies of served files (exports) older than an hour."""
 
 
 def create_app(pool: ModelPool | None = None, preload: bool = True) -> gr.Blocks:
     """The whole app. `pool` holds the model weights every tab and session shares; `preload` starts
-    loading the bundled model in the background right away."""
+    loading the bundled model in the background right away, then warms the planner."""
     pool = pool or ModelPool()
     with gr.Blocks(title=TITLE, analytics_enabled=False, fill_width=True, delete_cache=CACHE_CLEANUP) as demo:
         gr.Markdown(f"# {TITLE}", elem_classes=["kv-header"])
-        with gr.Tab("Compare"):
-            build_compare_tab(pool, preload=preload)
-        with gr.Tab("Chat"):
-            build_chat_tab(pool)
-        with gr.Tab("Perplexity"):
-            build_perplexity_tab(pool)
+        with gr.Tabs() as tabs:
+            with gr.Tab("Compare", id=COMPARE_TAB):
+                compare = build_compare_tab(pool, preload=preload)
+            with gr.Tab("Chat"):
+                build_chat_tab(pool)
+            with gr.Tab("Perplexity"):
+                build_perplexity_tab(pool)
+            with gr.Tab("Plan"):
+                build_plan_tab(pool, compare, tabs, COMPARE_TAB, warm=preload)
     # Light events (presets, strategy pickers, Stop) run at once; model-bound ones set their own limit.
     demo.queue(default_concurrency_limit=None)
     return demo
