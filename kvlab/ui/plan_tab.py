@@ -51,6 +51,8 @@ logger = logging.getLogger(__name__)
 PRIVATE = {"concurrency_limit": None, "api_visibility": "private"}
 """Planning is light (no weights) and queues on the compute thread itself; it stays out of the API."""
 CARDS_PER_ROW = 4
+TABLE_MAX_HEIGHT_PX = 1200
+"""Tall enough for eight strategies whose notes wrap, so the table does not scroll."""
 
 
 class PlanTab:
@@ -107,8 +109,9 @@ class PlanTab:
             self.measure_button = gr.Button("Measure it for real", scale=0, min_width=180, elem_id="plan-measure")
             gr.Markdown(MEASURE_HELP, elem_classes=["kv-small"])
         self.model_info = gr.Markdown("", elem_id="plan-model-info")
-        self.table = gr.Dataframe(value=None, interactive=False, wrap=True, label="Plan: GiB = 2^30 bytes; "
-                                  "✔/✖: weights + cache fit the budget", elem_id="plan-table")
+        self.table = gr.Dataframe(value=None, interactive=False, wrap=True, max_height=TABLE_MAX_HEIGHT_PX,
+                                  label="Plan: GiB = 2^30 bytes; ✔/✖: weights + cache fit the budget",
+                                  elem_id="plan-table")
         self.plot = gr.Plot(show_label=False, elem_id="plan-plot", format="png")
         with gr.Accordion("How each strategy's bytes grow", open=True):
             self.explain = gr.Markdown("", elem_id="plan-explain")

@@ -256,7 +256,7 @@ class PlanView:
 
     def column_widths(self) -> list[str]:
         """Table column widths (percent), in header order: the note gets the most room."""
-        fixed = {"strategy": 13, "weights": 6, "total": 6, "max": 11, "note": 26}
+        fixed = {"strategy": 12, "weights": 5, "total": 6, "max": 10, "note": 22}
         each = (100 - sum(fixed.values())) / len(self.contexts)
         return ([f"{fixed['strategy']}%"] + [f"{each:.1f}%"] * len(self.contexts)
                 + [f"{fixed[key]}%" for key in ("weights", "total", "max", "note")])
@@ -275,7 +275,7 @@ class PlanView:
         text = gib_text(cell.cache_bytes)
         if cell.cache_bytes is None or cell.fits is None:
             return text
-        return f"{text} {'✔' if cell.fits else '✖'}"
+        return f"{text}\u00a0{'✔' if cell.fits else '✖'}"  # a no-break space keeps the mark beside its number
 
     def rows(self) -> list[list[str]]:
         """One row per planned strategy in card order, then one per unreadable card."""

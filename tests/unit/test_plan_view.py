@@ -115,8 +115,8 @@ def test_a_catalog_plan_gives_gib_fits_and_the_longest_context_in_budget():
                               "total GiB at 128k", "max context in 24 GiB", "note"]
     dynamic, sink = view.rows()
     # Llama 3.1 8B: 32 layers x 8 KV heads x 128 x 2 (K, V) x 2 bytes = 128 KiB per token.
-    assert dynamic[:6] == ["dynamic", "0.125 ✔", "16.0 ✖", "15.0", "31.0", "74,075 tokens"]
-    assert sink[0] == "sink 4+1020" and sink[1] == sink[2] == "0.125 ✔" and sink[5] == "unbounded"
+    assert dynamic[:6] == ["dynamic", "0.125\u00a0✔", "16.0\u00a0✖", "15.0", "31.0", "74,075 tokens"]
+    assert sink[0] == "sink 4+1020" and sink[1] == sink[2] == "0.125\u00a0✔" and sink[5] == "unbounded"
     text, kind = view.status()
     assert kind == "ok" and text.startswith("✔ planned 2 strategies × 2 contexts")
     assert "LlamaForCausalLM" in view.model_text() and "15.0 GiB of weights in bfloat16" in view.model_text()
