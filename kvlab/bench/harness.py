@@ -25,7 +25,7 @@ from ..compute import compute
 
 T = TypeVar("T")
 
-SECTIONS = ("overhead", "fair", "parallel", "scaling", "startup", "roofline")
+SECTIONS = ("overhead", "fair", "parallel", "scaling", "startup", "roofline", "plan")
 RECORD_VERSION = 1
 
 PROMPT = "Explain what a key-value cache does in a transformer, in a few sentences."
@@ -102,7 +102,8 @@ def make_check(section: str, name: str, values: Sequence[float], target: str, pa
 
     `passes` None means the issue sets no target (`met` None, status `reported`).
     Empty `values` and no `value` means the check could not be judged (status `n/a (reason)`).
-    `reason` is kept only when the target is missed or cannot be judged. `unit` is `ratio`, `fraction` or `s`.
+    `reason` is kept only when the target is missed or cannot be judged. `unit` is `ratio`, `fraction`, `s`
+    or `MB` (10^6 bytes).
     """
     stats = summarize(values) if values else None
     value = value if value is not None else (stats["median"] if stats else None)

@@ -18,6 +18,7 @@ from .fair import bench_fair
 from .harness import PROMPT, RECORD_VERSION, SECTIONS, BenchSize, Context, cores_available, load_average, make_check
 from .overhead import bench_overhead
 from .parallel import bench_parallel
+from .planning import bench_planning
 from .roofline import bench_roofline
 from .scaling import bench_scaling
 from .startup import bench_startup
@@ -29,6 +30,7 @@ RUNNERS = {
     "scaling": bench_scaling,
     "startup": bench_startup,
     "roofline": bench_roofline,
+    "plan": bench_planning,
 }
 """Each section's function, in `SECTIONS` order (a unit test holds them equal)."""
 
