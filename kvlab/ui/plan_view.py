@@ -27,6 +27,7 @@ import time
 from dataclasses import dataclass, field, replace
 
 from kvlab.catalog import ConfigError, known_models, resolve_config
+from kvlab.models import BUNDLED, BUNDLED_NAME
 from kvlab.planner import GIB, Plan, PlanError, PlanRequest, plan
 from kvlab.runner import MAX_COLUMNS
 
@@ -77,7 +78,7 @@ def budget_choices() -> list[tuple[str, str]]:
 
 def model_choices() -> list[tuple[str, str]]:
     """The model dropdown's (label, value) pairs: the bundled (loaded) model, then the catalog's hub ids."""
-    return [("bundled (SmolLM2-135M-Instruct, the model Compare loads)", "bundled")] + \
+    return [(f"{BUNDLED} ({BUNDLED_NAME}, the model Compare loads)", BUNDLED)] + \
         [(hub_id, hub_id) for hub_id in known_models()]
 
 
