@@ -32,9 +32,10 @@ def create_app(pool: ModelPool | None = None, preload: bool = True) -> gr.Blocks
         with gr.Tab("Compare"):
             build_compare_tab(pool, preload=preload)
         with gr.Tab("Chat"):
-            build_chat_tab(pool)
+            chat = build_chat_tab(pool)
         with gr.Tab("Perplexity"):
             build_perplexity_tab(pool)
+        demo.unload(chat.unload)
     # Light events (presets, strategy pickers, Stop) run at once; model-bound ones set their own limit.
     demo.queue(default_concurrency_limit=None)
     return demo
