@@ -323,6 +323,9 @@ class ChatTab:
                                       prompt_lines(prompts_text), form.settings())
         except (StrategyError, ModelLoadError, ValueError) as err:
             return {self.prefix_info: f"⚠️ {err}", self.prefix_table: None}
+        except Exception as err:  # noqa: BLE001 - the panel says what failed; the tab keeps working
+            logger.exception("prefix reuse failed")
+            return {self.prefix_info: f"⚠️ prefix reuse failed: {type(err).__name__}: {err}", self.prefix_table: None}
         return {self.prefix_info: prefix_markdown(report), self.prefix_table: prefix_frame(report)}
 
 
