@@ -21,18 +21,6 @@ pytestmark = pytest.mark.unit
 BOOM = "injected failure in the forward pass"
 
 
-class TinyPool:
-    """Stands in for `kvlab.models.ModelPool`: every spec is the tiny model."""
-
-    def __init__(self, loaded):
-        self.model = loaded
-
-    def get(self, spec, progress=None):
-        return self.model
-
-    def loaded(self, spec):
-        return self.model
-
 
 @pytest.fixture
 def failing_forward(monkeypatch):
@@ -67,10 +55,10 @@ def merged(stream) -> dict:
     return final
 
 
-def test_compare(tiny, failing_forward):
+def test_compare(tiny_pool, failing_forward):
     before = kvlab_threads()
     with gr.Blocks():
-        tab = CompareTab(TinyPool(tiny), preload=False).build()
+        tab = CompareTab(tiny_pool, preload=False).build()
     request = RunRequest(prompt="Hello", max_new_tokens=6, ignore_eos=True, fidelity=False,
                          slots=[("dynamic", []), ("static", [])])
     final = merged(tab.stream(request, threading.Event()))
@@ -82,10 +70,10 @@ def test_compare(tiny, failing_forward):
     assert "2 done" in str(again[tab.run_status])
 
 
-def test_chat(tiny, failing_forward):
+def test_chat(tiny_pool, failing_forward):
     before = kvlab_threads()
     with gr.Blocks():
-        tab = ChatTab(TinyPool(tiny)).build()
+        tab = ChatTab(tiny_pool).build()
     form = ChatForm(max_new_tokens=6, measure=False)
     failed = merged(tab.send("Hello", None, form))
     assert f"the turn failed: RuntimeError: {BOOM}" in failed[tab.notice]
@@ -97,10 +85,10 @@ def test_chat(tiny, failing_forward):
     assert again[tab.notice] == "" and "Turn 1" in again[tab.turn_info]
 
 
-def test_prefix_reuse(tiny, failing_forward):
+def test_prefix_reuse(tiny_pool, failing_forward):
     before = kvlab_threads()
     with gr.Blocks():
-        tab = ChatTab(TinyPool(tiny)).build()
+        tab = ChatTab(tiny_pool).build()
     form = ChatForm(max_new_tokens=4, measure=False)
     failed = tab.run_prefix(form, "A shared document about gardens.", "What grows?\nWhen?")
     assert f"prefix reuse failed: RuntimeError: {BOOM}" in failed[tab.prefix_info]
@@ -110,10 +98,10 @@ def test_prefix_reuse(tiny, failing_forward):
     assert "prefilled once" in again[tab.prefix_info]
 
 
-def test_perplexity(tiny, failing_forward):
+def test_perplexity(tiny_pool, failing_forward):
     before = kvlab_threads()
     with gr.Blocks():
-        tab = PerplexityTab(TinyPool(tiny)).build()
+        tab = PerplexityTab(tiny_pool).build()
     request = PerplexityRequest(choices=["dynamic"], tokens=64)
     failed = merged(tab.stream(request, threading.Event()))
     assert f"the run failed after token" in failed[tab.status] and BOOM in failed[tab.status]

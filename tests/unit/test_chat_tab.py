@@ -15,23 +15,11 @@ from kvlab.ui.chat_view import ChatForm  # noqa: E402
 NEW_TOKENS = 4
 
 
-class TinyPool:
-    """Stands in for `kvlab.models.ModelPool`: every spec is the tiny model."""
-
-    def __init__(self, loaded):
-        self.model = loaded
-
-    def get(self, spec, progress=None):
-        return self.model
-
-    def loaded(self, spec):
-        return self.model
-
 
 @pytest.fixture
-def tab(tiny):
+def tab(tiny_pool):
     with gr.Blocks():
-        return ChatTab(TinyPool(tiny)).build()
+        return ChatTab(tiny_pool).build()
 
 
 def form(name="dynamic", *knobs, **fields) -> ChatForm:
