@@ -351,7 +351,9 @@ class ChatSession:
                 stop_reason=reply.stop_reason, reply=reply.text, reply_ids=list(reply.token_ids),
                 user=history[-1]["content"], lossy=self.strategy.lossy,
             )
-            if baseline or verify:
+            if (baseline or verify) and reply.stop_reason == "stopped":
+                stats.note += "; the reply was stopped, so it was not measured again without reuse"
+            elif baseline or verify:
                 yield ChatStatus("measuring the same turn without reuse (the whole history prefilled from scratch)")
                 try:
                     self._measure_without_reuse(stats, ids, seed, verify)

@@ -12,7 +12,6 @@ drift hits both sides. This module measures; it formats no text and draws nothin
 from __future__ import annotations
 
 import gc
-import os
 import statistics
 import threading
 import time
@@ -133,16 +132,6 @@ def rotated(items: Sequence[T], rep: int) -> list[T]:
     """`items` starting at position `rep` (wrapping), so each one takes its turn going first."""
     start = rep % len(items)
     return list(items[start:]) + list(items[:start])
-
-
-def cores_available() -> int:
-    """CPU cores this process may run on."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-
-
-def load_average() -> list[float] | None:
-    """The 1, 5 and 15 minute load averages, or None where the platform has none."""
-    return list(os.getloadavg()) if hasattr(os, "getloadavg") else None
 
 
 # ---------------------------------------------------------------- running
