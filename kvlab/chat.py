@@ -25,7 +25,7 @@ prefilled into an empty cache of the same strategy, honestly timed), and with
 `verify` the whole reply is generated again that way and compared.
 
 How much to reuse is decided by `kvlab.reuse.plan_reuse` from the strategy's
-capabilities (`is_croppable`, `is_streaming`, `capacity`); the tokens go through
+capabilities (`can_crop`, `is_streaming`, `capacity`); the tokens go through
 the engine (`kvlab.engine`), so a strategy's own forward (e.g. a compiled static
 decode step) applies in chat exactly as in Compare. This module runs and
 measures; it does not render. It never imports gradio.
@@ -374,7 +374,8 @@ class ChatSession:
                 why = reason or "there was no cache yet"
                 return ReusePlan("rebuild", 0, rebuild=True,
                                  note=f"{why}: the whole conversation was prefilled into a new cache")
-        plan = plan_reuse(self.cached_ids, ids, self.strategy.is_croppable, self.strategy.is_streaming, reason)
+        croppable = self.strategy.can_crop(self.loaded, self.cache, len(self.cached_ids))
+        plan = plan_reuse(self.cached_ids, ids, croppable, self.strategy.is_streaming, reason)
         if plan.rebuild:
             self.cache, self.cached_ids = self.new_cache(), []
         elif plan.crop_tokens:

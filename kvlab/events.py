@@ -16,7 +16,11 @@ class ColumnResult:
     Times in seconds, sizes in bytes. ttft_s: prefill forward + first token choice.
     per_token_s: every step's forward + choice (the first is the TTFT). decode_tok_s:
     decode steps over their summed time. cache_bytes: exact cache bytes after each
-    step; predicted_cache_bytes: the dense formula for the tokens held.
+    step; predicted_cache_bytes: the dense formula for the tokens held. cache_bytes_by_layer_type and
+    predicted_cache_bytes_by_layer_type: the same per layer type (`full_attention`, `sliding_attention`, ...),
+    one list per type with one value per step (a sliding layer is predicted to hold at most its window).
+    keeps: what the cache keeps on this model, when it has sliding layers; keeps_everything: whether it
+    holds every token on every layer of this model.
 
     status: `ok` (finished or stopped), `error` (bad settings or a failure while
     running) or `unavailable` (cannot run here; `message` says why).
@@ -39,7 +43,11 @@ class ColumnResult:
     decode_tok_s: float | None = None
     cache_bytes: list[int] = field(default_factory=list)
     predicted_cache_bytes: list[int] = field(default_factory=list)
+    cache_bytes_by_layer_type: dict[str, list[int]] = field(default_factory=dict)
+    predicted_cache_bytes_by_layer_type: dict[str, list[int]] = field(default_factory=dict)
     cache_bytes_by_device: dict[str, int] = field(default_factory=dict)
+    keeps: str = ""
+    keeps_everything: bool = False
     peak_cache_bytes: int = 0
     stopped: bool = False
     agreement: float | None = None
@@ -67,9 +75,12 @@ class ColumnResult:
 
 @dataclass(frozen=True)
 class ColumnStarted:
+    """A column began. keeps: what its cache keeps on this model ('' when the model has no sliding layers)."""
+
     column: int
     name: str
     prompt_tokens: int
+    keeps: str = ""
 
 
 @dataclass(frozen=True)
@@ -88,7 +99,8 @@ class StepMetrics:
 
     per_token_s: this step's forward + token choice, seconds (its turn only, in fair mode).
     cache_bytes: exact bytes the cache holds now; predicted_cache_bytes: the dense
-    formula for the tokens it holds; seen_tokens: prompt + generated so far.
+    formula for the tokens it holds; seen_tokens: prompt + generated so far;
+    cache_bytes_by_layer_type / predicted_cache_bytes_by_layer_type: both per layer type.
     """
 
     column: int
@@ -97,6 +109,8 @@ class StepMetrics:
     cache_bytes: int
     predicted_cache_bytes: int
     seen_tokens: int
+    cache_bytes_by_layer_type: dict[str, int] = field(default_factory=dict)
+    predicted_cache_bytes_by_layer_type: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
