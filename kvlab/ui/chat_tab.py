@@ -40,6 +40,7 @@ from .chat_view import (
 )
 from .figures import turns_figure
 from .knobs import card_form, knob_index, max_knobs, strategy_choices
+from .model_picker import model_dropdown
 
 CHAT_CONCURRENCY = 2
 """Sessions that may generate at the same time (they share the model and the CPU cores)."""
@@ -107,7 +108,7 @@ class ChatTab:
         self.turn_table = gr.Dataframe(label="Per turn", interactive=False, wrap=True)
         self.turn_plot = gr.Plot(label="Per-turn TTFT and tokens")
         with gr.Accordion("Settings", open=False):
-            self.model_source = gr.Textbox(self.spec0.source, label="Model ('bundled', a hub id or a local folder)")
+            self.model_source = model_dropdown(self.spec0.source, elem_id="kvlab-chat-model")
 
     def _build_prefix(self) -> None:
         document, prompts = default_prefix_texts()
@@ -272,8 +273,9 @@ class ChatTab:
             refusal = prefix_refusal(chosen)
             if refusal:
                 raise StrategyError(refusal)
-            report = run_prefix_reuse(self.pool.get(form.model_spec(self.spec0)), chosen, prefix or "",
-                                      prompt_lines(prompts_text), form.settings())
+            loaded = self.pool.get(form.model_spec(self.spec0))
+            report = run_prefix_reuse(loaded, chosen, prefix or "", prompt_lines(prompts_text), form.settings(),
+                                      chat=loaded.has_chat_template)
         except (StrategyError, ModelLoadError, ValueError) as err:
             return {self.prefix_info: f"⚠️ {err}", self.prefix_table: None}
         return {self.prefix_info: prefix_markdown(report), self.prefix_table: prefix_frame(report)}

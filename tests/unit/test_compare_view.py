@@ -253,7 +253,8 @@ def test_code_snippet_details():
 def test_knob_helpers():
     assert knob_defaults("static") == {"max_cache_len": None, "compile": False}
     assert list(knob_defaults("quantized"))[:3] == ["backend", "nbits", "residual_length"]
-    assert knob_defaults("dynamic") == {}
+    assert knob_defaults("dynamic") == {"layer_types": "model"}
+    assert knob_defaults("no_cache") == {}
     assert max_knobs() >= len(knob_defaults("quantized"))
     assert [knob_text(v) for v in (None, True, False, 4, "hqq")] == ["", "true", "false", "4", "hqq"]
     assert parse_knob("", 128) == 128

@@ -120,3 +120,45 @@ def test_quantized_and_sink_are_refused_on_sliding_layers_with_the_reason(hybrid
     assert quantized.status == "unavailable" and "sliding_attention" in quantized.message
     assert sink.status == "unavailable" and "sliding_attention" in sink.message
     assert dynamic.status == "ok"
+
+
+def test_the_summary_and_csv_split_the_cache_by_layer_type(hybrid):
+    from kvlab.report import format_table, rows_to_csv, summary_rows
+
+    settings = dataclasses.replace(SETTINGS, max_new_tokens=WINDOW)
+    results = collect(run_compare(hybrid, torch.tensor([[1, 400, 401, 402]]), [{"strategy": "dynamic"}],
+                                  settings)).results
+    row = summary_rows(results)[0]
+    assert row["cache_bytes_by_layer_type"] == {kind: values[-1]
+                                                for kind, values in results[0].cache_bytes_by_layer_type.items()}
+    assert "cache by layer type" in format_table([row]) and "sliding_attention" not in format_table([row])
+    assert f"full={row['cache_bytes_by_layer_type']['full_attention']};sliding=" in rows_to_csv([row])
+    assert "2 sliding layers keep their last 15 tokens" in row["note"]
+
+
+def test_perplexity_with_the_models_own_window_equals_keeping_everything(hybrid):
+    """The sliding layers never attend past their window, so dropping what lies beyond it changes nothing."""
+    from kvlab.perplexity import perplexity_strategies, stream_many
+
+    ids = torch.randint(5, 1000, (1, 3 * WINDOW), generator=torch.Generator().manual_seed(5))
+    chosen = perplexity_strategies(hybrid, "dynamic:layer_types=full,sliding_window")
+    nll, size = {name: [] for name in chosen}, {name: [] for name in chosen}
+    for step in stream_many(hybrid, ids, chosen):
+        nll[step.name].append(step.nll)
+        size[step.name].append(step.cache_bytes)
+    assert nll["sliding_window"] == pytest.approx(nll["dynamic all-full"], abs=1e-5)
+    per_layer_token = 2 * 1 * 32 * 4
+    growth = {name: values[-1] - values[-2] for name, values in size.items()}
+    assert growth == {"dynamic all-full": 4 * per_layer_token, "sliding_window": 2 * per_layer_token}
+
+
+def test_a_base_model_chat_joins_the_turns_as_plain_text_and_says_so(hybrid):
+    import copy
+
+    base = dataclasses.replace(hybrid, tokenizer=copy.deepcopy(hybrid.tokenizer))
+    base.tokenizer.chat_template = None
+    session = chat(base, {"strategy": "dynamic"})
+    for text in ("Hello there", "And then?"):
+        done = [e.stats for e in session.send(text, baseline=False) if isinstance(e, ChatTurnDone)]
+        assert done and done[0].note.startswith("base model (no chat template): the conversation is joined")
+    assert session.input_ids()[:3] == base.tokenizer("User: Hello there")["input_ids"][:3]
