@@ -46,7 +46,11 @@ CHAT_CONCURRENCY = 2
 """Sessions that may generate at the same time (they share the model and the CPU cores)."""
 CHAT_CONCURRENCY_ID = "kvlab-chat"
 INTRO = ("Chat with the model while **one KV cache is kept across turns**: each turn prefills only the new "
-         "message and the template's glue, and is compared with the same turn re-prefilled from scratch.")
+         "message and the template's glue, and is compared with the same turn re-prefilled from scratch. "
+         "A base model (no chat template, e.g. Gemma 3 270M) gets the turns joined as plain text, one "
+         "`User: …` / `Assistant: …` line each, and continues it; every turn says so. On a hybrid model a "
+         "cache whose sliding layers have filled their window cannot be cropped, so an undo or a re-tokenized "
+         "reply rebuilds it.")
 PREFIX_INTRO = ("The prefix (a system prompt or a document) is prefilled once; each prompt starts from a deep "
                 "copy of that cache and prefills only its own tokens. Every prompt is also answered without "
                 "reuse and compared. Uses the strategy picked above (one whose cache holds the whole prefix).")

@@ -261,7 +261,8 @@ class CompareTab:
             return {self.run_status: line_html(f"✖ {err}", "error")}
         generation, sampling = preset.generation, preset.generation.do_sample
         updates = {
-            self.prompt: preset.prompt.text, self.system: preset.prompt.system, self.chat: preset.prompt.chat,
+            self.prompt: preset.prompt.text, self.system: preset.prompt.system,
+            self.chat: gr.update(**{**chat_box(preset.model.source, None, False), "value": preset.prompt.chat}),
             self.max_new_tokens: generation.max_new_tokens, self.decoding: "sample" if sampling else "greedy",
             self.temperature: gr.update(value=generation.temperature, interactive=sampling),
             self.top_p: gr.update(value=generation.top_p, interactive=sampling),
