@@ -110,7 +110,8 @@ def resolve_config(source) -> ResolvedConfig:
         return ResolvedConfig(source, name, "config")
     name = (source or "").strip()
     if not name:
-        raise ConfigError(f"no model given: use 'bundled', 'bundled:gemma-3-270m', a local folder, or one of {_known_text()}")
+        raise ConfigError(f"no model given: use 'bundled', 'bundled:gemma-3-270m', a local folder, or one of "
+                          f"{_known_text()}")
     catalog = load_catalog()
     if name == BUNDLED or name.startswith(BUNDLED + ":"):
         return _bundled_config(name)

@@ -114,7 +114,8 @@ def check_gguf(path: Path) -> None:
     with open(path, "rb") as handle:
         head = handle.read(len(GGUF_MAGIC))
     if head != GGUF_MAGIC:
-        raise ModelLoadError(f"{path.name} is not a GGUF file: it starts with {head!r}, a GGUF file with {GGUF_MAGIC!r}")
+        raise ModelLoadError(f"{path.name} is not a GGUF file: it starts with {head!r}, a GGUF file with "
+                             f"{GGUF_MAGIC!r}")
     from gguf import GGUFReader
 
     size = path.stat().st_size
@@ -145,7 +146,7 @@ def gguf_folder_name(path: Path) -> str:
 @contextmanager
 def ticking(notify: ProgressFn, start: float, end: float, expected_s: float, message: str):
     """While the block runs, report `message` with the seconds so far every TICK_S, the fraction moving from
-    `start` towards `end` as the elapsed time nears `expected_s` (never reaching it)."""
+    `start` towards `end` (reached at `expected_s` seconds, and kept after)."""
     done = threading.Event()
     began = time.monotonic()
 

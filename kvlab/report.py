@@ -93,12 +93,14 @@ def best_marks(rows: list[dict]) -> dict[str, int]:
     return marks
 
 
-def by_layer_type_text(by_type: dict[str, int] | None, scale: float = 1.0, digits: int = 0, sep: str = " ") -> str | None:
+def by_layer_type_text(by_type: dict[str, int] | None, scale: float = 1.0, digits: int = 0,
+                       sep: str = " ") -> str | None:
     """`{"full_attention": 6291456, "sliding_attention": 15729000}` -> `full=6291456 sliding=15729000` (the
     `_attention` suffix dropped; values divided by `scale`, rounded to `digits`); None stays None."""
     if by_type is None:
         return None
-    return sep.join(f"{kind.removesuffix('_attention')}={value / scale:.{digits}f}" for kind, value in sorted(by_type.items()))
+    return sep.join(f"{kind.removesuffix('_attention')}={value / scale:.{digits}f}"
+                    for kind, value in sorted(by_type.items()))
 
 
 def several_layer_types(rows: list[dict]) -> bool:
