@@ -213,7 +213,7 @@ class CompareTab:
             *[card.strategy for card in self.cards], *[box for card in self.cards for box in card.knobs],
         }
         self.run_outputs = [self.run_status, self.model_status, self.plot, self.results, self.summary, self.exports,
-                            self.code, *[c for card in self.cards for c in (card.status, card.text)]]
+                            self.code, *[c for card in self.cards for c in (card.status, card.text, card.strategy)]]
         self.run_button.click(
             self.prepare, self.session, [self.run_button, self.stop_button, self.run_status], show_progress="hidden",
             **PRIVATE,
@@ -341,7 +341,7 @@ class CompareTab:
             return
         # 2. Stream the runner's events through the view, throttled, then the final summary.
         view = RunView([s.describe() for _, s in plan.columns], plan.slots)
-        yield self._start_updates(plan, view)
+        yield self._start_updates(plan, view, loaded)
         events = run_compare(loaded, prompt_ids, [s for _, s in plan.columns], plan.settings, request.mode, stop,
                              plan.baseline_index())
         try:
@@ -386,9 +386,12 @@ class CompareTab:
         yield {self.model_status: model_line(status, spec)}
         return status.loaded
 
-    def _start_updates(self, plan: RunPlan, view: RunView) -> dict:
+    def _start_updates(self, plan: RunPlan, view: RunView, loaded) -> dict:
+        """Cleared results, every card's status, strategy choices marked for the run's (maybe new) model."""
+        choices = strategy_choices(loaded)
         updates = {self.run_status: line_html("starting…", "busy"), self.plot: gr.update(value=None, visible=True),
-                   self.results: gr.update(visible=False), self.summary: None, self.exports: None, self.code: ""}
+                   self.results: gr.update(visible=False), self.summary: None, self.exports: None, self.code: "",
+                   **{card.strategy: gr.update(choices=choices) for card in self.cards}}
         for slot, card in enumerate(self.cards):
             if slot in plan.slot_errors:
                 updates[card.status] = gr.update(value=status_html("invalid settings", "error", "",
