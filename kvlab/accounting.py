@@ -5,9 +5,12 @@ RSS: for plain layers `keys` and `values`; for quantized layers the packed data
 plus scales/zero points (quanto's `WeightQBitsTensor` is walked through
 `__tensor_flatten__`, so its dequantized size is never counted) plus the
 full-precision residual; for every layer any other tensor it keeps (a static
-layer's `cumulative_length`). Bytes are split by the device the tensors live on,
-so an offloaded cache shows what sits in host memory. This module measures; it
-does not render.
+layer's `cumulative_length`, a sliding layer's 8-byte window size). Bytes are
+split by the device the tensors live on, so an offloaded cache shows what sits
+in host memory, and by layer type (`cache_bytes_by_layer_type`: full, sliding or
+other attention, transformers' names), so a hybrid model's sliding layers show
+apart from its full ones; the prediction is split the same way. This module
+measures; it does not render.
 """
 
 from __future__ import annotations
@@ -92,3 +95,46 @@ def bytes_per_token(config, dtype: torch.dtype) -> int:
 def predicted_cache_bytes(config, dtype: torch.dtype, tokens: int) -> int:
     """Analytical dense cache size for `tokens` cached tokens, in bytes."""
     return bytes_per_token(config, dtype) * max(int(tokens), 0)
+
+
+def layer_types_and_windows(config) -> tuple[list[str], list[int | None]]:
+    """Per decoder layer of `config`: its type (transformers' names: `full_attention`, `sliding_attention`, ...)
+    and its sliding window in tokens (None for a full-attention layer), as transformers' caches read them
+    (`get_layer_types_and_kwargs`: a config with `sliding_window` and no `layer_types` is sliding throughout).
+    An inconsistent config counts as all full attention."""
+    from transformers.cache_utils import get_layer_types_and_kwargs
+
+    cfg = config.get_text_config(decoder=True)
+    try:
+        types, kwargs = get_layer_types_and_kwargs(cfg)
+    except (AttributeError, TypeError, ValueError):
+        return ["full_attention"] * cfg.num_hidden_layers, [None] * cfg.num_hidden_layers
+    windows = [None if kind == "full_attention" else (extra or {}).get("sliding_window")
+               for kind, extra in zip(types, kwargs)]
+    return list(types), windows
+
+
+def layer_windows(config) -> list[int | None]:
+    """Per decoder layer, its sliding window in tokens or None (see `layer_types_and_windows`)."""
+    return layer_types_and_windows(config)[1]
+
+
+def cache_bytes_by_layer_type(cache, layer_types: list[str]) -> dict[str, int]:
+    """Bytes held by a cache (all devices), summed per layer type; `layer_types[i]` names cache layer i (a layer
+    past the list counts as `other`). Empty for None."""
+    counted: dict[str, int] = defaultdict(int)
+    for index, layer in enumerate(getattr(cache, "layers", None) or []):
+        kind = layer_types[index] if index < len(layer_types) else "other"
+        counted[kind] += sum(layer_bytes_by_device(layer).values())
+    return dict(counted)
+
+
+def predicted_cache_bytes_by_layer_type(config, dtype: torch.dtype, held_by_layer: list[int]) -> dict[str, int]:
+    """The dense formula per layer type: 2·kv_heads·head_dim·element_size·tokens held, summed over each type's
+    layers, for `held_by_layer[i]` tokens held by layer i (in bytes)."""
+    types = layer_types_and_windows(config)[0]
+    per_layer_token = bytes_per_token(config, dtype) // max(len(types), 1)
+    predicted: dict[str, int] = defaultdict(int)
+    for kind, held in zip(types, held_by_layer):
+        predicted[kind] += per_layer_token * max(int(held), 0)
+    return dict(predicted)

@@ -113,10 +113,11 @@ def resolve_config(source) -> ResolvedConfig:
         return ResolvedConfig(source, name, "config")
     name = (source or "").strip()
     if not name:
-        raise ConfigError(f"no model given: use 'bundled', a local folder, or one of {_known_text()}")
+        raise ConfigError(f"no model given: use 'bundled', 'bundled:gemma-3-270m', a local folder, or one of "
+                          f"{_known_text()}")
     catalog = load_catalog()
-    if name == BUNDLED:
-        return _bundled_config()
+    if name == BUNDLED or name.startswith(BUNDLED + ":"):
+        return _bundled_config(name)
     if name in catalog:
         entry = catalog[name]
         return ResolvedConfig(entry.build_config(), entry.hub_id, "catalog", entry.notes)
@@ -139,17 +140,30 @@ def _known_text() -> str:
     return ", ".join(known_models())
 
 
-def _bundled_config() -> ResolvedConfig:
-    from .models import BUNDLED_GGUF, BUNDLED_NAME, bundled_gguf_folder, converted_bundled_folder
+def _bundled_config(key: str) -> ResolvedConfig:
+    """A bundled model's config: from its converted copy when there is one, else read from its GGUF file (no
+    conversion; Gemma's file is assembled from its chunk packages for the read and removed after)."""
+    import shutil
 
-    folder = converted_bundled_folder()
-    if (folder / "ready").exists():
-        return ResolvedConfig(_auto_config(str(folder), local_only=True), BUNDLED_NAME, "bundled")
+    from .bundled import bundled_model, gguf_path
+    from .model_cache import ModelLoadError, converted_folder
+
     try:
-        config = _auto_config(str(bundled_gguf_folder()), local_only=True, gguf_file=BUNDLED_GGUF)
+        model = bundled_model(key)
+        folder = converted_folder(model.folder_name)
+        if folder is not None:
+            return ResolvedConfig(_auto_config(str(folder), local_only=True), model.name, "bundled")
+        path, scratch = gguf_path(model, lambda fraction, message: None)
+    except ModelLoadError as err:
+        raise ConfigError(f"could not read the bundled model's config: {err}") from err
+    try:
+        config = _auto_config(str(path.parent), local_only=True, gguf_file=path.name)
     except Exception as err:  # noqa: BLE001 - the model loader's errors are many; the message carries it
         raise ConfigError(f"could not read the bundled model's config: {err}") from err
-    return ResolvedConfig(config, BUNDLED_NAME, "bundled")
+    finally:
+        if scratch is not None:
+            shutil.rmtree(scratch, ignore_errors=True)
+    return ResolvedConfig(config, model.name, "bundled")
 
 
 def _hub_config(hub_id: str):

@@ -25,7 +25,7 @@ prefilled into an empty cache of the same strategy, honestly timed), and with
 `verify` the whole reply is generated again that way and compared.
 
 How much to reuse is decided by `kvlab.reuse.plan_reuse` from the strategy's
-capabilities (`is_croppable`, `is_streaming`, `capacity`); the tokens go through
+capabilities (`can_crop`, `is_streaming`, `capacity`); the tokens go through
 the engine (`kvlab.engine`), so a strategy's own forward (e.g. a compiled static
 decode step) applies in chat exactly as in Compare. This module runs and
 measures; it does not render. It never imports gradio.
@@ -46,12 +46,16 @@ from .reuse import ReusePlan, Reply, generate_reply, held_tokens, plan_reuse, re
 from .reuse import time_to_first_token
 from .strategies import Strategy, StrategyError
 
+PLAIN_TEXT_NOTE = ("base model (no chat template): the conversation is joined as plain text, one 'User: ...' / "
+                   "'Assistant: ...' line per turn, and the model continues it (it may write the next 'User:' "
+                   "line itself)")
+"""What a chat turn on a base model says it did."""
 DEFAULT_CHAT_CACHE_TOKENS = 1024
 """Capacity (tokens) given to a preallocating cache (static) whose `max_cache_len` is not set."""
 
 
 class ChatInputError(ValueError):
-    """A message cannot be sent (empty, no chat template, nothing to regenerate); nothing was run."""
+    """A message cannot be sent (empty, too long, nothing to regenerate); nothing was run."""
 
 
 class ChatCapacityError(ChatInputError):
@@ -156,7 +160,7 @@ class ChatSession:
     consistent. `refused` is the last `ChatCapacityError` (None after a turn that fit).
 
     Args:
-        loaded: a `kvlab.models.LoadedModel` whose tokenizer has a chat template.
+        loaded: a `kvlab.models.LoadedModel` (a base model's turns are joined as plain text, `PLAIN_TEXT_NOTE`).
         strategy: a cache strategy that keeps a cache (see `set_strategy`).
         settings: generation settings for every turn (may be replaced between turns).
         system: system prompt ('' = the template's default, if it has one).
@@ -229,13 +233,12 @@ class ChatSession:
         return system + list(self.history if history is None else history)
 
     def input_ids(self, history: list[dict] | None = None) -> list[int]:
-        """Ids of the conversation rendered by the chat template with the generation prompt.
+        """Ids of the conversation rendered by the chat template with the generation prompt; for a base model
+        (no chat template) the turns joined as plain text (`kvlab.generation.plain_conversation`).
 
         Raises:
-            ChatInputError: the tokenizer has no chat template, the conversation is empty or too long.
+            ChatInputError: the conversation is empty or too long.
         """
-        if not getattr(self.loaded.tokenizer, "chat_template", None):
-            raise ChatInputError("this model's tokenizer has no chat template, so it cannot hold a conversation")
         try:
             return encode_prompt(self.loaded.tokenizer, self.messages(history))[0].tolist()
         except ValueError as err:
@@ -267,7 +270,7 @@ class ChatSession:
             stop: set it to end the reply within a token.
 
         Raises:
-            ChatInputError: empty message, no chat template, conversation too long.
+            ChatInputError: empty message, conversation too long.
             ChatCapacityError: a static cache too small for the conversation plus max_new_tokens.
             ValueError: invalid generation settings.
         """
@@ -342,8 +345,9 @@ class ChatSession:
                 done = True
                 yield ChatTurnFailed(f"{type(err).__name__}: {err}")
                 return
+            note = plan.note if self.loaded.has_chat_template else f"{PLAIN_TEXT_NOTE}; {plan.note}"
             stats = TurnStats(
-                turn=_user_count(history), strategy=self.strategy.describe(), action=plan.action, note=plan.note,
+                turn=_user_count(history), strategy=self.strategy.describe(), action=plan.action, note=note,
                 input_tokens=len(ids), reused_tokens=plan.reused_tokens,
                 prefilled_tokens=len(ids) - plan.reused_tokens, cropped_tokens=plan.crop_tokens,
                 generated_tokens=len(reply.token_ids), ttft_s=reply.ttft_s, decode_tok_s=reply.decode_tok_s,
@@ -376,7 +380,8 @@ class ChatSession:
                 why = reason or "there was no cache yet"
                 return ReusePlan("rebuild", 0, rebuild=True,
                                  note=f"{why}: the whole conversation was prefilled into a new cache")
-        plan = plan_reuse(self.cached_ids, ids, self.strategy.is_croppable, self.strategy.is_streaming, reason)
+        croppable = self.strategy.can_crop(self.loaded, self.cache, len(self.cached_ids))
+        plan = plan_reuse(self.cached_ids, ids, croppable, self.strategy.is_streaming, reason)
         if plan.rebuild:
             self.cache, self.cached_ids = self.new_cache(), []
         elif plan.crop_tokens:

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import yaml
 
+from .bundled import SOURCE_HELP
 from .strategies.base import names_with, parse_strategy_list
 from .generation import GenerationSettings
 
@@ -62,7 +63,7 @@ def add_parser(sub) -> None:
 
 
 def _add_common(parser) -> None:
-    parser.add_argument("--model", default="bundled", help="'bundled', a hub id or a local folder")
+    parser.add_argument("--model", default="bundled", help=SOURCE_HELP)
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda", "mps"])
     parser.add_argument("--max-new-tokens", type=int, default=64)

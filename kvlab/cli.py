@@ -16,6 +16,7 @@ import sys
 import threading
 from pathlib import Path
 
+from .bundled import SOURCE_HELP
 from . import bench, chat_cli, perplexity_cli, planner_cli
 from .generation import encode_prompt
 from .strategies.base import parse_strategy_item, split_strategy_list
@@ -29,7 +30,7 @@ def add_compare(sub) -> None:
     p.add_argument("--system", help="system prompt for chat models")
     p.add_argument("--plain", action="store_true", help="tokenize the prompt as plain text, without the chat template")
     p.add_argument("--strategies", help="comma list, knobs after colons: dynamic,quantized:backend=hqq:nbits=4")
-    p.add_argument("--model", help="'bundled', a hub id or a local folder")
+    p.add_argument("--model", help=SOURCE_HELP)
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--device", choices=["auto", "cpu", "cuda", "mps"])
     p.add_argument("--max-new-tokens", type=int)

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .accounting import cache_bytes
+from .accounting import cache_bytes, cache_bytes_by_layer_type, layer_types_and_windows
 from .generation import GenerationSettings, TokenChooser, eos_token_ids
 
 STOP_REASONS = ("eos", "length", "stopped")
@@ -58,7 +58,8 @@ class Step:
     token_id: the token chosen. per_token_s: forward pass + choice, seconds.
     fed_ids: the ids this step's forward fed into the cache. seen_tokens: ids fed
     through the cache so far (the input + the tokens chosen before this one).
-    cache_bytes: exact bytes the cache holds after it (None when not measured).
+    cache_bytes: exact bytes the cache holds after it (None when not measured);
+    cache_bytes_by_layer_type: the same per layer type (`full_attention`, `sliding_attention`, ...).
     """
 
     index: int
@@ -67,6 +68,7 @@ class Step:
     fed_ids: tuple[int, ...]
     seen_tokens: int
     cache_bytes: int | None = None
+    cache_bytes_by_layer_type: dict[str, int] | None = None
 
 
 class Decoder:
@@ -88,7 +90,7 @@ class Decoder:
         feed_from: index of the first input id the cache does not hold yet, 0 <= feed_from < seq.
         seed: sampling seed (default `settings.seed`).
         stop: set it to end generation before the next step.
-        measure_bytes: count the cache's bytes after every step (`Step.cache_bytes`).
+        measure_bytes: count the cache's bytes after every step (`Step.cache_bytes`, and per layer type).
 
     Raises:
         ValueError: `feed_from` out of range or empty input.
@@ -106,6 +108,7 @@ class Decoder:
         self.feed_from = feed_from
         self.stop = stop
         self.measure_bytes = measure_bytes
+        self.layer_types = layer_types_and_windows(loaded.config)[0] if measure_bytes else []
         self.chooser = TokenChooser(run_settings, loaded.device)
         self.eos = eos_token_ids(loaded) if settings.stop_at_eos else set()
         self.token_ids: list[int] = []
@@ -140,13 +143,14 @@ class Decoder:
         # 3. Book-keeping outside the clock, then decide whether this was the last step.
         self.token_ids.append(token)
         self.per_token_s.append(elapsed)
-        size = cache_bytes(self.cache) if self.measure_bytes else None
+        by_type = cache_bytes_by_layer_type(self.cache, self.layer_types) if self.measure_bytes else None
         if token in self.eos:
             self.stop_reason = "eos"
         elif len(self.token_ids) >= self.settings.max_new_tokens:
             self.stop_reason = "length"
         fed_ids = tuple(self.sequence[0, -fed:].tolist())
-        return Step(index, token, elapsed, fed_ids, self.sequence.shape[1], size)
+        size = sum(by_type.values()) if by_type is not None else None
+        return Step(index, token, elapsed, fed_ids, self.sequence.shape[1], size, by_type)
 
     def run(self) -> "Decoder":
         """Run every remaining step in this thread; returns self."""

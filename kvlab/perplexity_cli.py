@@ -10,6 +10,7 @@ import math
 import sys
 from pathlib import Path
 
+from .bundled import SOURCE_HELP
 from .perplexity import (
     DEFAULT_MAX_TOKENS,
     DEFAULT_SINKS,
@@ -35,7 +36,7 @@ def add_parser(sub) -> None:
                    help="num_sink_tokens of sink columns that do not set it")
     p.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS, help="tokens of the text to stream")
     p.add_argument("--segment", type=int, help="tokens per perplexity segment (default: the window)")
-    p.add_argument("--model", default="bundled")
+    p.add_argument("--model", default="bundled", help=SOURCE_HELP)
     p.add_argument("--json", help="write nll, ppl_by_segment and cache_bytes per strategy here")
     p.set_defaults(func=cmd_perplexity)
 

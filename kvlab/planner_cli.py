@@ -19,8 +19,8 @@ DEFAULT_CONTEXTS = "1024,32768,131072"
 
 def add_parser(sub) -> None:
     p = sub.add_parser("plan", help="plan the exact KV-cache bytes of any model at any context, without its weights")
-    p.add_argument("--model", default="bundled", help="'bundled', a catalog hub id (see --list-models), a folder "
-                   "with config.json, or a hub id (where the hub is reachable)")
+    p.add_argument("--model", default="bundled", help="'bundled', 'bundled:gemma-3-270m', a catalog hub id (see "
+                   "--list-models), a folder with config.json, or a hub id (where the hub is reachable)")
     p.add_argument("--context", default=DEFAULT_CONTEXTS, help=f"comma list of context lengths in tokens "
                    f"(default {DEFAULT_CONTEXTS})")
     p.add_argument("--batch", default="1", help="sequences in the batch (default 1)")

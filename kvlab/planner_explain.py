@@ -72,10 +72,12 @@ def explain(strategy, arch, laws: dict, states: dict) -> str:
             parts.append(f"{group.count} of {arch.layers} layers {group.label}: hold nothing (they reuse other layers)")
     head = f"{strategy.describe()}: "
     sliding = [group for group in arch.groups if group.window is not None]
-    if sliding and strategy.keeps_everything and strategy.capacity(1) is None:
+    if sliding and strategy.keeps_everything and not strategy.follows_layer_types:
         windows = ", ".join(str(group.window) for group in sliding)
         head += (f"keeps every token, even in the model's {sum(g.count for g in sliding)} sliding layers "
                  f"(window {windows}), which a cache built without the config treats as full; ")
+    elif sliding and strategy.follows_layer_types and not strategy.is_sliding:
+        head += "built from the model's config as transformers does by default, so its sliding layers slide; "
     latent = next((_latent_text(arch, group) for group in laws if _latent_text(arch, group)), "")
     return head + "; ".join(parts) + (f"; {latent}" if latent else "")
 

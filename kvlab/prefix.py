@@ -236,7 +236,7 @@ def answer_from_prefix(loaded, strategy: Strategy, shared: PrefixCache, input_id
     reused = min(common_prefix_length(shared.ids, input_ids), len(input_ids) - 1)
     note = ""
     if reused < len(shared.ids):
-        if strategy.is_croppable:
+        if strategy.can_crop(loaded, cache, len(shared.ids)):
             cache.crop(-(len(shared.ids) - reused))
             note = f"the prompt's ids share only {reused} of the prefix's {len(shared.ids)} ids: the copy was cropped"
         else:

@@ -16,7 +16,8 @@ from .events import ColumnResult, RunDone
 
 SUMMARY_COLUMNS = [
     "column", "status", "ttft_s", "decode_tok_s", "itl_ms_p50", "itl_ms_p99", "peak_cache_bytes", "vs_baseline_bytes",
-    "predicted_cache_bytes", "agreement", "first_divergence", "top1_agreement", "mean_kl", "note",
+    "predicted_cache_bytes", "cache_bytes_by_layer_type", "agreement", "first_divergence", "top1_agreement", "mean_kl",
+    "note",
 ]
 """The summary's quantities, in display order (also the CSV header)."""
 
@@ -24,7 +25,8 @@ LABELS = {
     "column": "column", "status": "status", "ttft_s": "TTFT (s)", "decode_tok_s": "decode tok/s",
     "itl_ms_p50": "ITL p50 (ms)", "itl_ms_p99": "ITL p99 (ms)",
     "peak_cache_bytes": "peak cache (bytes)", "vs_baseline_bytes": "vs baseline bytes",
-    "predicted_cache_bytes": "predicted dense (bytes)", "agreement": "agreement",
+    "predicted_cache_bytes": "predicted dense (bytes)",
+    "cache_bytes_by_layer_type": "cache by layer type at the end (bytes)", "agreement": "agreement",
     "first_divergence": "first divergence", "top1_agreement": "top-1 agreement", "mean_kl": "mean KL (nats)",
     "note": "note",
 }
@@ -41,7 +43,7 @@ def _round(value, digits):
 
 
 def _note(r: ColumnResult) -> str:
-    note = "; ".join(filter(None, [r.message, r.caveat if r.status == "ok" else ""]))
+    note = "; ".join(filter(None, [r.message, r.keeps, r.caveat if r.status == "ok" else ""]))
     if r.is_baseline:
         return ("baseline; " + note) if note else "baseline"
     if r.lossy and r.status == "ok":
@@ -50,8 +52,9 @@ def _note(r: ColumnResult) -> str:
 
 
 def summary_rows(results: list[ColumnResult]) -> list[dict]:
-    """One dict per column with the SUMMARY_COLUMNS keys (None where not measured), plus `use_cache`; the ITL
-    mean and p90 and the end-to-end latency are in each column's JSON record (`ColumnResult.to_json`)."""
+    """One dict per column with the SUMMARY_COLUMNS keys (None where not measured), plus `use_cache`;
+    `cache_bytes_by_layer_type` is a dict (layer type -> bytes at the last step). The ITL mean and p90 and the
+    end-to-end latency are in each column's JSON record (`ColumnResult.to_json`)."""
     rows = []
     base = next((r for r in results if r.is_baseline and r.peak_cache_bytes), None)
     for r in results:
@@ -66,6 +69,8 @@ def summary_rows(results: list[ColumnResult]) -> list[dict]:
             "vs_baseline_bytes": (_round(r.peak_cache_bytes / base.peak_cache_bytes, 3)
                                   if base is not None and r.status == "ok" else None),
             "predicted_cache_bytes": r.predicted_cache_bytes[-1] if r.predicted_cache_bytes else None,
+            "cache_bytes_by_layer_type": ({kind: values[-1] for kind, values in r.cache_bytes_by_layer_type.items()}
+                                          if r.status == "ok" and r.cache_bytes_by_layer_type else None),
             "agreement": _round(r.agreement, 4),
             "first_divergence": r.first_divergence,
             "top1_agreement": _round(r.top1_agreement, 4),
@@ -94,21 +99,42 @@ def best_marks(rows: list[dict]) -> dict[str, int]:
     return marks
 
 
+def by_layer_type_text(by_type: dict[str, int] | None, scale: float = 1.0, digits: int = 0,
+                       sep: str = " ") -> str | None:
+    """`{"full_attention": 6291456, "sliding_attention": 15729000}` -> `full=6291456 sliding=15729000` (the
+    `_attention` suffix dropped; values divided by `scale`, rounded to `digits`); None stays None."""
+    if by_type is None:
+        return None
+    return sep.join(f"{kind.removesuffix('_attention')}={value / scale:.{digits}f}"
+                    for kind, value in sorted(by_type.items()))
+
+
+def several_layer_types(rows: list[dict]) -> bool:
+    """Whether any row's cache has more than one layer type (a hybrid model)."""
+    return any(len(row.get("cache_bytes_by_layer_type") or {}) > 1 for row in rows)
+
+
 def format_table(rows: list[dict]) -> str:
-    """A plain-text table with LABELS as headers, one line per column (for the CLI)."""
+    """A plain-text table with LABELS as headers, one line per column (for the CLI); the by-layer-type column
+    only for a model with more than one layer type."""
     import pandas as pd
 
-    frame = pd.DataFrame(rows, columns=SUMMARY_COLUMNS, dtype=object).fillna("-").rename(columns=LABELS)
+    columns = [c for c in SUMMARY_COLUMNS if c != "cache_bytes_by_layer_type" or several_layer_types(rows)]
+    rows = [{**row, "cache_bytes_by_layer_type": by_layer_type_text(row.get("cache_bytes_by_layer_type"))}
+            for row in rows]
+    frame = pd.DataFrame(rows, columns=columns, dtype=object).fillna("-").rename(columns=LABELS)
     with pd.option_context("display.max_colwidth", 60, "display.width", 250):
         return frame.to_string(index=False)
 
 
 def rows_to_csv(rows: list[dict]) -> str:
-    """The summary as CSV, its header the quantity names (SUMMARY_COLUMNS)."""
+    """The summary as CSV, its header the quantity names (SUMMARY_COLUMNS); bytes by layer type as
+    `full=N;sliding=M`."""
     out = io.StringIO()
     writer = csv.DictWriter(out, fieldnames=SUMMARY_COLUMNS, extrasaction="ignore")
     writer.writeheader()
-    writer.writerows(rows)
+    writer.writerows({**row, "cache_bytes_by_layer_type": by_layer_type_text(row.get("cache_bytes_by_layer_type"),
+                                                                              sep=";")} for row in rows)
     return out.getvalue()
 
 

@@ -9,7 +9,8 @@ that went through a cache with the new input's ids and decides:
 - `crop`: the input diverges from the cached ids (undo, regenerate, or a chat
   template that re-tokenized a reply differently from how it was generated);
   the cache is cropped to the common prefix (`Cache.crop(-n)`) and the rest is fed.
-- `rebuild`: the cache cannot be cropped (quantized layers, a sink window), so
+- `rebuild`: the cache cannot be cropped (quantized layers, a sink window, sliding
+  layers past their window), so
   the whole input is fed into a fresh one.
 - `stream`: a streaming cache (sink) holds only its window, so its ids are not a
   prefix of the input; only the new tokens are fed.
@@ -108,8 +109,8 @@ def plan_reuse(cached_ids: Sequence[int], input_ids: Sequence[int], croppable: b
             f"so the whole conversation was streamed through a fresh one"))
     if not croppable:
         return ReusePlan("rebuild", 0, rebuild=True, note=(
-            f"{where}{why}; this cache's layers cannot be cropped (quantized), "
-            f"so it was rebuilt from the whole conversation"))
+            f"{where}{why}; this cache cannot be cropped now (quantized layers, or sliding layers that "
+            f"have filled their window and dropped older tokens), so it was rebuilt from the whole conversation"))
     return ReusePlan("crop", usable, crop_tokens=len(cached_ids) - usable, note=(
         f"{where}{why}; the cache was cropped by {len(cached_ids) - usable} tokens "
         f"to the common prefix of {usable}"))

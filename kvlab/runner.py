@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .accounting import cache_bytes_by_device, predicted_cache_bytes
+from .accounting import cache_bytes_by_device, predicted_cache_bytes_by_layer_type
 from .compute import compute, compute_iter
 from .fidelity import score_fidelity
 from .events import (
@@ -189,7 +189,8 @@ def run_column(
     strategy = column.strategy
     prompt_tokens = prompt_ids.shape[1]
     result = new_result(index, strategy, prompt_tokens)
-    emit(ColumnStarted(index, result.name, prompt_tokens))
+    result.keeps, result.keeps_everything = strategy.keeps_on(loaded), strategy.keeps_everything_on(loaded)
+    emit(ColumnStarted(index, result.name, prompt_tokens, result.keeps))
     reason = strategy.unavailable_reason(loaded)
     if reason:
         result.status, result.message = "unavailable", reason
@@ -225,19 +226,37 @@ def _decode(loaded, index, strategy, prompt_ids, settings, emit, turns, stop, re
     for step in turns.iterate(decoder):
         if step.index == 0:
             result.ttft_s = step.per_token_s
-        held = strategy.held_tokens(step.seen_tokens, max_total)
-        predicted = predicted_cache_bytes(loaded.config, loaded.model.dtype, held) if strategy.use_cache else 0
+        predicted_by_type = _predicted_by_type(loaded, strategy, step.seen_tokens, max_total)
+        predicted = sum(predicted_by_type.values())
         result.token_ids.append(step.token_id)
         result.per_token_s.append(step.per_token_s)
         result.cache_bytes.append(step.cache_bytes)
         result.predicted_cache_bytes.append(predicted)
+        _append_by_type(result.cache_bytes_by_layer_type, step.cache_bytes_by_layer_type or {})
+        _append_by_type(result.predicted_cache_bytes_by_layer_type, predicted_by_type)
         text = detok.push(step.token_id)
         result.text = detok.text
         emit(TokenEvent(index, step.index, step.token_id, text))
-        emit(StepMetrics(index, step.index, step.per_token_s, step.cache_bytes, predicted, step.seen_tokens))
+        emit(StepMetrics(index, step.index, step.per_token_s, step.cache_bytes, predicted, step.seen_tokens,
+                         step.cache_bytes_by_layer_type or {}, predicted_by_type))
     result.cache_bytes_by_device = cache_bytes_by_device(cache)
     if decoder.stop_reason == "stopped":
         raise RunStopped
+
+
+def _predicted_by_type(loaded, strategy, seen_tokens: int, max_total: int) -> dict[str, int]:
+    """The dense prediction per layer type for the tokens each layer holds (all 0 without a cache)."""
+    held = strategy.held_tokens_by_layer(loaded.config, seen_tokens, max_total)
+    if not strategy.use_cache:
+        held = [0] * len(held)
+    return predicted_cache_bytes_by_layer_type(loaded.config, loaded.model.dtype, held)
+
+
+def _append_by_type(series: dict[str, list[int]], values: dict[str, int]) -> None:
+    """Append one step's value per layer type to the per-type series (a type new this step starts at 0)."""
+    steps = max((len(v) for v in series.values()), default=0)
+    for kind in values.keys() | series.keys():
+        series.setdefault(kind, [0] * steps).append(values.get(kind, 0))
 
 
 def run_compare(

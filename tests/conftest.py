@@ -10,7 +10,8 @@ tests are skipped where torch has no CUDA.
 Fixtures: `tiny` is a 2-layer random Llama with a byte-level BPE tokenizer
 trained here in-process (`tiny_tokenizer`), for tests that need many model calls
 and no real weights. `bundled` is the real bundled model, loaded once per
-session; unit tests may not request it, its `pool` or its `tokenizer`, and run
+session, and `gemma` the bundled Gemma 3 270M (a hybrid sliding-window model); unit
+tests may not request them, their `pool` or the `tokenizer`, and run
 with an empty model cache folder that they must leave empty, so the unit tier
 never converts the bundled GGUF.
 """
@@ -26,7 +27,7 @@ TIER_FILES = {"test_setup_script.py": "slow_install"}
 MARKED_FOLDERS = ("faults",)
 """Folders whose test files name their own tier (`pytestmark`): the fault catalogue mixes unit and
 integration cases."""
-BUNDLED_MODEL_FIXTURES = frozenset({"pool", "bundled", "tokenizer"})
+BUNDLED_MODEL_FIXTURES = frozenset({"pool", "bundled", "tokenizer", "gemma"})
 
 TINY_VOCAB_SIZE = 1000
 TINY_SPECIAL_TOKENS = {"unk": "<unk>", "bos": "<|im_start|>", "eos": "<|im_end|>", "pad": "<pad>"}
@@ -199,6 +200,15 @@ def bundled(pool):
     from kvlab.models import ModelSpec
 
     return pool.get(ModelSpec(device="cpu"))
+
+
+@pytest.fixture(scope="session")
+def gemma(pool):
+    """The real bundled Gemma 3 270M (`bundled:gemma-3-270m`: 15 sliding layers, window 512, and 3 full ones),
+    fp32 on CPU, loaded once (converted once into the cache folder, about 70 s cold)."""
+    from kvlab.models import ModelSpec
+
+    return pool.get(ModelSpec("bundled:gemma-3-270m", device="cpu"))
 
 
 @pytest.fixture(scope="session")

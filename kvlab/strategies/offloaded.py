@@ -44,6 +44,13 @@ class OffloadedStatic(Strategy):
     def unavailable_reason(self, loaded) -> str | None:
         return cuda_reason()
 
+    @property
+    def follows_layer_types(self) -> bool:
+        return True
+
+    def window_tokens(self, window: int) -> int:
+        return window
+
     def check_fits(self, prompt_tokens: int, max_new_tokens: int) -> None:
         Static(max_cache_len=self.max_cache_len).check_fits(prompt_tokens, max_new_tokens)
 

@@ -1,6 +1,9 @@
 """`sliding_window`: the model's own sliding-window layers (e.g. Gemma 3) keep only
 their window; full-attention layers keep everything. Model-native only: a model
-without sliding layers gets a clear message (use `sink` for a window on any model)."""
+without sliding layers gets a clear message (use `sink` for a window on any model).
+On a hybrid model it builds the same cache as `dynamic` with its default
+`layer_types: model` (transformers' default); it is the column that names the
+window, and the one that refuses a model without one."""
 
 from dataclasses import dataclass
 
@@ -13,6 +16,10 @@ class SlidingWindow(Strategy):
     name = "sliding_window"
     summary = "Uses the model's own sliding-window layers: those keep only the last `sliding_window` tokens. Exact for models trained that way."
     is_sliding = True
+
+    def caveat(self) -> str:
+        return ("each sliding layer keeps its last sliding_window - 1 tokens (transformers' DynamicSlidingWindowLayer); "
+                "exact, since those layers never attend further back")
 
     def unavailable_reason(self, loaded) -> str | None:
         if not sliding_layer_types(loaded):

@@ -51,6 +51,15 @@ class Static(Strategy):
     def is_compileable(self) -> bool:
         return self.compile
 
+    @property
+    def follows_layer_types(self) -> bool:
+        """StaticCache is built from the config: a sliding layer is a `StaticSlidingWindowLayer`."""
+        return True
+
+    def window_tokens(self, window: int) -> int:
+        """A `StaticSlidingWindowLayer` allocates min(max_cache_len, window) slots (the window, at most)."""
+        return window
+
     def capacity(self, max_total_tokens: int) -> int:
         """`max_cache_len`, else `max_total_tokens` (rounded up to COMPILE_BUCKET with compile), tokens."""
         if self.max_cache_len:

@@ -46,6 +46,7 @@ from .chat_view import (
 )
 from .figures import turns_figure
 from .knobs import card_form, knob_index, max_knobs, strategy_choices
+from .model_picker import model_dropdown
 
 logger = logging.getLogger(__name__)
 
@@ -53,7 +54,11 @@ CHAT_CONCURRENCY = 2
 """Sessions that may generate at the same time (they share the model and the CPU cores)."""
 CHAT_CONCURRENCY_ID = "kvlab-chat"
 INTRO = ("Chat with the model while **one KV cache is kept across turns**: each turn prefills only the new "
-         "message and the template's glue, and is compared with the same turn re-prefilled from scratch.")
+         "message and the template's glue, and is compared with the same turn re-prefilled from scratch. "
+         "A base model (no chat template, e.g. Gemma 3 270M) gets the turns joined as plain text, one "
+         "`User: …` / `Assistant: …` line each, and continues it; every turn says so. On a hybrid model a "
+         "cache whose sliding layers have filled their window cannot be cropped, so an undo or a re-tokenized "
+         "reply rebuilds it.")
 PREFIX_INTRO = ("The prefix (a system prompt or a document) is prefilled once; each prompt starts from a deep "
                 "copy of that cache and prefills only its own tokens. Every prompt is also answered without "
                 "reuse and compared. Uses the strategy picked above (one whose cache holds the whole prefix).")
@@ -116,7 +121,7 @@ class ChatTab:
         self.turn_table = gr.Dataframe(label="Per turn", interactive=False, wrap=True)
         self.turn_plot = gr.Plot(label="Per-turn TTFT and tokens")
         with gr.Accordion("Settings", open=False):
-            self.model_source = gr.Textbox(self.spec0.source, label="Model ('bundled', a hub id or a local folder)")
+            self.model_source = model_dropdown(self.spec0.source, elem_id="kvlab-chat-model")
 
     def _build_prefix(self) -> None:
         document, prompts = default_prefix_texts()
@@ -319,8 +324,9 @@ class ChatTab:
             refusal = prefix_refusal(chosen)
             if refusal:
                 raise StrategyError(refusal)
-            report = run_prefix_reuse(self.pool.get(form.model_spec(self.spec0)), chosen, prefix or "",
-                                      prompt_lines(prompts_text), form.settings())
+            loaded = self.pool.get(form.model_spec(self.spec0))
+            report = run_prefix_reuse(loaded, chosen, prefix or "", prompt_lines(prompts_text), form.settings(),
+                                      chat=loaded.has_chat_template)
         except (StrategyError, ModelLoadError, ValueError) as err:
             return {self.prefix_info: f"⚠️ {err}", self.prefix_table: None}
         except Exception as err:  # noqa: BLE001 - the panel says what failed; the tab keeps working

@@ -33,6 +33,7 @@ from .compare_view import (
     RunRejected,
     RunRequest,
     RunView,
+    chat_box,
     model_line,
     plan_run,
     slot_specs,
@@ -41,6 +42,7 @@ from .compare_view import (
 from .figures import render_figure
 from .knobs import card_form, max_knobs, strategy_choices
 from .loader import CONCURRENCY, MODEL_CONCURRENCY_ID, BackgroundLoader, device_present
+from .model_picker import model_bar
 from .records import code_text, record_for, run_preset, write_exports
 from .theme import line_html, status_html
 
@@ -95,16 +97,8 @@ class CompareTab:
         return self
 
     def _build_model_bar(self) -> None:
-        with gr.Row(equal_height=False, elem_classes=["kv-modelbar"]):
-            self.model_source = gr.Textbox("bundled", label="Model", scale=4, elem_id="kv-model",
-                                           info="'bundled' (SmolLM2-135M-Instruct, offline), a hub id or a local folder")
-            self.dtype = gr.Dropdown(self.dtypes, value="float32", label="dtype", scale=1, elem_id="kv-dtype",
-                                     interactive=len(self.dtypes) > 1,
-                                     info="half precision needs CUDA" if len(self.dtypes) == 1 else "weights and cache")
-            self.device = gr.Dropdown(self.devices, value="auto", label="device", scale=1, elem_id="kv-device",
-                                      info="auto: CUDA if present, else CPU")
-            self.load_button = gr.Button("Load", scale=0, min_width=90, elem_id="kv-load")
-        self.model_status = gr.HTML(line_html("checking the model…", "busy"), elem_id="kv-model-status")
+        self.model_source, self.dtype, self.device, self.load_button, self.model_status = model_bar(
+            self.dtypes, self.devices)
 
     def _build_prompt(self, start: Preset) -> None:
         with gr.Row(equal_height=True):
@@ -189,8 +183,10 @@ class CompareTab:
         """The light events: model status timer, Load, strategy pickers, decoding, presets."""
         strategies = [card.strategy for card in self.cards]
         model_inputs = [self.model_source, self.dtype, self.device]
-        self.timer.tick(self.tick, model_inputs, [self.model_status, self.timer, *strategies],
+        self.timer.tick(self.tick, model_inputs, [self.model_status, self.timer, self.chat, *strategies],
                         show_progress="hidden", **PRIVATE)
+        self.model_source.input(lambda source: gr.update(**chat_box(source, None, reset=True)), self.model_source,
+                                self.chat, show_progress="hidden", **PRIVATE)
         self.load_button.click(self.load, model_inputs, [self.model_status, self.timer], **PRIVATE)
         for slot, card in enumerate(self.cards):
             card.strategy.input(
@@ -217,7 +213,7 @@ class CompareTab:
             *[card.strategy for card in self.cards], *[box for card in self.cards for box in card.knobs],
         }
         self.run_outputs = [self.run_status, self.model_status, self.plot, self.results, self.summary, self.exports,
-                            self.code, *[c for card in self.cards for c in (card.status, card.text)]]
+                            self.code, *[c for card in self.cards for c in (card.status, card.text, card.strategy)]]
         self.run_button.click(
             self.prepare, self.session, [self.run_button, self.stop_button, self.run_status], show_progress="hidden",
             **PRIVATE,
@@ -240,12 +236,12 @@ class CompareTab:
         try:
             spec = ModelSpec((source or "").strip() or "bundled", dtype, device)
         except ValueError as err:
-            return line_html(f"✖ {err}", "error"), gr.Timer(active=False), *[gr.skip()] * MAX_COLUMNS
+            return line_html(f"✖ {err}", "error"), gr.Timer(active=False), *[gr.skip()] * (MAX_COLUMNS + 1)
         status = self.loader.status(spec)
         if status.state == "loading":
-            return model_line(status, spec), gr.Timer(active=True), *[gr.skip()] * MAX_COLUMNS
+            return model_line(status, spec), gr.Timer(active=True), *[gr.skip()] * (MAX_COLUMNS + 1)
         choices = strategy_choices(status.loaded)
-        return (model_line(status, spec), gr.Timer(active=False),
+        return (model_line(status, spec), gr.Timer(active=False), gr.update(**chat_box(spec.source, status.loaded, False)),
                 *[gr.update(choices=choices) for _ in range(MAX_COLUMNS)])
 
     def load(self, source, dtype, device):
@@ -265,7 +261,8 @@ class CompareTab:
             return {self.run_status: line_html(f"✖ {err}", "error")}
         generation, sampling = preset.generation, preset.generation.do_sample
         updates = {
-            self.prompt: preset.prompt.text, self.system: preset.prompt.system, self.chat: preset.prompt.chat,
+            self.prompt: preset.prompt.text, self.system: preset.prompt.system,
+            self.chat: gr.update(**{**chat_box(preset.model.source, None, False), "value": preset.prompt.chat}),
             self.max_new_tokens: generation.max_new_tokens, self.decoding: "sample" if sampling else "greedy",
             self.temperature: gr.update(value=generation.temperature, interactive=sampling),
             self.top_p: gr.update(value=generation.top_p, interactive=sampling),
@@ -344,7 +341,7 @@ class CompareTab:
             return
         # 2. Stream the runner's events through the view, throttled, then the final summary.
         view = RunView([s.describe() for _, s in plan.columns], plan.slots)
-        yield self._start_updates(plan, view)
+        yield self._start_updates(plan, view, loaded)
         events = run_compare(loaded, prompt_ids, [s for _, s in plan.columns], plan.settings, request.mode, stop,
                              plan.baseline_index())
         try:
@@ -389,9 +386,12 @@ class CompareTab:
         yield {self.model_status: model_line(status, spec)}
         return status.loaded
 
-    def _start_updates(self, plan: RunPlan, view: RunView) -> dict:
+    def _start_updates(self, plan: RunPlan, view: RunView, loaded) -> dict:
+        """Cleared results, every card's status, strategy choices marked for the run's (maybe new) model."""
+        choices = strategy_choices(loaded)
         updates = {self.run_status: line_html("starting…", "busy"), self.plot: gr.update(value=None, visible=True),
-                   self.results: gr.update(visible=False), self.summary: None, self.exports: None, self.code: ""}
+                   self.results: gr.update(visible=False), self.summary: None, self.exports: None, self.code: "",
+                   **{card.strategy: gr.update(choices=choices) for card in self.cards}}
         for slot, card in enumerate(self.cards):
             if slot in plan.slot_errors:
                 updates[card.status] = gr.update(value=status_html("invalid settings", "error", "",
@@ -408,7 +408,8 @@ class CompareTab:
         for i in sorted(indices):
             column, card = view.columns[i], self.cards[view.slots[i]]
             updates[card.status] = gr.update(
-                value=status_html(column.title, column.status, column.readout(), column.message), visible=True)
+                value=status_html(column.title, column.status, column.readout(), column.message, column.keeps),
+                visible=True)
             updates[card.text] = gr.update(value=column.text, visible=True)
         return updates
 

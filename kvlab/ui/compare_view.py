@@ -8,8 +8,8 @@
   unavailable) with its message, a live readout (tokens, tok/s, cache size), the
   series the plots draw, and after the run the summary table with the best value
   per metric marked.
-- `start_preset`, `slot_specs`, `model_line` and the help texts: what the form
-  starts with and shows. After the run, `kvlab.ui.records` writes the record,
+- `start_preset`, `slot_specs`, `model_line`, `chat_box` and the help texts: what
+  the form starts with and shows (the 'chat message' box follows the model). After the run, `kvlab.ui.records` writes the record,
   the exports and the code.
 
 No gradio, no threads of its own. The browser tab (`kvlab.ui.compare_tab`)
@@ -33,9 +33,10 @@ from kvlab.events import (
     TokenEvent,
 )
 from kvlab.generation import GenerationSettings
-from kvlab.models import ModelSpec
+from kvlab.bundled import bundled_model
+from kvlab.models import ModelLoadError, ModelSpec
 from kvlab.presets import Preset, PromptSpec, load_preset
-from kvlab.report import LABELS, best_marks, candidates, summary_rows
+from kvlab.report import LABELS, best_marks, by_layer_type_text, candidates, summary_rows
 from kvlab.runner import MAX_COLUMNS, MODES
 
 from .figures import MIB
@@ -66,15 +67,15 @@ DISPLAY_COLUMNS = [
     ("column", "text"), ("status", "text"), ("ttft_s", "seconds"), ("decode_tok_s", "rate"), ("itl_ms_p50", "ms"),
     ("itl_ms_p99", "ms"),
     ("peak_cache_bytes", "mib"), ("vs_baseline_bytes", "ratio"), ("predicted_cache_bytes", "mib"),
-    ("agreement", "percent"), ("first_divergence", "int"), ("top1_agreement", "percent"), ("mean_kl", "kl"),
+    ("cache_bytes_by_layer_type", "by_type"), ("agreement", "percent"), ("first_divergence", "int"), ("top1_agreement", "percent"), ("mean_kl", "kl"),
     ("note", "text"),
 ]
 """The summary table: (key in `report.summary_rows`, formatter kind), in display order."""
 
 HEADERS = {**LABELS, "peak_cache_bytes": "peak cache (MiB)", "vs_baseline_bytes": "vs baseline",
-           "predicted_cache_bytes": "predicted dense (MiB)"}
+           "predicted_cache_bytes": "predicted dense (MiB)", "cache_bytes_by_layer_type": "by layer type, end (MiB)"}
 """Header shown per key: the report's labels, with MiB where the page shows bytes as MiB."""
-SUMMARY_WIDTHS = ["13%", "7%", "6%", "6%", "5%", "5%", "6%", "6%", "6%", "6%", "6%", "6%", "6%", "16%"]
+SUMMARY_WIDTHS = ["11%", "6%", "6%", "6%", "5%", "5%", "6%", "6%", "6%", "8%", "6%", "5%", "5%", "5%", "14%"]
 """Summary table column widths, in the order of DISPLAY_COLUMNS."""
 
 FINISHED = ("done", "stopped", "error", "unavailable")
@@ -195,13 +196,47 @@ def slot_specs(columns: list[dict]) -> list[tuple[str, dict]]:
     return specs
 
 
+CHAT_INFO = "use the chat template"
+BASE_INFO = "base model: no chat template, the prompt is plain text"
+
+
+def chat_box(source: str, loaded, reset: bool) -> dict:
+    """What the 'chat message' checkbox becomes for a model: on for a chat model when `reset` (the model was
+    just picked), off and locked for a base model (no chat template), as is for a source not known yet.
+
+    `loaded` (a LoadedModel or None) decides when given, else the bundled list; returns `gr.update` fields."""
+    model = None
+    try:
+        model = bundled_model(source)
+    except ModelLoadError:
+        pass
+    chat = loaded.has_chat_template if loaded is not None else (model.chat if model is not None else None)
+    if chat is None:
+        return {}
+    if not chat:
+        return {"value": False, "interactive": False, "info": BASE_INFO}
+    return {"interactive": True, "info": CHAT_INFO, **({"value": True} if reset else {})}
+
+
+def layer_text(info: dict) -> str:
+    """`30 layers` or, on a hybrid model, `18 layers (sliding_attention window 512, full_attention)`."""
+    types = info["layer_types"]
+    if len(types) < 2:
+        return f"{info['num_hidden_layers']} layers"
+    window = f" window {info['sliding_window']}" if info.get("sliding_window") else ""
+    return f"{info['num_hidden_layers']} layers ({', '.join(t + (window if t != 'full_attention' else '') for t in types)})"
+
+
 def model_line(status, spec: ModelSpec) -> str:
-    """The model status line for a `kvlab.ui.loader.LoadStatus`."""
+    """The model status line for a `kvlab.ui.loader.LoadStatus` (with the licence of a bundled model)."""
     if status.state == "ready":
         info = status.loaded.info()
+        kind = "" if info["chat_template"] else ", base model (plain-text prompts)"
+        terms = f" · licence: {info['license']}" if info.get("license") else ""
         return line_html(
-            f"✔ {info['name']} ready: {info['num_hidden_layers']} layers, {info['num_key_value_heads']} KV heads × "
-            f"{info['head_dim']} dims, {info['dtype']} on {info['device']} (loaded in {info['load_s']:.1f} s)", "ok")
+            f"✔ {info['name']} ready: {layer_text(info)}, {info['num_key_value_heads']} KV heads × "
+            f"{info['head_dim']} dims{kind}, {info['dtype']} on {info['device']} (loaded in {info['load_s']:.1f} s)"
+            f"{terms}", "ok")
     if status.state == "loading":
         return line_html(f"{status.message} ({100 * status.fraction:.0f}%) — the page stays usable meanwhile",
                          "busy")
@@ -226,6 +261,8 @@ def format_value(value, kind: str) -> str:
         return formats[kind].format(value)
     if kind == "mib":
         return f"{value / MIB:.2f}"
+    if kind == "by_type":
+        return by_layer_type_text(value, MIB, 2)
     if kind == "percent":
         return f"{100 * value:.1f}%"
     return str(value)
@@ -233,7 +270,8 @@ def format_value(value, kind: str) -> str:
 
 @dataclass
 class ColumnView:
-    """One column as the page shows it. Series are indexed by generated token (step)."""
+    """One column as the page shows it. Series are indexed by generated token (step); the by-layer-type ones
+    map a layer type to its series. keeps: what the cache keeps on this model ('' without sliding layers)."""
 
     index: int
     title: str
@@ -243,7 +281,10 @@ class ColumnView:
     prompt_tokens: int = 0
     cache_bytes: list[int] = field(default_factory=list)
     predicted_cache_bytes: list[int] = field(default_factory=list)
+    cache_bytes_by_layer_type: dict[str, list[int]] = field(default_factory=dict)
+    predicted_cache_bytes_by_layer_type: dict[str, list[int]] = field(default_factory=dict)
     per_token_s: list[float] = field(default_factory=list)
+    keeps: str = ""
     result: ColumnResult | None = None
 
     @property
@@ -323,12 +364,17 @@ class RunView:
     def _apply_to_column(column: ColumnView, event: Event) -> None:
         if isinstance(event, ColumnStarted):
             column.title, column.prompt_tokens, column.status = event.name, event.prompt_tokens, "running"
+            column.keeps = event.keeps
         elif isinstance(event, TokenEvent):
             column.text += event.text
         elif isinstance(event, StepMetrics):
             column.per_token_s.append(event.per_token_s)
             column.cache_bytes.append(event.cache_bytes)
             column.predicted_cache_bytes.append(event.predicted_cache_bytes)
+            for kind, value in event.cache_bytes_by_layer_type.items():
+                column.cache_bytes_by_layer_type.setdefault(kind, []).append(value)
+            for kind, value in event.predicted_cache_bytes_by_layer_type.items():
+                column.predicted_cache_bytes_by_layer_type.setdefault(kind, []).append(value)
         elif isinstance(event, ColumnDone):
             column.result, column.text = event.result, event.result.text
             column.status = "stopped" if event.result.stopped else "done"

@@ -1,6 +1,7 @@
 """The matplotlib figures every tab draws, with the object API only (no pyplot state, safe from worker threads).
 
-- `render_figure`: Compare's three live panels (cache bytes, per-token latency, process memory).
+- `render_figure`: Compare's live panels (cache bytes, per-token latency, process memory; on a model with
+  more than one layer type also cache bytes by layer type, measured beside the prediction).
 - `turns_figure`: Chat's per-turn TTFT with/without reuse and reused/prefilled tokens.
 - `perplexity_figure`: Perplexity's running log-PPL and cache bytes against position.
 - `plan_figure`: Plan's cache GiB against context length (log axes) with the budget's room for the cache.
@@ -20,6 +21,9 @@ from kvlab.perplexity import moving_log_ppl
 from .theme import COLORS, PERPLEXITY_COLORS
 
 MIB = 1024 * 1024
+LAYER_TYPE_STYLES = {"full_attention": "-", "sliding_attention": ":"}
+"""Line style per layer type in the by-layer-type panel (any other type: dash-dot)."""
+HYBRID_HEIGHT_IN = 6.6
 CHAT_SIZE_IN = (7.0, 2.6)
 PERPLEXITY_SIZE_IN = (12.0, 3.8)
 PLAN_SIZE_IN = (11.0, 4.2)
@@ -62,11 +66,44 @@ def _draw_memory(memory, memory_ax) -> None:
                   ylabel="MiB")
 
 
+def several_layer_types(view) -> bool:
+    """Whether any column of the view measured more than one layer type (a hybrid model)."""
+    return any(len(column.cache_bytes_by_layer_type) > 1 for column in view.columns)
+
+
+def _draw_by_layer_type(view, ax) -> None:
+    """Per column and layer type: measured bytes (line style by type) over a wide faint band, the prediction."""
+    from matplotlib.lines import Line2D
+
+    for column, slot in zip(view.columns, view.slots):
+        color = COLORS[slot % len(COLORS)]
+        for kind, values in sorted(column.cache_bytes_by_layer_type.items()):
+            steps = range(1, len(values) + 1)
+            predicted = column.predicted_cache_bytes_by_layer_type.get(kind, [])
+            if any(predicted):
+                ax.plot(range(1, len(predicted) + 1), [b / MIB for b in predicted], color=color, lw=7, alpha=0.18,
+                        solid_capstyle="butt")
+            ax.plot(steps, [b / MIB for b in values], color=color, lw=1.8, ls=LAYER_TYPE_STYLES.get(kind, "-."))
+    proxies = [Line2D([], [], color="#444444", ls=style, label=kind.replace("_attention", " layers"))
+               for kind, style in LAYER_TYPE_STYLES.items()]
+    proxies.append(Line2D([], [], color="#444444", lw=7, alpha=0.18, label="prediction"))
+    ax.legend(handles=proxies, fontsize=8, loc="upper left", frameon=False)
+    ax.set(title="KV cache by layer type: measured (lines), prediction (band)", xlabel="generated tokens",
+           ylabel="cache tensors (MiB)")
+
+
 def render_figure(view, width_in: float = 15.0, height_in: float = 3.8) -> Figure:
-    """Compare's three panels for a `kvlab.ui.compare_view.RunView`: KV cache vs generated tokens (measured
-    solid, dense prediction dashed), per-token latency vs generated tokens, process RSS over time."""
-    fig = Figure(figsize=(width_in, height_in), dpi=90, layout="constrained")
-    cache_ax, latency_ax, memory_ax = fig.subplots(1, 3)
+    """Compare's panels for a `kvlab.ui.compare_view.RunView`: KV cache vs generated tokens (measured solid,
+    dense prediction dashed), per-token latency vs generated tokens, process RSS over time; when a column
+    measured more than one layer type, a fourth panel splits the cache by layer type (two rows of two)."""
+    hybrid = several_layer_types(view)
+    fig = Figure(figsize=(width_in, HYBRID_HEIGHT_IN if hybrid else height_in), dpi=90, layout="constrained")
+    if hybrid:
+        (cache_ax, by_type_ax), (latency_ax, memory_ax) = fig.subplots(2, 2)
+        _draw_by_layer_type(view, by_type_ax)
+        _tidy(by_type_ax)
+    else:
+        cache_ax, latency_ax, memory_ax = fig.subplots(1, 3)
     drawn = _draw_columns(view, cache_ax, latency_ax)
     cache_ax.set(title="KV cache: measured (solid), dense prediction (dashed)", xlabel="generated tokens",
                  ylabel="cache tensors (MiB)")
@@ -109,8 +146,10 @@ def turns_figure(turns) -> Figure | None:
     return fig
 
 
-def perplexity_figure(nll: dict[str, list[float]], cache_bytes: dict[str, list[int]], window: int) -> Figure:
-    """Two panels: running log-PPL over the last `window` tokens (nats) vs position, cache bytes (MiB) vs position.
+def perplexity_figure(nll: dict[str, list[float]], cache_bytes: dict[str, list[int]], window: int,
+                      model_window: int | None = None) -> Figure:
+    """Two panels: running log-PPL over the last `window` tokens (nats) vs position, cache bytes (MiB) vs position;
+    `model_window` (the model's own sliding window, tokens) is marked when given.
 
     Args:
         nll: cache label -> per-token NLL (nats), in position order.
@@ -126,6 +165,9 @@ def perplexity_figure(nll: dict[str, list[float]], cache_bytes: dict[str, list[i
             ax_mem.plot(xs, [b / MIB for b in cache_bytes[name]], label=name, color=color)
     for ax in (ax_ppl, ax_mem):
         ax.axvline(window, color="grey", linestyle=":", linewidth=1)
+        if model_window:
+            ax.axvline(model_window, color="#b42318", linestyle="--", linewidth=1,
+                       label=f"model's sliding window ({model_window})")
         ax.set_xlabel("position (tokens)")
         ax.grid(alpha=0.3)
     ax_ppl.set_ylabel(f"log-perplexity, last {window} tokens (nats)")

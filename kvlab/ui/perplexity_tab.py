@@ -22,7 +22,9 @@ from kvlab.perplexity import DEFAULT_SINKS, DEFAULT_WINDOW, stream_many
 from kvlab.strategies import StrategyError
 
 from .loader import CONCURRENCY, MODEL_CONCURRENCY_ID
+from .model_picker import model_dropdown
 from .perplexity_view import (
+    default_choices,
     BUILT_IN,
     DEFAULT_CHOICES,
     DEFAULT_TOKENS,
@@ -44,7 +46,10 @@ EXPLAIN = (
     "baseline); **sink** keeps the first `sinks` tokens as attention sinks plus the recent ones (Xiao et al. 2023, "
     "*Efficient Streaming Language Models with Attention Sinks*). Past the window, window attention's perplexity "
     "shoots up while sink stays close to dynamic at constant memory. Curves show log-perplexity (nats) over the "
-    "last `window` tokens. Caches that cannot run on the model are left out, with the reason."
+    "last `window` tokens. Caches that cannot run on the model are left out, with the reason. On a hybrid model "
+    "(Gemma 3) compare **dynamic all-full** (every token on every layer) with **sliding_window** (the model's own "
+    "window from its config, marked dashed): the sliding layers never attend past their window, so the curves "
+    "coincide and only the cache bytes differ."
 )
 
 
@@ -57,7 +62,7 @@ class PerplexityTab:
     def build(self) -> "PerplexityTab":
         gr.Markdown(EXPLAIN)
         with gr.Row():
-            self.source = gr.Textbox("bundled", label="model ('bundled', hub id or local folder)", scale=2)
+            self.source = model_dropdown("bundled", scale=2, elem_id="ppl-model")
             self.text_choice = gr.Radio([BUILT_IN, PASTED], value=BUILT_IN, label="text", scale=2)
         with gr.Row():
             self.choices = gr.CheckboxGroup(perplexity_choices(), value=DEFAULT_CHOICES, label="caches", scale=3,
@@ -89,6 +94,8 @@ class PerplexityTab:
             self._on_run, self.run_inputs, [self.status, self.plot, self.table], concurrency_limit=CONCURRENCY,
             concurrency_id=MODEL_CONCURRENCY_ID, api_visibility="private")
         self.stop_button.click(self.stop, self.session, None, **PRIVATE)
+        self.source.input(lambda source: gr.update(value=default_choices(source)), self.source, self.choices,
+                          **PRIVATE)
 
     def request_from(self, data: dict) -> PerplexityRequest:
         """A PerplexityRequest from the Run event's {component: value} inputs."""
@@ -120,7 +127,8 @@ class PerplexityTab:
             yield {self.status: f"⚠️ {err}"}
             return
         # 2. Stream every cache in turns, redrawing at most every PLOT_EVERY_S.
-        view = PerplexityView(list(plan.strategies), int(request.window), plan.input_ids.shape[1] - 1, plan.skipped)
+        view = PerplexityView(list(plan.strategies), int(request.window), plan.input_ids.shape[1] - 1, plan.skipped,
+                              plan.model_window)
         last_plot = 0.0
         try:
             for step in stream_many(loaded, plan.input_ids, plan.strategies, stop):

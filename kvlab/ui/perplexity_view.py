@@ -1,8 +1,11 @@
 """The Perplexity tab's pure part: the form -> a validated plan, the engine's `NllStep`s -> a view model.
 
 - `perplexity_choices()` lists the caches offered: the StreamingLLM paper's
-  three (`dynamic`, `window` = a sink cache with 0 sinks, `sink`) first, then
-  every other registered strategy whose `usable_in_perplexity` is true. More
+  three (`dynamic`, `window` = a sink cache with 0 sinks, `sink`) first,
+  `dynamic all-full` (every token on every layer), then every other registered
+  strategy whose `usable_in_perplexity` is true. `default_choices(source)`: a
+  hybrid bundled model starts with `dynamic all-full` vs `sliding_window`, whose
+  window comes from the model's config and is marked on the plots. More
   columns with their own knobs can be typed in the compare syntax
   (`quantized:backend=hqq:nbits=2`).
 - `plan_perplexity(request, loaded)` checks the form, tokenizes the text and
@@ -22,7 +25,10 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
+from kvlab.accounting import layer_windows
+from kvlab.bundled import bundled_model
 from kvlab.engine import NllStep
+from kvlab.model_cache import ModelLoadError
 from kvlab.perplexity import DEFAULT_SINKS, DEFAULT_WINDOW, default_text, parse_perplexity_strategies, ppl_by_segment
 from kvlab.strategies import Strategy, StrategyError
 from kvlab.strategies.base import names_with
@@ -36,15 +42,37 @@ PAPER_CHOICES = {"dynamic": "dynamic", "window": "sink:num_sink_tokens=0", "sink
 """The paper's three curves: checkbox label -> strategy spec (compare syntax); window and sink take the
 window/sinks settings."""
 DEFAULT_CHOICES = list(PAPER_CHOICES)
+ALL_FULL = "dynamic all-full"
+"""The choice that keeps every token on every layer (`dynamic:layer_types=full`): on a hybrid model the full
+reference beside its own sliding window; on a full-attention model the same cache as `dynamic`."""
+HYBRID_CHOICES = [ALL_FULL, "sliding_window"]
+"""What a hybrid model (sliding layers) starts with: everything kept vs the model's own window."""
 BUILT_IN = "Python's help topics (pydoc_data.topics)"
 PASTED = "the text pasted below"
 
 
 def perplexity_choices() -> list[str]:
-    """Checkbox labels: the paper's three, then every other registered strategy usable in perplexity."""
+    """Checkbox labels: the paper's three, `dynamic all-full`, then every other registered strategy usable in
+    perplexity."""
     names = names_with(CAPABILITY)
     paper = [label for label, spec in PAPER_CHOICES.items() if spec.split(":")[0] in names]
-    return paper + [name for name in names if name not in PAPER_CHOICES]
+    return paper + [ALL_FULL] + [name for name in names if name not in PAPER_CHOICES]
+
+
+def default_choices(source: str) -> list[str]:
+    """The checked caches for a model source: a bundled model with sliding layers starts with
+    `HYBRID_CHOICES`, any other with the paper's three."""
+    try:
+        model = bundled_model(source)
+    except ModelLoadError:
+        model = None
+    return list(HYBRID_CHOICES) if model is not None and model.sliding_window else list(DEFAULT_CHOICES)
+
+
+def model_window(loaded) -> int | None:
+    """The model's own sliding window from its config (tokens), when it has sliding layers."""
+    windows = [w for w in layer_windows(loaded.config) if w]
+    return min(windows) if windows else None
 
 
 @dataclass
@@ -67,7 +95,7 @@ class PerplexityRequest:
 
     def spec_text(self) -> str:
         """Every picked column in the compare syntax, checked boxes first."""
-        specs = [PAPER_CHOICES.get(label, label) for label in self.choices or []]
+        specs = [{**PAPER_CHOICES, ALL_FULL: "dynamic:layer_types=full"}.get(label, label) for label in self.choices or []]
         return ",".join(specs + [part for part in [(self.extra or "").strip()] if part])
 
     def strategies(self) -> dict[str, Strategy]:
@@ -89,11 +117,13 @@ class PerplexityRequest:
 
 @dataclass
 class PerplexityPlan:
-    """A run that can start: token ids (1, seq), the caches that run, and the ones left out with why."""
+    """A run that can start: token ids (1, seq), the caches that run, the ones left out with why, and the
+    model's own sliding window from its config (tokens; None without sliding layers)."""
 
     input_ids: object
     strategies: dict[str, Strategy]
     skipped: dict[str, str]
+    model_window: int | None = None
 
 
 def plan_perplexity(request: PerplexityRequest, loaded) -> PerplexityPlan:
@@ -113,7 +143,7 @@ def plan_perplexity(request: PerplexityRequest, loaded) -> PerplexityPlan:
     runnable = {label: s for label, s in strategies.items() if label not in skipped}
     if not runnable:
         raise StrategyError("no picked cache can run on this model: " + skipped_text(skipped))
-    return PerplexityPlan(ids, runnable, skipped)
+    return PerplexityPlan(ids, runnable, skipped, model_window(loaded))
 
 
 def skipped_text(skipped: dict[str, str]) -> str:
@@ -139,10 +169,12 @@ class PerplexityView:
         window: tokens of the running log-perplexity and of each table segment.
         total: tokens scored per cache when the run completes (text tokens - 1).
         skipped: caches left out, label -> reason (shown in the status line).
+        model_window: the model's own sliding window (tokens), marked on the plots; None without one.
     """
 
-    def __init__(self, labels: list[str], window: int, total: int, skipped: dict[str, str] | None = None):
-        self.window, self.total = window, total
+    def __init__(self, labels: list[str], window: int, total: int, skipped: dict[str, str] | None = None,
+                 model_window: int | None = None):
+        self.window, self.total, self.model_window = window, total, model_window
         self.skipped = dict(skipped or {})
         self.nll: dict[str, list[float]] = {label: [] for label in labels}
         self.cache_bytes: dict[str, list[int]] = {label: [] for label in labels}
@@ -179,7 +211,7 @@ class PerplexityView:
 
     def figure(self):
         """Running log-PPL and cache bytes against position (`kvlab.ui.figures.perplexity_figure`)."""
-        return perplexity_figure(self.nll, self.cache_bytes, self.window)
+        return perplexity_figure(self.nll, self.cache_bytes, self.window, self.model_window)
 
     def table(self) -> pd.DataFrame:
         return segment_table(self.nll, self.window)

@@ -14,11 +14,14 @@ PERPLEXITY_COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c
 """Perplexity curves in order: dense blue, window red, sink green (as in the StreamingLLM figure), then the rest."""
 
 
-def status_html(title: str, status: str, readout: str = "", message: str = "") -> str:
-    """A column's status block: title, a coloured status badge, the live readout and any message."""
+def status_html(title: str, status: str, readout: str = "", message: str = "", keeps: str = "") -> str:
+    """A column's status block: title, what its cache keeps (on a hybrid model), a coloured status badge, the
+    live readout and any message."""
     parts = [f'<div class="kv-status kv-s-{html.escape(status)}">',
-             f'<div class="kv-title">{html.escape(title)}</div>',
-             f'<span class="kv-badge">{html.escape(status)}</span>']
+             f'<div class="kv-title">{html.escape(title)}</div>']
+    if keeps:
+        parts.append(f'<div class="kv-keeps">{html.escape(keeps)}</div>')
+    parts.append(f'<span class="kv-badge">{html.escape(status)}</span>')
     if readout:
         parts.append(f'<span class="kv-readout">{html.escape(readout)}</span>')
     if message:
@@ -36,6 +39,7 @@ CSS = """
 .kv-header h1 { margin-bottom: 0; }
 .kv-intro p { margin: 0; color: var(--body-text-color-subdued); }
 .kv-small, .kv-small p { font-size: 0.9em; color: var(--body-text-color-subdued); }
+.kv-keeps { font-size: 0.85em; color: var(--body-text-color-subdued); margin-bottom: 2px; }
 .kv-line { padding: 6px 10px; border-radius: 6px; font-size: 0.95em; }
 .kv-line-info { background: var(--background-fill-secondary); }
 .kv-line-busy { background: #eef4ff; color: #1d4ed8; }

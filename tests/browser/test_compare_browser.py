@@ -151,3 +151,21 @@ def test_stop_halts_every_column_a_second_tab_waits_and_the_next_run_works(page,
     assert snap["status"].startswith("finished"), snap["status"]
     assert snap["badges"][:6] == ["done"] * 5 + ["unavailable"]
     assert all(snap["texts"][i] for i in RUNNING_COLUMNS)
+
+
+def test_the_model_picker_offers_both_bundled_models_and_the_chat_box_follows_the_model(page):
+    """The picker lists each bundled model with its one-line description; the Gemma preset picks the base
+    model, whose prompt is plain text (the chat box off and locked); the quickstart preset gives it back."""
+    wait_for_model(page)
+    page.locator("#kv-model input").click()
+    for line in ("bundled — SmolLM2-135M-Instruct", "bundled:gemma-3-270m — gemma-3-270m"):
+        assert page.get_by_role("option").filter(has_text=line).count() == 1
+    page.keyboard.press("Escape")
+    pick_preset(page, "hybrid_sliding")
+    chat = page.locator("#kv-chat input[type=checkbox]")
+    page.wait_for_function("document.querySelector('#kv-chat input[type=checkbox]').disabled")
+    assert "gemma-3-270m" in page.locator("#kv-model input").input_value() and not chat.is_checked()
+    assert strategies(page)[:5] == ["dynamic", "dynamic", "sliding_window", "static", "no_cache"]
+    pick_preset(page, "quickstart")
+    page.wait_for_function("!document.querySelector('#kv-chat input[type=checkbox]').disabled")
+    assert chat.is_checked()

@@ -104,7 +104,8 @@ def test_the_card_shows_each_strategys_own_knobs_generated_from_its_dataclass():
     sink = card_form("sink", chat_tab.prefilled_knobs("sink"), None, count)["knobs"]
     assert [(f["label"], f["value"]) for f in sink if f["visible"]] == [("window_length", "256"),
                                                                        ("num_sink_tokens", "4")]
-    assert not any(f["visible"] for f in card_form("dynamic", {}, None, count)["knobs"])
+    dynamic = card_form("dynamic", {}, None, count)["knobs"]
+    assert [(f["label"], f["value"]) for f in dynamic if f["visible"]] == [("layer_types", "model")]
 
 
 def test_chat_choices_come_from_the_usable_in_chat_capability():

@@ -208,6 +208,28 @@ def test_render_figure_draws_three_panels():
     assert figure_png(fig)[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_a_hybrid_model_gets_a_panel_of_bytes_by_layer_type_beside_the_prediction():
+    view = RunView(["dynamic", "dynamic all-full"])
+    for i in range(2):
+        view.apply(ColumnStarted(i, view.columns[i].title, 5, keeps="2 sliding layers keep their last 15" if i == 0 else ""))
+        for step in range(3):
+            sliding = 100 * min(step + 5, 6) + (16 if i == 0 else 0)
+            by_type = {"full_attention": 100 * (step + 5), "sliding_attention": sliding}
+            predicted = {"full_attention": 100 * (step + 5), "sliding_attention": sliding - (16 if i == 0 else 0)}
+            view.apply(StepMetrics(i, step, 0.01, sum(by_type.values()), sum(predicted.values()), 5 + step,
+                                   by_type, predicted))
+    assert view.columns[0].keeps.startswith("2 sliding layers")
+    assert view.columns[0].cache_bytes_by_layer_type["sliding_attention"] == [516, 616, 616]
+    fig = render_figure(view)
+    cache_ax, by_type_ax, latency_ax, memory_ax = fig.axes
+    assert by_type_ax.get_title().startswith("KV cache by layer type")
+    assert sorted({line.get_linestyle() for line in by_type_ax.lines}) == ["-", ":"]
+    assert len(by_type_ax.lines) == 8  # 2 columns x 2 layer types x (measured + prediction band)
+    assert [text.get_text() for text in by_type_ax.get_legend().get_texts()] == [
+        "full layers", "sliding layers", "prediction"]
+    assert format_value({"full_attention": 3 * MIB, "sliding_attention": MIB // 2}, "by_type") == "full=3.00 sliding=0.50"
+
+
 def test_render_figure_before_any_token():
     fig = render_figure(RunView(["dynamic"]))
     assert len(fig.axes) == 3
@@ -253,7 +275,8 @@ def test_code_snippet_details():
 def test_knob_helpers():
     assert knob_defaults("static") == {"max_cache_len": None, "compile": False}
     assert list(knob_defaults("quantized"))[:3] == ["backend", "nbits", "residual_length"]
-    assert knob_defaults("dynamic") == {}
+    assert knob_defaults("dynamic") == {"layer_types": "model"}
+    assert knob_defaults("no_cache") == {}
     assert max_knobs() >= len(knob_defaults("quantized"))
     assert [knob_text(v) for v in (None, True, False, 4, "hqq")] == ["", "true", "false", "4", "hqq"]
     assert parse_knob("", 128) == 128

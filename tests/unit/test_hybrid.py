@@ -65,11 +65,52 @@ def test_a_static_cache_on_a_hybrid_model_is_as_large_as_its_full_layers(hybrid)
 def test_compare_on_a_hybrid_model_gives_the_same_tokens_for_exact_caches(hybrid):
     prompt = torch.randint(5, 1000, (1, 2 * WINDOW), generator=torch.Generator().manual_seed(3))
     columns = [{"strategy": "dynamic"}, {"strategy": "sliding_window"}, {"strategy": "static"},
-               {"strategy": "no_cache"}]
+               {"strategy": "no_cache"}, {"strategy": "dynamic", "layer_types": "full"}]
     results = collect(run_compare(hybrid, prompt, columns, SETTINGS)).results
-    assert [r.status for r in results] == ["ok"] * 4, [r.message for r in results]
-    assert results[0].token_ids == results[1].token_ids == results[2].token_ids == results[3].token_ids
-    assert results[1].peak_cache_bytes < results[0].peak_cache_bytes
+    assert [r.status for r in results] == ["ok"] * 5, [r.message for r in results]
+    assert len({tuple(r.token_ids) for r in results}) == 1
+    dynamic, sliding, _, _, all_full = results
+    assert dynamic.cache_bytes == sliding.cache_bytes
+    assert sliding.peak_cache_bytes < all_full.peak_cache_bytes
+    assert [r.keeps_everything for r in results] == [False, False, False, False, True]
+
+
+def test_bytes_by_layer_type_sum_to_the_total_and_sliding_layers_stop_at_their_window(hybrid):
+    """Per step: the layer types add up to the total; full layers equal the dense prediction to the byte;
+    sliding layers equal it plus transformers' 8-byte window tensor per layer, and are flat once full."""
+    prompt = torch.randint(5, 1000, (1, WINDOW // 2), generator=torch.Generator().manual_seed(4))
+    settings = dataclasses.replace(SETTINGS, max_new_tokens=2 * WINDOW)
+    result = collect(run_compare(hybrid, prompt, [{"strategy": "dynamic"}], settings)).results[0]
+    by_type, predicted = result.cache_bytes_by_layer_type, result.predicted_cache_bytes_by_layer_type
+    assert set(by_type) == {"full_attention", "sliding_attention"}
+    for step, total in enumerate(result.cache_bytes):
+        assert by_type["full_attention"][step] + by_type["sliding_attention"][step] == total
+        assert by_type["full_attention"][step] == predicted["full_attention"][step]
+        assert by_type["sliding_attention"][step] == predicted["sliding_attention"][step] + 2 * 8
+    per_token = 2 * 1 * 32 * 4  # K+V, 1 KV head, head_dim 32, float32: bytes per token per layer
+    assert max(by_type["sliding_attention"]) == 2 * (per_token * (WINDOW - 1) + 8)
+    assert by_type["sliding_attention"][-WINDOW:] == [max(by_type["sliding_attention"])] * WINDOW
+    assert by_type["full_attention"][-1] == 2 * per_token * (WINDOW // 2 + 2 * WINDOW - 1)
+
+
+def test_columns_say_what_they_keep_on_a_hybrid_model(hybrid, tiny):
+    keeps = {spec: make_strategy({"strategy": spec}).keeps_on(hybrid) for spec in ("dynamic", "static", "no_cache")}
+    assert keeps["dynamic"] == "2 sliding layers keep their last 15 tokens (window 16); 2 full layers keep every token"
+    assert keeps["static"] == "2 sliding layers keep their last 16 tokens (window 16); 2 full layers keep every token"
+    assert keeps["no_cache"] == "keeps nothing"
+    assert "every token on all 4 layers" in make_strategy({"strategy": "dynamic", "layer_types": "full"}).keeps_on(hybrid)
+    assert make_strategy({"strategy": "dynamic"}).keeps_on(tiny) == ""
+
+
+def test_a_chat_past_the_window_rebuilds_instead_of_cropping_a_sliding_cache(hybrid):
+    session = chat(hybrid, {"strategy": "dynamic"})
+    list(session.send("Tell me a long story about a garden and its compost heap", baseline=False))
+    assert len(session.cached_ids) >= WINDOW
+    assert not session.strategy.can_crop(hybrid, session.cache, len(session.cached_ids))
+    assert session.undo()
+    events = list(session.send("A shorter question", baseline=False))
+    done = [e.stats for e in events if isinstance(e, ChatTurnDone)]
+    assert done and done[0].action == "rebuild" and "sliding layers" in done[0].note
 
 
 def test_quantized_and_sink_are_refused_on_sliding_layers_with_the_reason(hybrid):
@@ -79,3 +120,45 @@ def test_quantized_and_sink_are_refused_on_sliding_layers_with_the_reason(hybrid
     assert quantized.status == "unavailable" and "sliding_attention" in quantized.message
     assert sink.status == "unavailable" and "sliding_attention" in sink.message
     assert dynamic.status == "ok"
+
+
+def test_the_summary_and_csv_split_the_cache_by_layer_type(hybrid):
+    from kvlab.report import format_table, rows_to_csv, summary_rows
+
+    settings = dataclasses.replace(SETTINGS, max_new_tokens=WINDOW)
+    results = collect(run_compare(hybrid, torch.tensor([[1, 400, 401, 402]]), [{"strategy": "dynamic"}],
+                                  settings)).results
+    row = summary_rows(results)[0]
+    assert row["cache_bytes_by_layer_type"] == {kind: values[-1]
+                                                for kind, values in results[0].cache_bytes_by_layer_type.items()}
+    assert "cache by layer type" in format_table([row]) and "sliding_attention" not in format_table([row])
+    assert f"full={row['cache_bytes_by_layer_type']['full_attention']};sliding=" in rows_to_csv([row])
+    assert "2 sliding layers keep their last 15 tokens" in row["note"]
+
+
+def test_perplexity_with_the_models_own_window_equals_keeping_everything(hybrid):
+    """The sliding layers never attend past their window, so dropping what lies beyond it changes nothing."""
+    from kvlab.perplexity import perplexity_strategies, stream_many
+
+    ids = torch.randint(5, 1000, (1, 3 * WINDOW), generator=torch.Generator().manual_seed(5))
+    chosen = perplexity_strategies(hybrid, "dynamic:layer_types=full,sliding_window")
+    nll, size = {name: [] for name in chosen}, {name: [] for name in chosen}
+    for step in stream_many(hybrid, ids, chosen):
+        nll[step.name].append(step.nll)
+        size[step.name].append(step.cache_bytes)
+    assert nll["sliding_window"] == pytest.approx(nll["dynamic all-full"], abs=1e-5)
+    per_layer_token = 2 * 1 * 32 * 4
+    growth = {name: values[-1] - values[-2] for name, values in size.items()}
+    assert growth == {"dynamic all-full": 4 * per_layer_token, "sliding_window": 2 * per_layer_token}
+
+
+def test_a_base_model_chat_joins_the_turns_as_plain_text_and_says_so(hybrid):
+    import copy
+
+    base = dataclasses.replace(hybrid, tokenizer=copy.deepcopy(hybrid.tokenizer))
+    base.tokenizer.chat_template = None
+    session = chat(base, {"strategy": "dynamic"})
+    for text in ("Hello there", "And then?"):
+        done = [e.stats for e in session.send(text, baseline=False) if isinstance(e, ChatTurnDone)]
+        assert done and done[0].note.startswith("base model (no chat template): the conversation is joined")
+    assert session.input_ids()[:3] == base.tokenizer("User: Hello there")["input_ids"][:3]

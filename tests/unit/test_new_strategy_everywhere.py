@@ -37,14 +37,15 @@ def test_a_new_strategy_appears_in_compare_chat_and_perplexity():
         assert NAME in chat_strategy_choices()
         assert NAME in perplexity_choices()
         fields = card_form(NAME, {}, None, max_knobs())["knobs"]
-        assert [(f["label"], f["value"]) for f in fields if f["visible"]] == [("note", "hello")]
+        assert [(f["label"], f["value"]) for f in fields if f["visible"]] == [("layer_types", "model"),
+                                                                              ("note", "hello")]
 
-        plan = plan_run(RunRequest(prompt="Hi", slots=[("dynamic", []), (NAME, ["bye"])]))
+        plan = plan_run(RunRequest(prompt="Hi", slots=[("dynamic", []), (NAME, ["model", "bye"])]))
         assert plan.slot_errors == {}
         assert [(slot, s.name) for slot, s in plan.columns] == [(0, "dynamic"), (1, NAME)]
         assert plan.columns[1][1].note == "bye"
 
-        assert ChatForm(strategy_name=NAME, knobs=["bye"]).strategy().note == "bye"
+        assert ChatForm(strategy_name=NAME, knobs=["model", "bye"]).strategy().note == "bye"
         request, _, errors = plan_request(PlanForm(model="meta-llama/Llama-3.1-8B-Instruct", slots=[(NAME, ["bye"])]))
         assert errors == {} and request.strategies == ({"strategy": NAME, "note": "bye"},)
         assert list(PerplexityRequest(choices=["dynamic", NAME]).strategies()) == ["dynamic", NAME]

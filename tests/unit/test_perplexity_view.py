@@ -10,10 +10,12 @@ from kvlab.engine import NllStep
 from kvlab.strategies import StrategyError
 from kvlab.strategies.base import names_with
 from kvlab.ui.perplexity_view import (
+    ALL_FULL,
     DEFAULT_CHOICES,
     PASTED,
     PerplexityRequest,
     PerplexityView,
+    default_choices,
     perplexity_choices,
     plan_perplexity,
 )
@@ -24,7 +26,11 @@ TEXT = "The quick brown fox jumps over the lazy dog. " * 20
 def test_choices_are_the_papers_three_then_the_registry():
     choices = perplexity_choices()
     assert choices[:3] == DEFAULT_CHOICES == ["dynamic", "window", "sink"]
-    assert set(choices[3:]) == set(names_with("usable_in_perplexity")) - {"dynamic", "sink"}
+    assert choices[3] == ALL_FULL
+    assert set(choices[4:]) == set(names_with("usable_in_perplexity")) - {"dynamic", "sink"}
+    assert PerplexityRequest(choices=[ALL_FULL, "sliding_window"]).spec_text() == "dynamic:layer_types=full,sliding_window"
+    assert default_choices("bundled:gemma-3-270m") == [ALL_FULL, "sliding_window"]
+    assert default_choices("bundled") == default_choices("some/hub-id") == DEFAULT_CHOICES
     assert "no_cache" not in choices and "sliding_window" in choices
 
 

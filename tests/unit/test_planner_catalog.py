@@ -74,8 +74,15 @@ def test_dynamic_bytes_per_token_follow_the_dense_formula(hub_id, dtype, size):
     head_dim = fields.get("head_dim") or fields["hidden_size"] // fields["num_attention_heads"]
     per_token = 2 * fields["num_hidden_layers"] * fields["num_key_value_heads"] * head_dim * size
     result = plan(PlanRequest(model=hub_id, contexts=(1, 1000, 131072, 10**7), dtype=dtype,
-                              strategies=({"strategy": "dynamic"},)))
+                              strategies=({"strategy": "dynamic", "layer_types": "full"},)))
     assert [cell.cache_bytes for cell in result.strategies[0].cells] == [per_token * n for n in (1, 1000, 131072, 10**7)]
+
+
+@pytest.mark.parametrize("hub_id", sorted(HYBRID))
+def test_dynamic_on_a_hybrid_model_is_transformers_default_and_slides_like_sliding_window(hub_id):
+    specs = ({"strategy": "dynamic"}, {"strategy": "sliding_window"})
+    dynamic, sliding = plan(PlanRequest(model=hub_id, contexts=(10**6,), strategies=specs)).strategies
+    assert dynamic.cells[0].cache_bytes == sliding.cells[0].cache_bytes
 
 
 @pytest.mark.parametrize("hub_id,window", sorted(HYBRID.items()))

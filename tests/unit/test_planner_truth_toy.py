@@ -86,12 +86,15 @@ def test_plan_equals_a_real_run_at_every_step(toys, model_type, spec):
     assert [size for _, size in steps] == expected
 
 
-def test_dynamic_on_a_state_space_model_is_refused_with_the_reason(toys):
+def test_dynamic_all_full_on_a_state_space_model_is_refused_with_the_reason(toys):
+    """`dynamic` follows the model's layer types (its conv layers keep fixed states, as transformers' default
+    cache does); `dynamic:layer_types=full` would give them growing key/value layers, which they cannot use."""
     _, folder = toys["lfm2"]
-    result = plan(PlanRequest(model=folder, contexts=(8,), dtype="float32", strategies=({"strategy": "dynamic"},)))
-    strategy = result.strategies[0]
-    assert strategy.status == "error"
-    assert "conv layers keep recurrent/convolution states" in strategy.message
+    specs = ({"strategy": "dynamic", "layer_types": "full"}, {"strategy": "dynamic"})
+    all_full, dynamic = plan(PlanRequest(model=folder, contexts=(8,), dtype="float32", strategies=specs)).strategies
+    assert all_full.status == "error"
+    assert "conv layers keep recurrent/convolution states" in all_full.message
+    assert dynamic.status == "ok", dynamic.message
 
 
 def test_state_layers_are_planned_as_fixed_bytes(toys):

