@@ -46,7 +46,7 @@ def test_a_new_strategy_appears_in_compare_chat_and_perplexity():
         assert plan.columns[1][1].note == "bye"
 
         assert ChatForm(strategy_name=NAME, knobs=["model", "bye"]).strategy().note == "bye"
-        request, _, errors = plan_request(PlanForm(model="meta-llama/Llama-3.1-8B-Instruct", slots=[(NAME, ["bye"])]))
+        request, _, errors = plan_request(PlanForm(model="meta-llama/Llama-3.1-8B-Instruct", slots=[(NAME, ["model", "bye"])]))
         assert errors == {} and request.strategies == ({"strategy": NAME, "note": "bye"},)
         assert list(PerplexityRequest(choices=["dynamic", NAME]).strategies()) == ["dynamic", NAME]
     finally:
