@@ -17,6 +17,8 @@ class ColumnResult:
     per_token_s: every step's forward + choice (the first is the TTFT). decode_tok_s:
     decode steps over their summed time. cache_bytes: exact cache bytes after each
     step; predicted_cache_bytes: the dense formula for the tokens held.
+    budget_bytes: the column's cache budget (None: none). fallbacks: each switch to a smaller cache
+    (`kvlab.budget.Fallback.to_json`: at_token, from, to, reason, bytes_before, bytes_after, to_spec).
 
     status: `ok` (finished or stopped), `error` (bad settings or a failure while
     running) or `unavailable` (cannot run here; `message` says why).
@@ -48,6 +50,8 @@ class ColumnResult:
     mean_kl: float | None = None
     fidelity_tokens: int = 0
     is_baseline: bool = False
+    budget_bytes: int | None = None
+    fallbacks: list[dict] = field(default_factory=list)
 
     def to_json(self) -> dict:
         """The JSON record: every field, plus `prefill_s` (the same value as `ttft_s`, kept for records read by
@@ -100,6 +104,15 @@ class StepMetrics:
 
 
 @dataclass(frozen=True)
+class FallbackSwitched:
+    """The column moved to a smaller cache before step `fallback["at_token"]` (a `kvlab.budget.Fallback` as
+    JSON: at_token, from, to, reason, bytes_before, bytes_after in bytes)."""
+
+    column: int
+    fallback: dict
+
+
+@dataclass(frozen=True)
 class MemorySample:
     """Process memory sampled during the run: RSS (bytes), CUDA allocated and peak (bytes, 0 without CUDA)."""
 
@@ -138,4 +151,5 @@ class RunDone:
     stopped: bool
 
 
-Event = ColumnStarted | TokenEvent | StepMetrics | MemorySample | ColumnDone | ColumnError | FidelityScored | RunDone
+Event = (ColumnStarted | TokenEvent | StepMetrics | FallbackSwitched | MemorySample | ColumnDone | ColumnError
+         | FidelityScored | RunDone)
