@@ -127,6 +127,17 @@ def parse_budget(budget_mib=None, fallback=None) -> Budget | None:
     return Budget(budget_bytes, None if fallback is None else parse_chain(fallback))
 
 
+def require_cache(strategy: Strategy, budget: Budget | None) -> Budget | None:
+    """`budget`, after checking that `strategy` keeps a cache for it to act on.
+
+    Raises:
+        StrategyError: a budget or fallback on a strategy without a cache (`no_cache`).
+    """
+    if budget is not None and not strategy.use_cache:
+        raise StrategyError(f"{strategy.name} keeps no cache, so a budget or fallback has nothing to act on")
+    return budget
+
+
 def parse_chain(fallback) -> tuple[Strategy, ...]:
     """Strategies from a `fallback` value (see `parse_budget`).
 

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .accounting import cache_bytes_by_device, predicted_cache_bytes
-from .budget import Budget, ResilientSteps, parse_budget
+from .budget import Budget, ResilientSteps, parse_budget, require_cache
 from .compute import compute, compute_iter
 from .fidelity import score_fidelity
 from .events import (
@@ -157,9 +157,7 @@ class Column:
             if "unknown setting" not in str(err):
                 raise
             raise StrategyError(f"{err}; a column also takes {', '.join(COLUMN_KEYS)}") from None
-        if budget is not None and not strategy.use_cache:
-            raise StrategyError(f"{strategy.name} keeps no cache, so a budget or fallback has nothing to act on")
-        return cls(strategy, dict(overrides), budget=budget)
+        return cls(strategy, dict(overrides), budget=require_cache(strategy, budget))
 
     @classmethod
     def or_rejected(cls, spec: dict, title: str = "") -> "Column":
