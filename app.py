@@ -14,6 +14,7 @@ import gradio as gr
 from kvlab.models import ModelPool
 from kvlab.ui.chat_tab import build_chat_tab
 from kvlab.ui.compare_tab import build_compare_tab
+from kvlab.ui.inspect_tab import build_inspect_tab
 from kvlab.ui.perplexity_tab import build_perplexity_tab
 from kvlab.ui.theme import CSS
 
@@ -35,6 +36,8 @@ def create_app(pool: ModelPool | None = None, preload: bool = True) -> gr.Blocks
             build_chat_tab(pool)
         with gr.Tab("Perplexity"):
             build_perplexity_tab(pool)
+        with gr.Tab("Inspect"):
+            build_inspect_tab(pool)
     # Light events (presets, strategy pickers, Stop) run at once; model-bound ones set their own limit.
     demo.queue(default_concurrency_limit=None)
     return demo
