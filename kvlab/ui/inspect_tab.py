@@ -84,13 +84,13 @@ class InspectTab:
             self.status = gr.HTML(line_html(status_text(None)), elem_id="kvi-status")
         self.step_info = gr.Markdown(step_markdown(None, None), elem_id="kvi-step-info")
         self.strip = gr.HTML(strip_html(None), label="Token strip", elem_id="kvi-strip")
+        self.layers = gr.Dataframe(headers=layer_table(None)[0], value=None, interactive=False, wrap=True,
+                                   label="What each cache layer holds (bytes)", elem_id="kvi-layers")
         with gr.Row(equal_height=False):
-            with gr.Column(scale=3):
-                self.layers = gr.Dataframe(headers=layer_table(None)[0], value=None, interactive=False, wrap=True,
-                                           label="What each cache layer holds (bytes)", elem_id="kvi-layers")
+            with gr.Column(scale=2):
                 self.top = gr.Dataframe(headers=top_table(None)[0], value=None, interactive=False,
                                         label="Next-token top-5 (probabilities)", elem_id="kvi-top")
-            with gr.Column(scale=2):
+            with gr.Column(scale=3):
                 self.code = gr.Code(language="python", label="The loop being run (plain transformers)",
                                     interactive=False, lines=24, max_lines=60, elem_id="kvi-code")
         self._wire()

@@ -150,7 +150,8 @@ def step_markdown(record: StepRecord | None, session: InspectSession | None) -> 
         chunk = f"forward {i + 1} of {len(record.forwards)}: " if len(record.forwards) > 1 else ""
         mask = (f"causal mask (1, 1, {forward.new_tokens}, {forward.kv_length}), kv_offset {forward.kv_offset}"
                 + (" — passed to the layers" if forward.mask_shape else " — not materialized: SDPA attends causally"))
-        lines.append(f"- {chunk}{forward.new_tokens} tokens after {forward.past_tokens} counted by the cache · "
+        tokens = f"{forward.new_tokens} token{'s' if forward.new_tokens != 1 else ''}"
+        lines.append(f"- {chunk}{tokens} after {forward.past_tokens} counted by the cache · "
                      f"`cache_position` {_span(*forward.cache_position)} · `position_ids` "
                      f"[{_span(*forward.position_ids)}] · {mask}")
     held = record.layers[0].held_tokens if record.layers else 0

@@ -63,11 +63,11 @@ CSS = """
 .kv-msg { color: #b42318; font-size: 0.9em; }
 .kv-s-unavailable .kv-msg, .kv-s-stopped .kv-msg, .kv-s-done .kv-msg { color: var(--body-text-color-subdued); }
 .kv-text textarea { font-size: 0.85em !important; line-height: 1.4 !important; }
-.kv-strip { font-size: 0.8em; }
+.kv-strip { font-size: 0.85em; }
 .kv-strip-row { display: flex; align-items: flex-start; gap: 8px; margin-bottom: 6px; }
 .kv-strip-label { flex: 0 0 150px; color: var(--body-text-color-subdued); line-height: 1.25; }
 .kv-strip-cells { display: flex; flex-wrap: wrap; gap: 1px; }
-.kv-tok { display: inline-block; width: 7px; height: 14px; border-radius: 1px; }
+.kv-tok { display: inline-block; width: 8px; height: 18px; border-radius: 1px; }
 .kv-st-sink { background: #9333ea; }
 .kv-st-held { background: #2563eb; }
 .kv-st-quantized { background: #0d9488; }
