@@ -187,3 +187,39 @@ def test_column_specs_presets_and_no_cache(tiny):
         Column.from_spec({"strategy": "dynamic", "budget": 4})
     preset = parse_preset({"name": "p", "prompt": {"text": "hi"}, "columns": [budgeted()]})
     assert preset.build_columns()[0].budget == column.budget
+
+
+def test_a_chat_under_a_budget_switches_mid_reply_and_keeps_the_smaller_cache(tiny):
+    from kvlab.chat import ChatSession, ChatTurnDone
+    from kvlab.ui.chat_view import ChatForm, ready_session
+
+    form = ChatForm(strategy_name="dynamic", max_new_tokens=24, measure=False, budget_text=str(40 / 1024),
+                    fallback_text="quantized:backend=hqq:residual_length=4 > sink:window_length=32")
+    state = ready_session(None, tiny, form)
+    session: ChatSession = state.session
+    first = [e for e in session.send("Tell me about the sea.", baseline=False) if isinstance(e, ChatTurnDone)][0]
+    (switch,) = first.stats.fallbacks
+    assert switch["from"] == "dynamic" and switch["to"] == "quantized hqq int4 r4"
+    assert "switched to quantized hqq int4 r4 at token" in first.stats.note
+    assert session.strategy.name == "quantized" and session.picked.name == "dynamic"
+    assert [s.name for s in session.budget.fallback] == ["sink"]
+    assert first.stats.cache_tokens == len(session.cached_ids)
+    ready_session(state, tiny, form)  # the same form again: the switched cache and what is left of the chain stay
+    assert session.strategy.name == "quantized" and [s.name for s in session.budget.fallback] == ["sink"]
+    second = [e for e in session.send("And the mountains?", baseline=False) if isinstance(e, ChatTurnDone)][0]
+    assert second.stats.action == "rebuild" or second.stats.reused_tokens > 0
+    assert session.strategy.name in ("quantized", "sink")
+
+
+def test_the_chat_command_reads_a_budget_from_its_strategy():
+    from kvlab.chat_cli import CliInputError, parse_chat_strategy
+
+    strategy, budget = parse_chat_strategy("dynamic:budget_mib=4", "quantized:backend=hqq>sink")
+    assert strategy.name == "dynamic" and budget.budget_bytes == 4 << 20
+    assert [s.name for s in budget.fallback] == ["quantized", "sink"]
+    assert parse_chat_strategy("sink:window_length=64") == (make_strategy({"strategy": "sink", "window_length": 64}),
+                                                            None)
+    with pytest.raises(CliInputError, match="--fallback needs a budget"):
+        parse_chat_strategy("dynamic", "sink")
+    with pytest.raises(StrategyError, match="budget_mib must be a number"):
+        parse_chat_strategy("dynamic:budget_mib=0")
