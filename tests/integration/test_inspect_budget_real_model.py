@@ -45,7 +45,7 @@ def test_cli_inspect_writes_one_record_per_step_and_matches_a_compare_column(tmp
     assert last["layers"][0]["strip"] == [["sink", 0, 4], ["evicted", 4, last["seen_tokens"] - 28],
                                           ["held", last["seen_tokens"] - 28, last["seen_tokens"]]]
     assert last["input_ids_shape"] == [1, 1] and last["attention_mask_shape"] == [1, 1, 1, WINDOW]
-    assert all(s["position_ids"][1] <= WINDOW for s in steps)  # positions stay inside the window
+    assert all(s["position_ids"] == [WINDOW, WINDOW] for s in steps[1:])  # decode positions stay at the window
     assert "sink 4+28" in proc.stdout and f"wrote {out}" in proc.stderr
 
     prompt = encode_prompt(bundled.tokenizer, PROMPT)
