@@ -92,8 +92,9 @@ class ResolvedConfig:
 
 
 def resolve_config(source) -> ResolvedConfig:
-    """The config of `source`: `bundled`, a catalog hub id, a local folder with config.json, a hub id, or a
-    transformers config object (used as is).
+    """The config of `source`: `bundled`, a catalog hub id, a local folder with config.json, a hub id, a
+    transformers config object (used as is), or a `ResolvedConfig` (returned as is: a caller may resolve once,
+    away from the thread that plans, since a hub id reads the network).
 
     A hub id outside the catalog is read with `AutoConfig.from_pretrained` (config.json
     only) where the hub is reachable, else from the local Hugging Face cache.
@@ -105,6 +106,8 @@ def resolve_config(source) -> ResolvedConfig:
     """
     from .models import BUNDLED, allow_hub, allow_local_folders
 
+    if isinstance(source, ResolvedConfig):
+        return source
     if hasattr(source, "get_text_config"):
         name = getattr(source, "name_or_path", "") or source.model_type
         return ResolvedConfig(source, name, "config")

@@ -371,7 +371,9 @@ class ChatSession:
                 fallbacks=[switch.to_json() for switch in reply.fallbacks],
             )
             stats.note = "; ".join(filter(None, [stats.note, *(switch.sentence() for switch in reply.fallbacks)]))
-            if baseline or verify:
+            if (baseline or verify) and reply.stop_reason == "stopped":
+                stats.note += "; the reply was stopped, so it was not measured again without reuse"
+            elif baseline or verify:
                 yield ChatStatus("measuring the same turn without reuse (the whole history prefilled from scratch)")
                 try:
                     self._measure_without_reuse(stats, ids, seed, verify)

@@ -48,6 +48,8 @@ def add_compare(sub) -> None:
     p.add_argument("--no-fidelity", action="store_true", help="skip the teacher-forced fidelity scoring")
     p.add_argument("--mode", choices=["fair", "parallel", "sequential"])
     p.add_argument("--json", help="write the full record to this file")
+    p.add_argument("--replay", metavar="FILE",
+                   help="show a record written by --json (or the page's export) again, as it was measured; runs nothing")
     p.set_defaults(func=cmd_compare)
 
 
@@ -134,10 +136,29 @@ def _column(item: str, fallback: str | None = None):
     return Column.or_rejected(spec, title=item)
 
 
+def cmd_replay(args) -> int:
+    """Print a recorded run's label and summary table; 2 when the file cannot be replayed."""
+    from .replay import RecordError, load_record
+
+    others = [flag for flag in ("preset", "prompt", "strategies", "model") if getattr(args, flag)]
+    try:
+        if others:
+            raise RecordError(f"--replay shows a recorded run and takes no --{others[0].replace('_', '-')}")
+        replayed = load_record(args.replay)
+    except RecordError as err:
+        print(f"kvlab compare: {err}", file=sys.stderr)
+        return 2
+    print(replayed.label)
+    print(format_table(summary_rows(replayed.done.results)))
+    return 0
+
+
 def cmd_compare(args) -> int:
     from .models import ModelLoadError, load_model
     from .runner import run_compare, collect
 
+    if args.replay:
+        return cmd_replay(args)
     try:
         plan = resolve_compare(args)
     except ValueError as err:

@@ -15,10 +15,15 @@ class ColumnResult:
 
     Times in seconds, sizes in bytes. ttft_s: prefill forward + first token choice.
     per_token_s: every step's forward + choice (the first is the TTFT). decode_tok_s:
-    decode steps over their summed time. cache_bytes: exact cache bytes after each
-    step; predicted_cache_bytes: the dense formula for the tokens held.
-    budget_bytes: the column's cache budget (None: none). fallbacks: each switch to a smaller cache
-    (`kvlab.budget.Fallback.to_json`: at_token, from, to, reason, bytes_before, bytes_after, to_spec).
+    decode steps over their summed time. Serving-style latency, named as vLLM's and
+    GuideLLM's benchmarks name it: inter-token latency (ITL, each decode step after
+    the first token; in fair mode a step's own compute, not its wait for other
+    columns) as `itl_ms_mean` and percentiles `itl_ms_p50`/`_p90`/`_p99` in
+    milliseconds, and `e2e_latency_s` = TTFT + every decode step. cache_bytes:
+    exact cache bytes after each step; predicted_cache_bytes: the dense formula for
+    the tokens held. budget_bytes: the column's cache budget (None: none).
+    fallbacks: each switch to a smaller cache (`kvlab.budget.Fallback.to_json`:
+    at_token, from, to, reason, bytes_before, bytes_after, to_spec).
 
     status: `ok` (finished or stopped), `error` (bad settings or a failure while
     running) or `unavailable` (cannot run here; `message` says why).
@@ -39,6 +44,11 @@ class ColumnResult:
     ttft_s: float | None = None
     per_token_s: list[float] = field(default_factory=list)
     decode_tok_s: float | None = None
+    itl_ms_mean: float | None = None
+    itl_ms_p50: float | None = None
+    itl_ms_p90: float | None = None
+    itl_ms_p99: float | None = None
+    e2e_latency_s: float | None = None
     cache_bytes: list[int] = field(default_factory=list)
     predicted_cache_bytes: list[int] = field(default_factory=list)
     cache_bytes_by_device: dict[str, int] = field(default_factory=dict)
@@ -62,11 +72,33 @@ class ColumnResult:
         return record
 
     def finish_decode_stats(self) -> None:
-        """Fill `decode_tok_s` from the per-token decode latencies (the first token is prefill)."""
+        """Fill `decode_tok_s`, the ITL figures and `e2e_latency_s` from the per-token latencies (the first token
+        is prefill), and `peak_cache_bytes`."""
         decode = self.per_token_s[1:]
         total = sum(decode)
         self.decode_tok_s = len(decode) / total if decode and total > 0 else None
+        itl = latency_summary_ms(decode)
+        self.itl_ms_mean, self.itl_ms_p50, self.itl_ms_p90, self.itl_ms_p99 = (
+            itl.get(key) for key in ("mean", "p50", "p90", "p99"))
+        self.e2e_latency_s = sum(self.per_token_s) if self.per_token_s else None
         self.peak_cache_bytes = max(self.cache_bytes, default=0)
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The q-th percentile (0..100) with linear interpolation between the closest ranks (numpy's default)."""
+    ordered = sorted(values)
+    position = (len(ordered) - 1) * q / 100
+    low = int(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+def latency_summary_ms(latencies_s: list[float]) -> dict[str, float]:
+    """{mean, p50, p90, p99} of latencies given in seconds, in milliseconds; {} for none."""
+    if not latencies_s:
+        return {}
+    ms = [1000 * value for value in latencies_s]
+    return {"mean": sum(ms) / len(ms), **{f"p{q}": percentile(ms, q) for q in (50, 90, 99)}}
 
 
 @dataclass(frozen=True)

@@ -49,6 +49,10 @@ OFFLOADED_RESIDENT_LAYERS = 2
 """Offloaded layers on the GPU at once in transformers' offloading: the one attending and the next, prefetched."""
 
 
+WARM_UP_MODEL = "HuggingFaceTB/SmolLM2-1.7B-Instruct"
+"""The catalog model `warm_up` plans: small and all full attention, so every strategy runs on it."""
+
+
 class PlanError(ValueError):
     """The plan cannot be made: bad input, or a model that cannot be probed. The message says why."""
 
@@ -363,3 +367,27 @@ def _previous_residual_peak(totals: _Totals, context: int) -> int | None:
 def gib(size: int | None) -> float | None:
     """Bytes as GiB (2^30 bytes), None stays None."""
     return None if size is None else size / GIB
+
+
+def warm_up() -> None:
+    """Pay a first plan's one-time costs now: imports, quanto's and hqq's first use, the sink cache's rotary
+    set-up, transformers' cache and meta-device model code. Plans `WARM_UP_MODEL` once with every registered
+    strategy that builds with its defaults, plus hqq and fp8, at two contexts under a budget (about 5 s on 2
+    busy cores; a later plan of another model then takes well under a second).
+
+    Raises:
+        PlanError: the catalog entry cannot be planned.
+    """
+    from .strategies import STRATEGIES
+
+    specs = [{"strategy": name} for name in STRATEGIES]
+    specs += [{"strategy": "quantized", "backend": "hqq"}, {"strategy": "quantized", "backend": "fp8"}]
+    buildable = []
+    for spec in specs:
+        try:
+            make_strategy(spec)
+        except StrategyError:
+            continue
+        buildable.append(spec)
+    plan(PlanRequest(model=WARM_UP_MODEL, contexts=(1024, 4096), strategies=tuple(buildable[:MAX_STRATEGIES]),
+                     budget_bytes=16 * GIB))

@@ -15,13 +15,14 @@ import io
 from .events import ColumnResult, RunDone
 
 SUMMARY_COLUMNS = [
-    "column", "status", "ttft_s", "decode_tok_s", "peak_cache_bytes", "vs_baseline_bytes", "predicted_cache_bytes",
-    "agreement", "first_divergence", "top1_agreement", "mean_kl", "note",
+    "column", "status", "ttft_s", "decode_tok_s", "itl_ms_p50", "itl_ms_p99", "peak_cache_bytes", "vs_baseline_bytes",
+    "predicted_cache_bytes", "agreement", "first_divergence", "top1_agreement", "mean_kl", "note",
 ]
 """The summary's quantities, in display order (also the CSV header)."""
 
 LABELS = {
     "column": "column", "status": "status", "ttft_s": "TTFT (s)", "decode_tok_s": "decode tok/s",
+    "itl_ms_p50": "ITL p50 (ms)", "itl_ms_p99": "ITL p99 (ms)",
     "peak_cache_bytes": "peak cache (bytes)", "vs_baseline_bytes": "vs baseline bytes",
     "predicted_cache_bytes": "predicted dense (bytes)", "agreement": "agreement",
     "first_divergence": "first divergence", "top1_agreement": "top-1 agreement", "mean_kl": "mean KL (nats)",
@@ -29,7 +30,8 @@ LABELS = {
 }
 """Quantity -> the header a text table shows (units in brackets)."""
 
-BETTER = {"ttft_s": min, "decode_tok_s": max, "peak_cache_bytes": min, "agreement": max,
+BETTER = {"ttft_s": min, "decode_tok_s": max, "itl_ms_p50": min, "itl_ms_p99": min, "peak_cache_bytes": min,
+          "agreement": max,
           "top1_agreement": max, "mean_kl": min}
 """Which direction is better, for marking the best value per metric."""
 
@@ -48,7 +50,8 @@ def _note(r: ColumnResult) -> str:
 
 
 def summary_rows(results: list[ColumnResult]) -> list[dict]:
-    """One dict per column with the SUMMARY_COLUMNS keys (None where not measured), plus `use_cache`."""
+    """One dict per column with the SUMMARY_COLUMNS keys (None where not measured), plus `use_cache`; the ITL
+    mean and p90 and the end-to-end latency are in each column's JSON record (`ColumnResult.to_json`)."""
     rows = []
     base = next((r for r in results if r.is_baseline and r.peak_cache_bytes), None)
     for r in results:
@@ -57,6 +60,8 @@ def summary_rows(results: list[ColumnResult]) -> list[dict]:
             "status": r.status,
             "ttft_s": _round(r.ttft_s, 4),
             "decode_tok_s": _round(r.decode_tok_s, 2),
+            "itl_ms_p50": _round(r.itl_ms_p50, 2),
+            "itl_ms_p99": _round(r.itl_ms_p99, 2),
             "peak_cache_bytes": r.peak_cache_bytes if r.status == "ok" else None,
             "vs_baseline_bytes": (_round(r.peak_cache_bytes / base.peak_cache_bytes, 3)
                                   if base is not None and r.status == "ok" else None),
@@ -107,11 +112,25 @@ def rows_to_csv(rows: list[dict]) -> str:
     return out.getvalue()
 
 
+RECORD_FORMAT = "kvlab.compare"
+RECORD_FORMAT_VERSION = 2
+"""Version of the run record's layout (1: records before `format_version` existed; 2: adds `format_version`,
+`environment`, `measured_at` and the ITL figures per column)."""
+
+
 def run_record(loaded, preset, settings, done: RunDone) -> dict:
-    """The JSON record of a run: model info, settings, mode and every column's result."""
+    """The JSON record of a run: its format, where and when it was measured (`kvlab.environment`), model
+    info, settings, mode and every column's result."""
     from dataclasses import asdict
+    from datetime import datetime, timezone
+
+    from .environment import environment
 
     return {
+        "format": RECORD_FORMAT,
+        "format_version": RECORD_FORMAT_VERSION,
+        "measured_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "environment": environment(loaded),
         "model": loaded.info(),
         "preset": preset.name if preset is not None else None,
         "prompt": preset.prompt.model_dump() if preset is not None else None,

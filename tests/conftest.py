@@ -161,6 +161,25 @@ def tiny(tiny_tokenizer):
     return build_tiny(tiny_tokenizer)
 
 
+class TinyPool:
+    """Stands in for `kvlab.models.ModelPool` in a tab built in-process: every spec is one model."""
+
+    def __init__(self, loaded):
+        self.model = loaded
+
+    def get(self, spec, progress=None):
+        return self.model
+
+    def loaded(self, spec):
+        return self.model
+
+
+@pytest.fixture
+def tiny_pool(tiny):
+    """A model pool whose every spec is the tiny model (for tabs built in-process)."""
+    return TinyPool(tiny)
+
+
 @pytest.fixture(scope="session")
 def tiny_cuda(tiny_tokenizer):
     """The same tiny model on CUDA (for gpu tests)."""

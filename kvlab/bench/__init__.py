@@ -1,8 +1,9 @@
 """`python -m kvlab bench`: is the instrument honest, and what does it cost?
 
-Six sections, each measured side by side in one run with its comparison runs
-interleaved (A, B, A, B... with the order alternating), so machine noise hits
-both sides; every figure is the median over the repeats with min–max beside it:
+Seven sections, six of them measured side by side in one run with their
+comparison runs interleaved (A, B, A, B... with the order alternating), so
+machine noise hits both sides; every figure is the median over the repeats with
+min–max beside it:
 
 - `overhead`: tok/s of kvlab's runner (one column, events streamed and consumed)
   vs bare `model.generate` with a fresh cache of the same strategy.
@@ -17,6 +18,9 @@ both sides; every figure is the median over the repeats with min–max beside it
 - `roofline`: decode tok/s vs the memory-bandwidth bound measured here (weight
   bytes read per token over large-tensor copy bandwidth), and the levers kvlab
   controls (threads, static cache, torch.compile, bf16).
+- `plan`: seconds per plan of one catalog model (6 strategies × 5 contexts)
+  after the planner's warm-up, as the Plan tab runs it, and the peak RSS the
+  warm-up and plans add (the kernel's high-water mark).
 
 Strategies are resolved through kvlab's registry, so `--strategies` can put any
 registered strategy in the overhead, fair and scaling sections. Timed model work
@@ -30,9 +34,9 @@ No assertion is made on a time and the exit status is 0 whenever the bench ran.
 
 Modules: `harness` (sizes, figures, checks, timed runs), `strategy_sets`, one
 module per section (`overhead`, `fair`, `parallel`, `scaling`, `startup`,
-`roofline`, with `profiling`), the child programs `startup_child` and
-`import_time_child`, `suite` (one whole run), `text` (report and Markdown),
-`plots` (matplotlib), `cli` (flags). Measuring is apart from rendering; nothing
+`roofline`, with `profiling`; `planning` for `plan`), the child programs
+`startup_child` and `import_time_child`, `suite` (one whole run), `text`
+(report and Markdown), `plots` (matplotlib), `cli` (flags). Measuring is apart from rendering; nothing
 here imports gradio.
 """
 

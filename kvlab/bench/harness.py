@@ -12,7 +12,6 @@ drift hits both sides. This module measures; it formats no text and draws nothin
 from __future__ import annotations
 
 import gc
-import os
 import statistics
 import threading
 import time
@@ -25,7 +24,7 @@ from ..compute import compute
 
 T = TypeVar("T")
 
-SECTIONS = ("overhead", "fair", "parallel", "scaling", "startup", "roofline")
+SECTIONS = ("overhead", "fair", "parallel", "scaling", "startup", "roofline", "plan")
 RECORD_VERSION = 1
 
 PROMPT = "Explain what a key-value cache does in a transformer, in a few sentences."
@@ -102,7 +101,8 @@ def make_check(section: str, name: str, values: Sequence[float], target: str, pa
 
     `passes` None means the issue sets no target (`met` None, status `reported`).
     Empty `values` and no `value` means the check could not be judged (status `n/a (reason)`).
-    `reason` is kept only when the target is missed or cannot be judged. `unit` is `ratio`, `fraction` or `s`.
+    `reason` is kept only when the target is missed or cannot be judged. `unit` is `ratio`, `fraction`, `s`
+    or `MB` (10^6 bytes).
     """
     stats = summarize(values) if values else None
     value = value if value is not None else (stats["median"] if stats else None)
@@ -132,16 +132,6 @@ def rotated(items: Sequence[T], rep: int) -> list[T]:
     """`items` starting at position `rep` (wrapping), so each one takes its turn going first."""
     start = rep % len(items)
     return list(items[start:]) + list(items[:start])
-
-
-def cores_available() -> int:
-    """CPU cores this process may run on."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-
-
-def load_average() -> list[float] | None:
-    """The 1, 5 and 15 minute load averages, or None where the platform has none."""
-    return list(os.getloadavg()) if hasattr(os, "getloadavg") else None
 
 
 # ---------------------------------------------------------------- running

@@ -14,8 +14,8 @@ from __future__ import annotations
 import statistics
 
 from ..compute import compute
-from .harness import (Context, cores_available, interleaved, make_check, run_bare, run_bare_together, run_kvlab,
-                      summarize)
+from ..environment import cores_available
+from .harness import Context, interleaved, make_check, run_bare, run_bare_together, run_kvlab, summarize
 from .strategy_sets import FAIR_STRATEGIES
 
 PARALLEL_MAX_RATIO = 0.70

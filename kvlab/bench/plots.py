@@ -148,6 +148,20 @@ def plot_roofline(section: dict, folder: Path) -> list[Path]:
     return [_save(figure, folder, "roofline.png")]
 
 
+def plot_plan(section: dict, folder: Path) -> list[Path]:
+    seconds = section["plan_s"]["values"]
+    figure, axes = _figure()
+    labels = ["first"] + [f"repeat {i + 1}" for i in range(1, len(seconds))]
+    axes.bar(range(len(seconds)), seconds, color=["tab:orange"] + ["tab:blue"] * (len(seconds) - 1))
+    axes.set_xticks(range(len(seconds)))
+    axes.set_xticklabels(labels, fontsize=8)
+    axes.axhline(section["target_s"], color="tab:red", linestyle="--", linewidth=0.8)
+    axes.set_ylabel("seconds per plan (after the warm-up)")
+    axes.set_title(f"Plan: {section['model'].split('/')[-1]}, {len(section['strategies'])} strategies × "
+                   f"{len(section['contexts'])} contexts (target, red line)")
+    return [_save(figure, folder, "plan.png")]
+
+
 PLOTTERS = {
     "overhead": plot_overhead,
     "fair": plot_fair,
@@ -155,6 +169,7 @@ PLOTTERS = {
     "scaling": plot_scaling,
     "startup": plot_startup,
     "roofline": plot_roofline,
+    "plan": plot_plan,
 }
 
 

@@ -8,16 +8,17 @@ module orchestrates and measures; it prints, plots and writes nothing.
 
 from __future__ import annotations
 
-import platform
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from pathlib import Path
 
 from .fair import bench_fair
-from .harness import PROMPT, RECORD_VERSION, SECTIONS, BenchSize, Context, cores_available, load_average, make_check
+from ..environment import cores_available, load_average
+from .harness import PROMPT, RECORD_VERSION, SECTIONS, BenchSize, Context, make_check
 from .overhead import bench_overhead
 from .parallel import bench_parallel
+from .planning import bench_planning
 from .roofline import bench_roofline
 from .scaling import bench_scaling
 from .startup import bench_startup
@@ -29,35 +30,17 @@ RUNNERS = {
     "scaling": bench_scaling,
     "startup": bench_startup,
     "roofline": bench_roofline,
+    "plan": bench_planning,
 }
 """Each section's function, in `SECTIONS` order (a unit test holds them equal)."""
 
 
 def machine_info() -> dict:
-    """CPU model, cores, memory (bytes), platform and library versions, torch threads, CUDA device if any."""
-    import psutil
-    import torch
-    import transformers
+    """CPU model, cores, memory (bytes), platform and library versions, torch threads, CUDA device if any
+    (`kvlab.environment.machine`)."""
+    from ..environment import machine
 
-    cpu = platform.processor() or ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {
-        "cpu": cpu,
-        "cores_available": cores_available(),
-        "memory_bytes": psutil.virtual_memory().total,
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "torch_threads": torch.get_num_threads(),
-        "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
-    }
+    return machine()
 
 
 def run_bench(size: BenchSize, only: Sequence[str] = SECTIONS, say: Callable[[str], None] | None = None,

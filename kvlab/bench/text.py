@@ -38,10 +38,10 @@ def status_of(check: dict) -> str:
 
 
 def check_rows(record: dict) -> list[list[str]]:
-    """One row per check: section, name, median [min–max] (seconds marked `s`), target, status."""
+    """One row per check: section, name, median [min–max] (seconds marked `s`, memory `MB`), target, status."""
     rows = []
     for check in record["checks"]:
-        unit = "s" if check["unit"] == "s" else ""
+        unit = check["unit"] if check["unit"] in ("s", "MB") else ""
         value = _num(check["value"], unit)
         if check["min"] is not None:
             value += f" [{_num(check['min'])}–{_num(check['max'])}]"
@@ -116,6 +116,18 @@ def roofline_lines(s: dict) -> list[str]:
     return lines
 
 
+def plan_lines(s: dict) -> list[str]:
+    lines = [f"plan ({s['model']}, {len(s['strategies'])} strategies × {len(s['contexts'])} contexts, "
+             f"{s['budget_gib']} GiB budget; s per plan):",
+             f"  {'warm-up':<{LABEL_WIDTH}} {_num(s['warm_up_s'], 's')}  first plan {_num(s['first_plan_s'], 's')}  "
+             f"every plan {_spread(s['plan_s'], 's')}"]
+    if "rss_peak_extra_bytes" in s:
+        lines.append(f"  {'peak extra RSS':<{LABEL_WIDTH}} {_num(s['rss_peak_extra_bytes'] / 1e6, 'MB')} over the "
+                     f"warm-up and plans, {_num(s['rss_peak_extra_plans_only_bytes'] / 1e6, 'MB')} over the plans "
+                     f"alone ({s['memory_method']})")
+    return lines
+
+
 DETAILS: dict[str, tuple[str, Callable[[dict], list[str]]]] = {
     "overhead": ("rows", overhead_lines),
     "fair": ("rows", fair_lines),
@@ -123,6 +135,7 @@ DETAILS: dict[str, tuple[str, Callable[[dict], list[str]]]] = {
     "scaling": ("series", scaling_lines),
     "startup": ("checks", startup_lines),
     "roofline": ("variants", roofline_lines),
+    "plan": ("plan_s", plan_lines),
 }
 """Section -> (the key that says it has figures, the function writing its lines)."""
 

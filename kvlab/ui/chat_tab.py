@@ -5,12 +5,18 @@ its events; nothing else. Each handler is a method that returns (or yields)
 `{component: update}` dicts, so a test can call it with a `ChatForm`. The
 strategy card is Compare's (`kvlab.ui.cards`), listing the strategies whose
 `usable_in_chat` is true. Each browser session keeps its own `ChatTabState`
-(conversation, cache, stop flag) in a `gr.State`; the only shared object is the
-model pool. What the page shows comes from `kvlab.ui.chat_view`; the turns run
-in `kvlab.chat` / `kvlab.prefix`.
+(conversation, cache, stop flag) in a `gr.State`; shared are the model pool and
+`ChatSessions`, which caps the caches kept at once, releases idle ones and
+frees a closed tab's cache at once (`unload`, wired by app.py). Every control
+works while a reply streams: it stops the reply first, then acts, and says so;
+text typed meanwhile stays in the message box. What the page shows comes from
+`kvlab.ui.chat_view`; the turns run in `kvlab.chat` / `kvlab.prefix`.
 """
 
 from __future__ import annotations
+
+import logging
+import time
 
 import gradio as gr
 
@@ -20,11 +26,11 @@ from kvlab.models import ModelLoadError, ModelPool, ModelSpec
 from kvlab.strategies import StrategyError, make_strategy
 
 from .cards import build_card
+from .chat_sessions import ChatSessions, ChatTabState
 from .chat_view import (
     DEFAULT_MAX_NEW_TOKENS,
     DEFAULT_STRATEGY,
     ChatForm,
-    ChatTabState,
     apply_event,
     chat_strategy_choices,
     default_prefix_texts,
@@ -40,6 +46,8 @@ from .chat_view import (
 )
 from .figures import turns_figure
 from .knobs import card_form, knob_index, max_knobs, strategy_choices
+
+logger = logging.getLogger(__name__)
 
 CHAT_CONCURRENCY = 2
 """Sessions that may generate at the same time (they share the model and the CPU cores)."""
@@ -65,12 +73,13 @@ class ChatTab:
         self.spec0 = default_spec or ModelSpec()
         self.strategies = chat_strategy_choices()
         self.knob_count = max_knobs(self.strategies)
+        self.sessions = ChatSessions()
 
     # ----- building -----
 
     def build(self) -> "ChatTab":
         gr.Markdown(INTRO)
-        self.state = gr.State(None)
+        self.state = gr.State(None, delete_callback=self.sessions.release_state)
         self._build_card()
         self._build_conversation()
         self._build_prefix()
@@ -150,11 +159,17 @@ class ChatTab:
                         verify=data[self.verify], budget_text=data[self.card.budget],
                         fallback_text=data[self.card.fallback])
 
-    def _on_send(self, data: dict):
-        yield from self.send(data[self.message], data[self.state], self.form_from(data))
+    def _on_send(self, data: dict, request: gr.Request):
+        yield from self.send(data[self.message], data[self.state], self.form_from(data), _session_key(request))
 
-    def _on_regenerate(self, data: dict):
-        yield from self.regenerate(data[self.state], self.form_from(data))
+    def _on_regenerate(self, data: dict, request: gr.Request):
+        yield from self.regenerate(data[self.state], self.form_from(data), _session_key(request))
+
+    def unload(self, request: gr.Request) -> None:
+        """The tab closed: free its conversation and cache now (gradio would keep them an hour)."""
+        if self.sessions.release(_session_key(request)):
+            logger.info("chat session closed: its cache was released (%d chat caches live)",
+                        self.sessions.live_caches())
 
     def _on_prefix(self, data: dict) -> dict:
         return self.run_prefix(self.form_from(data), data[self.prefix_text], data[self.prefix_prompts])
@@ -173,61 +188,93 @@ class ChatTab:
             updates[self.message] = message
         return updates
 
-    def send(self, text: str, state: ChatTabState | None, form: ChatForm):
-        """Send a message and stream the reply; a refused turn keeps the text in the box and says why."""
+    def send(self, text: str, state: ChatTabState | None, form: ChatForm, key: str = "local"):
+        """Send a message and stream the reply; a running reply is stopped first; a refused turn keeps the text
+        in the box and says why."""
         if not (text or "").strip():
             yield self.idle(state, "⚠️ the message is empty: type something to send", message="")
             return
-        state, events, error, capacity = self._begin(
-            state, form, lambda session, stop: session.send(text, form.measure, form.verify, stop))
+        state, events, note, capacity = self._begin(
+            state, form, key, lambda session, stop: session.send(text, form.measure, form.verify, stop))
         if events is None:
-            yield self.idle(state, error, message=text, capacity=capacity)
+            yield self.idle(state, note, message=text, capacity=capacity)
             return
-        yield from self._run_turn(state, events, state.session.history, text, keep=text)
+        yield from self._run_turn(state, events, state.session.history, text, keep=text, note=note)
 
-    def regenerate(self, state: ChatTabState | None, form: ChatForm):
-        """Replace the last reply with a new one for the same message."""
-        state, events, error, capacity = self._begin(
-            state, form, lambda session, stop: session.regenerate(form.measure, form.verify, stop))
+    def regenerate(self, state: ChatTabState | None, form: ChatForm, key: str = "local"):
+        """Replace the last reply with a new one for the same message (a running reply is stopped first and is
+        the one regenerated)."""
+        state, events, note, capacity = self._begin(
+            state, form, key, lambda session, stop: session.regenerate(form.measure, form.verify, stop))
         if events is None:
-            yield self.idle(state, error, capacity=capacity)
+            yield self.idle(state, note, capacity=capacity)
             return
-        yield from self._run_turn(state, events, state.session.history[:-1], None, keep=None)
+        yield from self._run_turn(state, events, state.session.history[:-1], None, keep=None, note=note)
 
-    def _begin(self, state, form: ChatForm, start):
-        """(state, events, '', False) for a turn that starts, or (state, None, error, capacity refused?)."""
+    def _begin(self, state, form: ChatForm, key: str, start):
+        """(state, events, note, False) for a turn that starts, or (state, None, error, capacity refused?).
+
+        1. A reply still running in this session is stopped and its turn ends first (the note says so).
+        2. The session is admitted among the live chat caches (an idle one may be released to make room).
+        3. The session is matched to the form and the turn's event stream is created (every check runs here).
+        """
+        state = state or ChatTabState()
         try:
+            note = "stopped the reply that was running first; " if state.stop_reply() else ""
+            self.sessions.admit(key, state)
             state = ready_session(state, self.pool.get(form.model_spec(self.spec0)), form)
             state.stop.clear()
-            return state, start(state.session, state.stop), "", False
+            return state, start(state.session, state.stop), note, False
         except ChatCapacityError as err:
             return state, None, f"⚠️ {err}", True
         except (ChatInputError, StrategyError, ModelLoadError, ValueError) as err:
             return state, None, f"⚠️ {err}", False
 
-    def _run_turn(self, state: ChatTabState, events, shown_history: list[dict], user_text: str | None, keep):
+    def _run_turn(self, state: ChatTabState, events, shown_history: list[dict], user_text: str | None, keep,
+                  note: str = ""):
+        """Stream a turn into the page. The message box is cleared once (its text was sent), never while the
+        reply streams, so text typed meanwhile stays."""
         view = start_view(shown_history, user_text)
-        yield {self.chatbot: view.messages, self.message: "", self.notice: "",
-               self.capacity_row: gr.update(visible=False), self.turn_info: f"_{view.status}_", self.state: state}
-        for event in events:
-            apply_event(view, event)
-            if isinstance(event, (ChatToken, ChatStatus)):
-                yield {self.chatbot: view.messages, self.message: "", self.notice: "",
-                       self.turn_info: f"_{view.status}_", self.state: state}
-        if view.failed is not None:
-            yield self.idle(state, f"⚠️ the turn failed: {view.failed}", message=keep)
-            return
-        yield self.idle(state, "", message="")
+        state.idle.clear()
+        try:
+            yield {self.chatbot: view.messages, self.message: "", self.notice: note.rstrip("; "),
+                   self.capacity_row: gr.update(visible=False), self.turn_info: f"_{view.status}_",
+                   self.state: state}
+            for event in events:
+                apply_event(view, event)
+                if isinstance(event, (ChatToken, ChatStatus)):
+                    yield {self.chatbot: view.messages, self.turn_info: f"_{view.status}_"}
+            # The last update is sent before the turn counts as ended, so a control that waited for it (Clear,
+            # Undo) always updates the page after it.
+            if view.failed is not None:
+                yield self.idle(state, f"⚠️ {note}the turn failed: {view.failed}", message=keep)
+            else:
+                yield self.idle(state, note.rstrip("; "))
+        finally:
+            state.last_active = time.monotonic()
+            state.idle.set()
 
     def undo(self, state: ChatTabState | None) -> dict:
+        """Remove the last turn (a running reply is stopped first and is the turn removed)."""
+        try:
+            stopped = state is not None and state.stop_reply()
+        except ChatInputError as err:
+            return self.idle(state, f"⚠️ {err}")
+        first = "stopped the reply that was running, then " if stopped else ""
         if state is None or state.session is None or not state.session.undo():
-            return self.idle(state, "nothing to undo")
-        return self.idle(state, "removed the last turn; the next turn crops the cache to what is left")
+            return self.idle(state, f"{first}nothing to undo")
+        return self.idle(state, f"{first}removed the last turn; the next turn crops the cache to what is left")
 
     def clear(self, state: ChatTabState | None) -> dict:
+        """Forget the conversation and its cache (a running reply is stopped first)."""
+        try:
+            stopped = state is not None and state.stop_reply()
+        except ChatInputError as err:
+            return self.idle(state, f"⚠️ {err}")
         if state is not None and state.session is not None:
             state.session.clear()
-        return self.idle(state, "", message="")
+        return self.idle(state, "stopped the reply that was running, then cleared the conversation and its cache"
+                         if stopped else "")
 
     def stop(self, state: ChatTabState | None) -> None:
         if state is not None:
@@ -277,7 +324,15 @@ class ChatTab:
                                       prompt_lines(prompts_text), form.settings())
         except (StrategyError, ModelLoadError, ValueError) as err:
             return {self.prefix_info: f"⚠️ {err}", self.prefix_table: None}
+        except Exception as err:  # noqa: BLE001 - the panel says what failed; the tab keeps working
+            logger.exception("prefix reuse failed")
+            return {self.prefix_info: f"⚠️ prefix reuse failed: {type(err).__name__}: {err}", self.prefix_table: None}
         return {self.prefix_info: prefix_markdown(report), self.prefix_table: prefix_frame(report)}
+
+
+def _session_key(request: gr.Request | None) -> str:
+    """The browser session's id (gradio's session hash); 'local' for calls made outside a request."""
+    return getattr(request, "session_hash", None) or "local"
 
 
 def build_chat_tab(pool: ModelPool, default_spec: ModelSpec | None = None) -> ChatTab:

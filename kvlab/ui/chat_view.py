@@ -16,7 +16,6 @@ No gradio; tests feed it fake events.
 
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass, field
 
 import pandas as pd
@@ -29,6 +28,7 @@ from kvlab.presets import PRESETS_DIR
 from kvlab.strategies import Strategy
 from kvlab.strategies.base import names_with
 
+from .chat_sessions import ChatTabState
 from .knobs import column_budget, strategy_from_card
 
 CHAT_CAPABILITY = "usable_in_chat"
@@ -89,14 +89,6 @@ class ChatForm:
             StrategyError: a budget that is not a positive number of MiB, or a bad chain.
         """
         return column_budget(self.budget_text, self.fallback_text)
-
-
-@dataclass
-class ChatTabState:
-    """One browser session's chat: its `ChatSession` (created at the first message) and its stop flag."""
-
-    session: ChatSession | None = None
-    stop: threading.Event = field(default_factory=threading.Event)
 
 
 def ready_session(state: ChatTabState | None, loaded, form: ChatForm) -> ChatTabState:

@@ -57,6 +57,9 @@ MODE_HELP = ("fair: columns take turns, one forward pass at a time, so per-token
 SUMMARY_HELP = (
     "★ marks the best value per metric among finished columns. **TTFT**: prefill + first token. "
     "**decode tok/s**: generated tokens per second of compute (in fair mode each column is timed alone). "
+    "**ITL p50 / p99**: inter-token latency, the median and 99th percentile of the decode steps after the "
+    "first token, in ms (as vLLM's and GuideLLM's benchmarks report it; the mean, p90 and end-to-end latency "
+    "are in the JSON and CSV). "
     "**peak cache**: bytes of the cache tensors (not process memory); *vs baseline* divides by the baseline's. "
     "**agreement**: share of the baseline's tokens matched at the same position; **first divergence**: first "
     "token index that differs. **top-1 agreement** and **mean KL** feed the baseline's text through each "
@@ -64,7 +67,8 @@ SUMMARY_HELP = (
 )
 
 DISPLAY_COLUMNS = [
-    ("column", "text"), ("status", "text"), ("ttft_s", "seconds"), ("decode_tok_s", "rate"),
+    ("column", "text"), ("status", "text"), ("ttft_s", "seconds"), ("decode_tok_s", "rate"), ("itl_ms_p50", "ms"),
+    ("itl_ms_p99", "ms"),
     ("peak_cache_bytes", "mib"), ("vs_baseline_bytes", "ratio"), ("predicted_cache_bytes", "mib"),
     ("agreement", "percent"), ("first_divergence", "int"), ("top1_agreement", "percent"), ("mean_kl", "kl"),
     ("note", "text"),
@@ -74,7 +78,7 @@ DISPLAY_COLUMNS = [
 HEADERS = {**LABELS, "peak_cache_bytes": "peak cache (MiB)", "vs_baseline_bytes": "vs baseline",
            "predicted_cache_bytes": "predicted dense (MiB)"}
 """Header shown per key: the report's labels, with MiB where the page shows bytes as MiB."""
-SUMMARY_WIDTHS = ["14%", "8%", "6%", "6%", "7%", "6%", "7%", "7%", "7%", "7%", "6%", "19%"]
+SUMMARY_WIDTHS = ["13%", "7%", "6%", "6%", "5%", "5%", "6%", "6%", "6%", "6%", "6%", "6%", "6%", "16%"]
 """Summary table column widths, in the order of DISPLAY_COLUMNS."""
 
 FINISHED = ("done", "stopped", "error", "unavailable")
@@ -239,7 +243,7 @@ def format_value(value, kind: str) -> str:
     """One summary cell as text; None becomes a dash."""
     if value is None:
         return MISSING
-    formats = {"seconds": "{:.3f}", "rate": "{:.1f}", "ratio": "{:.2f}×", "kl": "{:.4f}"}
+    formats = {"seconds": "{:.3f}", "rate": "{:.1f}", "ms": "{:.1f}", "ratio": "{:.2f}×", "kl": "{:.4f}"}
     if kind in formats:
         return formats[kind].format(value)
     if kind == "mib":

@@ -4,6 +4,7 @@
   column's switches to smaller caches are vertical lines labelled with the new cache.
 - `turns_figure`: Chat's per-turn TTFT with/without reuse and reused/prefilled tokens.
 - `perplexity_figure`: Perplexity's running log-PPL and cache bytes against position.
+- `plan_figure`: Plan's cache GiB against context length (log axes) with the budget's room for the cache.
 - `figure_png`: PNG bytes of any of them (the Compare export).
 
 Pure: each takes view-model data and returns a `matplotlib.figure.Figure`; no gradio.
@@ -22,6 +23,8 @@ from .theme import COLORS, PERPLEXITY_COLORS
 MIB = 1024 * 1024
 CHAT_SIZE_IN = (7.0, 2.6)
 PERPLEXITY_SIZE_IN = (12.0, 3.8)
+PLAN_SIZE_IN = (11.0, 4.2)
+PLAN_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
 
 
 def _tidy(*axes) -> None:
@@ -142,4 +145,60 @@ def perplexity_figure(nll: dict[str, list[float]], cache_bytes: dict[str, list[i
     ax_mem.set_ylabel("cache tensor bytes (MiB)")
     if any(nll.values()):
         ax_ppl.legend(loc="upper left")
+    return fig
+
+
+def tokens_label(tokens: int) -> str:
+    """`128k` for whole multiples of 1024 tokens, else `1,000`."""
+    return f"{tokens // 1024:,}k" if tokens >= 1024 and tokens % 1024 == 0 else f"{tokens:,}"
+
+
+def plan_figure(series: list[dict], room_gib: float | None, budget_gib: float | None, weights_gib: float,
+                limit: int | None, title: str, absent: tuple[str, ...] = ()) -> Figure:
+    """Plan's panel: cache GiB against context length, both axes logarithmic, one line per strategy.
+
+    Args:
+        series: per strategy, `label`, `slot` (its card: the colour), `contexts` (tokens), `cache_gib` and
+            `on_device_gib` (drawn dashed where it differs: an offloaded cache's GPU part). Equal lines stay
+            visible: each later line is thinner, with its own marker.
+        room_gib: budget minus weights, GiB: the line a cache must stay under (None: no budget; <= 0: the
+            weights alone exceed the budget, said in the title).
+        budget_gib, weights_gib: the budget and the weights, GiB (for the labels).
+        limit: the model's max_position_embeddings; contexts past it are shaded.
+        absent: labels of strategies without bytes (they cannot serve the model), listed in the legend.
+    """
+    fig = Figure(figsize=PLAN_SIZE_IN, dpi=90, layout="constrained")
+    ax = fig.subplots()
+    for i, item in enumerate(series):
+        style = {"color": COLORS[item["slot"] % len(COLORS)], "marker": PLAN_MARKERS[i % len(PLAN_MARKERS)],
+                 "lw": max(1.2, 4.2 * 0.75**i), "ms": max(3.0, 9.0 * 0.85**i)}
+        points = [(c, g) for c, g in zip(item["contexts"], item["cache_gib"]) if g > 0]
+        if not points:
+            ax.plot([], [], **style, label=f"{item['label']} (0 bytes)")
+            continue
+        ax.plot(*zip(*points), **style, label=item["label"])
+        if item["on_device_gib"] != item["cache_gib"]:
+            device = [(c, g) for c, g in zip(item["contexts"], item["on_device_gib"]) if g > 0]
+            ax.plot(*zip(*device), color=style["color"], lw=1.2, ls="--", label=f"{item['label']}: on the GPU")
+    for label in absent:
+        ax.plot([], [], color="#9ca3af", lw=1.0, ls="-.", label=f"{label}: cannot serve this model")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    contexts = sorted({c for item in series for c in item["contexts"]})
+    if contexts:
+        ax.set_xticks(contexts, [tokens_label(c) for c in contexts])
+        ax.minorticks_off()
+    heading = title
+    if room_gib is not None and room_gib > 0:
+        room = f"budget {budget_gib:g} GiB − weights {weights_gib:.1f} GiB = {room_gib:.1f} GiB for the cache"
+        ax.axhline(room_gib, color="#b42318", lw=1.5, ls=":", label=room)
+    elif room_gib is not None:
+        heading += f": the weights alone ({weights_gib:.1f} GiB) exceed the {budget_gib:g} GiB budget"
+    if limit and contexts and contexts[-1] > limit:
+        ax.axvspan(limit, ax.get_xlim()[1], color="#999999", alpha=0.15, lw=0,
+                   label=f"past max_position_embeddings ({limit:,})")
+    ax.set(title=heading, xlabel="context length (tokens, log scale)", ylabel="KV cache (GiB, log scale)")
+    if series or absent:
+        ax.legend(fontsize=8, loc="upper left", frameon=False)
+    _tidy(ax)
     return fig

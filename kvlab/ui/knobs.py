@@ -25,6 +25,7 @@ from kvlab.strategies import STRATEGIES, Strategy, StrategyError, make_strategy
 from kvlab.strategies.base import names_with
 
 from .theme import status_html
+from .zerogpu import hidden_knobs
 
 NO_STRATEGY = "(none)"
 BUDGET_PLACEHOLDER = "none"
@@ -36,10 +37,12 @@ UNAVAILABLE_MARK = "  ⊘ unavailable here"
 
 
 def knob_defaults(strategy_name: str) -> dict:
-    """Knob name -> default for a registered strategy, in field order (`label` is not a knob)."""
+    """Knob name -> default for a registered strategy, in field order (`label` is not a knob, and knobs hidden
+    here, such as static's `compile` on ZeroGPU, are left out: the strategy then keeps their default)."""
+    hidden = hidden_knobs().get(strategy_name, frozenset())
     defaults = {}
     for f in dataclasses.fields(STRATEGIES[strategy_name]):
-        if f.name == "label":
+        if f.name == "label" or f.name in hidden:
             continue
         if f.default is not dataclasses.MISSING:
             defaults[f.name] = f.default

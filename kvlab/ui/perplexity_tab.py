@@ -11,6 +11,7 @@ in `gr.State`.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 
@@ -33,6 +34,7 @@ from .perplexity_view import (
     plan_perplexity,
 )
 
+logger = logging.getLogger(__name__)
 PLOT_EVERY_S = 1.5
 """Least time between two redraws of the plot while the text streams."""
 PRIVATE = {"concurrency_limit": None, "api_visibility": "private"}
@@ -120,12 +122,18 @@ class PerplexityTab:
         # 2. Stream every cache in turns, redrawing at most every PLOT_EVERY_S.
         view = PerplexityView(list(plan.strategies), int(request.window), plan.input_ids.shape[1] - 1, plan.skipped)
         last_plot = 0.0
-        for step in stream_many(loaded, plan.input_ids, plan.strategies, stop):
-            view.apply(step)
-            now = time.perf_counter()
-            if now - last_plot >= PLOT_EVERY_S:
-                last_plot = now
-                yield {self.plot: view.figure(), self.status: view.progress_text()}
+        try:
+            for step in stream_many(loaded, plan.input_ids, plan.strategies, stop):
+                view.apply(step)
+                now = time.perf_counter()
+                if now - last_plot >= PLOT_EVERY_S:
+                    last_plot = now
+                    yield {self.plot: view.figure(), self.status: view.progress_text()}
+        except Exception as err:  # noqa: BLE001 - the page shows what failed and keeps the curves so far
+            logger.exception("perplexity run failed")
+            yield {self.plot: view.figure(), self.table: view.table(),
+                   self.status: f"⚠️ the run failed after {view.progress_text()}: {type(err).__name__}: {err}"}
+            return
         # 3. The final curves, the per-segment table and how it ended.
         yield {self.plot: view.figure(), self.table: view.table(), self.status: view.final_text(stop.is_set())}
 

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import types
 import urllib.request
 from pathlib import Path
 
@@ -55,7 +56,8 @@ def app_command(tmp_path: Path) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def app_url(tmp_path_factory):
+def app(tmp_path_factory):
+    """The running app: its `url` and the `log` file its output goes to."""
     if not os.access(CHROMIUM, os.X_OK):
         pytest.skip(f"no chromium at {CHROMIUM}")
     pytest.importorskip("playwright.sync_api")
@@ -81,7 +83,7 @@ def app_url(tmp_path_factory):
             if time.monotonic() > deadline:
                 pytest.fail(f"the app did not answer within {START_TIMEOUT_S} s:\n{log_path.read_text()[-3000:]}")
             time.sleep(0.5)
-        yield url
+        yield types.SimpleNamespace(url=url, log=log_path)
     finally:
         process.terminate()
         try:
@@ -89,6 +91,11 @@ def app_url(tmp_path_factory):
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+
+
+@pytest.fixture(scope="module")
+def app_url(app):
+    return app.url
 
 
 @pytest.fixture(scope="module")
@@ -202,3 +209,43 @@ def test_the_prefix_panel_reports_the_saving(app_url, browser):
         assert "4 prompts" in info.inner_text() and "saved" in info.inner_text()
     finally:
         context.close()
+
+
+def test_every_control_works_while_a_reply_streams(app_url, browser):
+    context, page = open_chat(browser, app_url)
+    try:
+        budget = page.locator("#kvlab-chat-max-new input[type=number]")
+        budget.fill("300")
+        budget.press("Enter")
+        send(page, "Write a long story about a lighthouse keeper and the sea.")
+        box = page.locator("#kvlab-chat-message textarea")
+        page.locator("#kvlab-chatbot").get_by_text("lighthouse keeper").wait_for(timeout=TURN_TIMEOUT_MS)
+        page.locator("#kvlab-chat-turn").get_by_text("generating").wait_for(timeout=TURN_TIMEOUT_MS)
+        box.fill("typed while the reply streams")
+        page.wait_for_timeout(2_000)
+        assert box.input_value() == "typed while the reply streams"
+        page.locator("#kvlab-chat-clear").click()
+        notice = page.locator("#kvlab-chat-notice")
+        notice.get_by_text("stopped the reply that was running, then cleared").wait_for(timeout=60_000)
+        assert "lighthouse" not in conversation(page)
+        assert box.input_value() == "typed while the reply streams"
+        budget.fill(NEW_TOKENS)
+        budget.press("Enter")
+        assert "Turn" not in page.locator("#kvlab-chat-turn").inner_text()
+        page.locator("#kvlab-chat-send").click()
+        info = wait_for_turn(page, 1)
+        assert "typed while the reply streams" in conversation(page) and "fresh" in info
+    finally:
+        context.close()
+
+
+def test_closing_a_tab_frees_its_chat_cache(app, browser):
+    context, page = open_chat(browser, app.url)
+    send(page, "Remember the word KESTREL.")
+    wait_for_turn(page, 1)
+    before = app.log.read_text().count("chat session closed: its cache was released")
+    context.close()
+    deadline = time.monotonic() + 60
+    while app.log.read_text().count("chat session closed: its cache was released") == before:
+        assert time.monotonic() < deadline, "closing the tab did not release its chat cache"
+        time.sleep(0.5)

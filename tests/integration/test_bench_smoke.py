@@ -16,7 +16,7 @@ from kvlab.bench import SECTIONS, format_markdown, format_report, make_check, pa
 REPO = Path(__file__).resolve().parents[2]
 HANG_GUARD_S = 1800
 EXPECTED_PLOTS = {"overhead.png", "fair.png", "parallel.png", "scaling_latency.png", "scaling_bytes.png",
-                  "startup.png", "roofline.png"}
+                  "startup.png", "roofline.png", "plan.png"}
 CHECK_KEYS = {"section", "name", "value", "min", "max", "unit", "target", "met", "reason"}
 
 
@@ -90,6 +90,12 @@ def test_figures_carry_median_min_max(smoke):
         assert_stats(variant["tok_s"])
         assert_stats(variant["fraction"])
         assert variant["bound_tok_s"] > 0 and variant["weight_bytes"] > 0
+    planning = sections["plan"]
+    assert_stats(planning["plan_s"])
+    assert planning["first_plan_s"] == planning["plan_s"]["values"][0] and planning["warm_up_s"] > 0
+    assert (len(planning["strategies"]), len(planning["contexts"])) == (6, 5)
+    assert [c["unit"] for c in planning["checks"]] == ["s", "s", "MB"]
+    assert planning["rss_peak_extra_bytes"] >= 0
 
 
 def test_plots_and_text(smoke):

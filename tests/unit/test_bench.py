@@ -235,3 +235,34 @@ def test_harness_orders_alternate_and_rotate():
     assert harness.interleaved(0, ("a", "b")) == ["a", "b"]
     assert harness.interleaved(1, ("a", "b")) == ["b", "a"]
     assert harness.rotated(["a", "b", "c"], 4) == ["b", "c", "a"]
+
+
+def test_plan_section_times_each_repeat_and_reads_the_peak_rss(tiny):
+    from kvlab.bench.planning import PLAN_CONTEXTS, PLAN_STRATEGIES, bench_planning
+    from kvlab.bench.text import plan_lines
+
+    said = []
+    section = bench_planning(Context(tiny, SIZES["smoke"], PROMPT, said.append, None))
+    assert len(PLAN_STRATEGIES) == 6 and len(PLAN_CONTEXTS) == 5
+    assert section["plan_s"]["n"] == SIZES["smoke"].repeats
+    assert section["first_plan_s"] == section["plan_s"]["values"][0]
+    assert [c["name"].split(": ")[-1] for c in section["checks"]] == [
+        "first plan after warm-up", "later plans", "peak extra RSS, warm-up and plans (MB)"]
+    assert [c["unit"] for c in section["checks"]] == ["s", "s", "MB"]
+    assert all(c["met"] in (True, False) for c in section["checks"])
+    assert section["rss_peak_extra_bytes"] >= section["rss_peak_extra_plans_only_bytes"] >= 0
+    assert said[0] == "plan: warming the planner up"
+    assert "peak extra RSS" in "\n".join(plan_lines(section))
+
+
+def test_plan_section_memory_check_is_not_judged_without_proc(tiny, monkeypatch, tmp_path):
+    from kvlab.bench import planning
+
+    monkeypatch.setattr(planning, "CLEAR_REFS", tmp_path / "missing" / "clear_refs")
+    section = planning.bench_planning(Context(tiny, dataclasses.replace(SIZES["smoke"], repeats=1), PROMPT,
+                                              lambda message: None, None))
+    assert [c["name"].split(": ")[-1] for c in section["checks"]] == [
+        "first plan after warm-up", "peak extra RSS, warm-up and plans (MB)"]
+    memory = section["checks"][-1]
+    assert status_of(memory).startswith("n/a (the kernel's peak RSS cannot be read and reset here")
+    assert section["rss_before_bytes"] is None

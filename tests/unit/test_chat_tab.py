@@ -15,23 +15,11 @@ from kvlab.ui.chat_view import ChatForm  # noqa: E402
 NEW_TOKENS = 4
 
 
-class TinyPool:
-    """Stands in for `kvlab.models.ModelPool`: every spec is the tiny model."""
-
-    def __init__(self, loaded):
-        self.model = loaded
-
-    def get(self, spec, progress=None):
-        return self.model
-
-    def loaded(self, spec):
-        return self.model
-
 
 @pytest.fixture
-def tab(tiny):
+def tab(tiny_pool):
     with gr.Blocks():
-        return ChatTab(TinyPool(tiny)).build()
+        return ChatTab(tiny_pool).build()
 
 
 def form(name="dynamic", *knobs, **fields) -> ChatForm:
@@ -122,3 +110,81 @@ def test_the_prefix_panel_refuses_by_capability_and_reports_a_run(tab):
     report = tab.run_prefix(form(max_new_tokens=2), "A shared document about tea.", "First?\nSecond?")
     assert "prefilled once" in report[tab.prefix_info] and "2 prompts" in report[tab.prefix_info]
     assert list(report[tab.prefix_table]["prompt"]) == ["First?", "Second?"]
+
+
+# --- every control works while a reply streams (fault catalogue #13.7) -------------------------------------
+
+
+def stream_in_background(updates_stream):
+    """Drain a streamed turn in a thread (as gradio does); returns (thread, updates so far, first token event)."""
+    import threading
+
+    seen, started = [], threading.Event()
+
+    def drain():
+        for updates in updates_stream:
+            seen.append(updates)
+            if len(seen) >= 2:
+                started.set()
+        started.set()
+
+    thread = threading.Thread(target=drain, daemon=True)
+    thread.start()
+    assert started.wait(60), "the reply never started streaming"
+    return thread, seen
+
+
+def long_form():
+    return form(max_new_tokens=400, measure=True)
+
+
+def test_clear_while_a_reply_streams_stops_it_then_clears(tab):
+    first = last(tab, tab.send("Hello", None, form()))
+    state = first[tab.state]
+    thread, _ = stream_in_background(tab.send("Tell me a very long story", state, long_form()))
+    updates = tab.clear(state)
+    thread.join(60)
+    assert not thread.is_alive()
+    assert "stopped the reply that was running, then cleared" in updates[tab.notice]
+    assert updates[tab.chatbot] == [] and state.session.history == [] and state.session.cache is None
+    after = last(tab, tab.send("Fresh start", state, form()))
+    assert [m["role"] for m in after[tab.chatbot]] == ["user", "assistant"]
+    assert state.session.turns[-1].action == "fresh"
+
+
+def test_regenerate_while_streaming_regenerates_that_reply_and_keeps_the_message(tab):
+    state = last(tab, tab.send("Hello", None, form()))[tab.state]
+    thread, _ = stream_in_background(tab.send("Tell me a very long story", state, long_form()))
+    final = last(tab, tab.regenerate(state, form()))
+    thread.join(60)
+    users = [m["content"] for m in final[tab.chatbot] if m["role"] == "user"]
+    assert users == ["Hello", "Tell me a very long story"]
+    assert "stopped the reply that was running first" in final[tab.notice]
+    assert len(state.session.history) == 4 and state.session.turns[-1].generated_tokens <= NEW_TOKENS
+
+
+def test_send_while_streaming_sends_after_stopping_and_never_wipes_typed_text(tab):
+    state = last(tab, tab.send("Hello", None, form()))[tab.state]
+    thread, seen = stream_in_background(tab.send("Tell me a very long story", state, long_form()))
+    final = last(tab, tab.send("Stop, and answer this instead", state, form()))
+    thread.join(60)
+    assert all(tab.message not in updates for updates in seen[1:]), "the message box was updated mid-reply"
+    users = [m["content"] for m in final[tab.chatbot] if m["role"] == "user"]
+    assert users[-1] == "Stop, and answer this instead" and len(users) == 3
+    assert "stopped the reply that was running first" in final[tab.notice]
+
+
+def test_undo_while_streaming_removes_the_turn_in_progress(tab):
+    state = last(tab, tab.send("Hello", None, form()))[tab.state]
+    thread, _ = stream_in_background(tab.send("Tell me a very long story", state, long_form()))
+    updates = tab.undo(state)
+    thread.join(60)
+    assert "stopped the reply that was running, then removed the last turn" in updates[tab.notice]
+    assert [m["content"] for m in state.session.history if m["role"] == "user"] == ["Hello"]
+
+
+def test_closing_the_tab_frees_its_conversation_and_cache(tab):
+    state = last(tab, tab.send("Hello", None, form(), key="session-a"))[tab.state]
+    assert state.session.cache is not None and tab.sessions.live_caches() == 1
+    assert tab.sessions.release("session-a")
+    assert state.session.cache is None and state.session.history == [] and tab.sessions.live_caches() == 0

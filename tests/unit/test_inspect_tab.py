@@ -125,22 +125,12 @@ def test_release_drops_the_run(tiny):
 gr = pytest.importorskip("gradio")
 
 
-class TinyPool:
-    """Stands in for `kvlab.models.ModelPool`: every spec is the tiny model."""
-
-    def __init__(self, loaded):
-        self.model = loaded
-
-    def get(self, spec, progress=None):
-        return self.model
-
-
 @pytest.fixture
-def tab(tiny):
+def tab(tiny_pool):
     from kvlab.ui.inspect_tab import InspectTab
 
     with gr.Blocks():
-        return InspectTab(TinyPool(tiny)).build()
+        return InspectTab(tiny_pool).build()
 
 
 def data(tab, state=None, **fields):

@@ -2,8 +2,9 @@
 
 A throwaway subclass of `Dynamic` is registered under a new name (and removed
 again in a `finally`); it must appear in Compare's column choices, Chat's
-strategy choices and Perplexity's cache choices, get its knob field generated
-from its dataclass, and a Compare plan with it must validate. The README's
+strategy choices and Perplexity's cache choices (Plan's cards offer Compare's
+choices), get its knob field generated from its dataclass, and a Compare plan
+and a Plan request with it must validate. The README's
 "Adding a strategy" section names this test.
 """
 
@@ -15,6 +16,7 @@ from kvlab.ui.chat_view import ChatForm, chat_strategy_choices
 from kvlab.ui.compare_view import RunRequest, plan_run
 from kvlab.ui.knobs import card_form, max_knobs, strategy_choices
 from kvlab.ui.perplexity_view import PerplexityRequest, perplexity_choices
+from kvlab.ui.plan_view import PlanForm, plan_request
 
 NAME = "throwaway_dynamic"
 
@@ -43,6 +45,8 @@ def test_a_new_strategy_appears_in_compare_chat_and_perplexity():
         assert plan.columns[1][1].note == "bye"
 
         assert ChatForm(strategy_name=NAME, knobs=["bye"]).strategy().note == "bye"
+        request, _, errors = plan_request(PlanForm(model="meta-llama/Llama-3.1-8B-Instruct", slots=[(NAME, ["bye"])]))
+        assert errors == {} and request.strategies == ({"strategy": NAME, "note": "bye"},)
         assert list(PerplexityRequest(choices=["dynamic", NAME]).strategies()) == ["dynamic", NAME]
     finally:
         STRATEGIES.pop(NAME, None)

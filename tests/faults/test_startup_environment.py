@@ -1,0 +1,44 @@
+"""Fault catalogue: the environment at start-up — a port already taken, a required package missing. Right: one
+line naming what is wrong and the setting or command that fixes it, no traceback."""
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.integration
+REPO = Path(__file__).resolve().parents[2]
+HIDE_TRANSFORMERS = ("import runpy, sys; sys.modules['transformers'] = None; "
+                     "sys.argv = ['kvlab', 'compare', '--prompt', 'hi', '--strategies', 'dynamic']; "
+                     "runpy.run_module('kvlab', run_name='__main__')")
+
+
+def one_kvlab_line(stderr: str) -> str:
+    lines = [line for line in stderr.splitlines() if line.startswith("kvlab: ")]
+    assert len(lines) == 1 and "Traceback" not in stderr, stderr[-2000:]
+    return lines[0]
+
+
+def test_a_port_in_use_names_the_setting(tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("0.0.0.0", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        env = {**os.environ, "GRADIO_SERVER_PORT": str(port), "PYTHONPATH": str(REPO),
+               "KVLAB_CACHE_DIR": str(tmp_path / "cache")}
+        proc = subprocess.run([sys.executable, "app.py"], cwd=REPO, env=env, capture_output=True, text=True,
+                              timeout=300)
+    assert proc.returncode == 1
+    line = one_kvlab_line(proc.stderr.replace("kvlab: model", "(model"))
+    assert f"cannot serve on port {port}" in line and "GRADIO_SERVER_PORT" in line
+
+
+def test_a_missing_package_is_named_with_the_setup_command():
+    proc = subprocess.run([sys.executable, "-c", HIDE_TRANSFORMERS], cwd=REPO, capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=300)
+    assert proc.returncode == 2
+    line = one_kvlab_line(proc.stderr)
+    assert "the package transformers is not installed here" in line and "scripts/setup.sh" in line

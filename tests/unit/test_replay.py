@@ -1,0 +1,90 @@
+"""Run records: serving-style latency figures, the versioned record with its environment, and replaying it."""
+
+import json
+
+import pytest
+import torch
+
+from kvlab.cli import main
+from kvlab.events import ColumnResult, latency_summary_ms, percentile
+from kvlab.generation import GenerationSettings
+from kvlab.presets import parse_preset
+from kvlab.replay import RecordError, load_record
+from kvlab.report import RECORD_FORMAT_VERSION, SUMMARY_COLUMNS, rows_to_csv, run_record, summary_rows
+from kvlab.runner import collect, run_compare
+
+
+def test_itl_percentiles_and_end_to_end_latency_follow_the_serving_benchmarks():
+    result = ColumnResult(index=0, name="x", strategy="dynamic", knobs={},
+                          per_token_s=[0.5] + [0.010, 0.020, 0.030, 0.040, 0.100])
+    result.finish_decode_stats()
+    assert result.itl_ms_mean == pytest.approx(40.0) and result.itl_ms_p50 == pytest.approx(30.0)
+    assert result.itl_ms_p90 == pytest.approx(76.0) and result.itl_ms_p99 == pytest.approx(97.6)
+    assert result.e2e_latency_s == pytest.approx(0.7) and result.decode_tok_s == pytest.approx(5 / 0.2)
+    assert percentile([7.0], 99) == 7.0 and latency_summary_ms([]) == {}
+    lonely = ColumnResult(index=0, name="x", strategy="dynamic", knobs={}, per_token_s=[0.5])
+    lonely.finish_decode_stats()
+    assert lonely.itl_ms_p50 is None and lonely.e2e_latency_s == 0.5
+
+
+@pytest.fixture(scope="module")
+def record(tiny):
+    preset = parse_preset({"name": "t", "prompt": {"text": "hi"}, "columns": [{"strategy": "dynamic"}]})
+    settings = GenerationSettings(max_new_tokens=6, stop_at_eos=False)
+    done = collect(run_compare(tiny, torch.tensor([[1, 400, 401]]),
+                               [{"strategy": "dynamic"}, {"strategy": "quantized", "residual_length": 2},
+                                {"strategy": "sliding_window"}], settings))
+    return run_record(tiny, preset, settings, done)
+
+
+def test_a_record_says_its_format_and_where_it_was_measured(record):
+    assert record["format"] == "kvlab.compare" and record["format_version"] == RECORD_FORMAT_VERSION
+    env = record["environment"]
+    for key in ("kvlab", "kvlab_commit", "torch", "transformers", "gradio", "python", "cpu", "cores_available",
+                "torch_threads", "dtype", "device", "gpu"):
+        assert key in env
+    assert env["dtype"] == "float32" and env["device"] == "cpu" and record["measured_at"].endswith("+00:00")
+    column = record["columns"][0]
+    assert column["itl_ms_p50"] > 0 and column["e2e_latency_s"] > 0
+
+
+def test_a_record_replays_into_the_same_summary(record, tmp_path):
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps(record))
+    replayed = load_record(path)
+    original = summary_rows([ColumnResult(**{k: v for k, v in c.items() if k in ColumnResult.__dataclass_fields__})
+                             for c in record["columns"]])
+    assert summary_rows(replayed.done.results) == original
+    assert rows_to_csv(summary_rows(replayed.done.results)).splitlines()[0] == ",".join(SUMMARY_COLUMNS)
+    assert replayed.label.startswith("replayed: measured on ") and record["measured_at"] in replayed.label
+    assert [r.status for r in replayed.done.results] == ["ok", "ok", "unavailable"]
+
+
+@pytest.mark.parametrize("content, message", [
+    (b"not json", "not a JSON file"),
+    (b"[1, 2]", "the JSON is not an object"),
+    (json.dumps({"format": "other-tool", "format_version": 1}).encode(), "not a kvlab Compare run record"),
+    (json.dumps({"model": {}, "columns": [{}]}).encode(), "before records carried a format_version"),
+    (json.dumps({"format": "kvlab.compare", "format_version": 99, "columns": [{}]}).encode(),
+     "format_version 99 cannot be replayed"),
+    (json.dumps({"format": "kvlab.compare", "format_version": RECORD_FORMAT_VERSION, "columns": []}).encode(),
+     "no columns"),
+    (json.dumps({"format": "kvlab.compare", "format_version": RECORD_FORMAT_VERSION,
+                 "columns": [{"name": "x"}]}).encode(), "column 1 of the record is incomplete"),
+])
+def test_old_or_foreign_files_get_a_clear_message(content, message):
+    with pytest.raises(RecordError, match=message):
+        load_record(content)
+
+
+def test_the_cli_replays_a_record_and_refuses_what_it_cannot(record, tmp_path, capsys):
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps(record))
+    assert main(["compare", "--replay", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("replayed: measured on ") and "ITL p50 (ms)" in out and "quantized quanto" in out
+    assert main(["compare", "--replay", str(path), "--prompt", "x"]) == 2
+    assert "--replay shows a recorded run and takes no --prompt" in capsys.readouterr().err
+    (tmp_path / "bad.json").write_text("{")
+    assert main(["compare", "--replay", str(tmp_path / "bad.json")]) == 2
+    assert "not a JSON file" in capsys.readouterr().err
