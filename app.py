@@ -48,8 +48,9 @@ def create_app(pool: ModelPool | None = None, preload: bool = True) -> gr.Blocks
             with gr.Tab("Plan"):
                 build_plan_tab(pool, compare, tabs, COMPARE_TAB, warm=preload)
             with gr.Tab("Inspect"):
-                build_inspect_tab(pool)
+                inspect = build_inspect_tab(pool)
         demo.unload(chat.unload)
+        demo.unload(inspect.unload)
     # Light events (presets, strategy pickers, Stop) run at once; model-bound ones set their own limit.
     demo.queue(default_concurrency_limit=None)
     return demo

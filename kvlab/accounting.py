@@ -143,4 +143,5 @@ def predicted_next_cache_bytes(config, dtype: torch.dtype, measured_bytes: int, 
     Exact for dynamic, static and sink caches; for a quantized cache an upper bound (the new token joins the
     full-precision residual, and a flush of the residual into the quantized states only shrinks it).
     """
-    return measured_bytes + predicted_cache_bytes(config, dtype, held_next) - predicted_cache_bytes(config, dtype, held_now)
+    growth = predicted_cache_bytes(config, dtype, held_next) - predicted_cache_bytes(config, dtype, held_now)
+    return measured_bytes + growth

@@ -66,7 +66,7 @@ def strategy_item(strategy: Strategy) -> str:
 def _default_ok(cls) -> bool:
     try:
         cls()
-    except StrategyError:
+    except (StrategyError, TypeError):
         return False
     return True
 

@@ -4,8 +4,8 @@
 messages as one conversation with one cache kept across turns, printing one row
 per turn (reused and prefilled tokens, TTFT with and without reuse); a
 `budget_mib=N` knob (and `--fallback`) gives the conversation's cache a budget
-(`kvlab.budget`), whose switches each turn lists; the no-reuse re-run can be sampled (`--no-reuse-every N`, 0 = never) because it
-prefills the whole history; `--verify` also generates each reply without reuse
+(`kvlab.budget`), whose switches each turn lists; the no-reuse re-run can be
+sampled (`--no-reuse-every N`, 0 = never) because it prefills the whole history; `--verify` also generates each reply without reuse
 and reports `match`. The JSON record is rewritten after every turn, so an
 interrupt (Ctrl-C) keeps the finished turns.
 

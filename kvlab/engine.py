@@ -265,7 +265,8 @@ class Decoder:
 
 
 def score_continuation(loaded, strategy, prompt_ids: torch.Tensor, continuation: Sequence[int],
-                       stop: threading.Event | None = None, switches: Sequence[tuple[int, object]] = ()) -> torch.Tensor:
+                       stop: threading.Event | None = None,
+                       switches: Sequence[tuple[int, object]] = ()) -> torch.Tensor:
     """Log-probabilities (len(continuation), vocab), float32: row t is the distribution under `strategy`'s cache
     that predicts continuation[t] after the prompt and continuation[:t].
 

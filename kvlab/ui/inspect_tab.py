@@ -3,8 +3,9 @@
 This module lays out the components and wires their events; nothing else. The form, the checks and every
 rendering are `kvlab.ui.inspect_view`'s; the stepping is `kvlab.inspector.InspectSession` on the engine's
 decoder, run one step at a time on kvlab's compute thread (`kvlab.compute`). Each browser session keeps its
-own run in a `gr.State` that is released when the session ends or after `INSPECT_STATE_TTL_S` idle. Step
-events share Compare's model-bound concurrency group.
+own run in a `gr.State`; its cache is released when the tab closes (`unload`, wired by app.py: gradio itself
+would keep a closed session's state an hour) or after `INSPECT_STATE_TTL_S` idle. Step events share
+Compare's model-bound concurrency group.
 """
 
 from __future__ import annotations
@@ -56,6 +57,8 @@ class InspectTab:
     def __init__(self, pool):
         self.pool = pool
         self.knob_count = max_knobs()
+        self.live: dict[str, InspectTabState] = {}
+        """Browser session hash -> its state, so `unload` can release a closed tab's run."""
 
     def build(self) -> "InspectTab":
         gr.Markdown(INTRO, elem_classes=["kv-intro"])
@@ -105,20 +108,27 @@ class InspectTab:
         for button, handler in ((self.step_button, self.on_step), (self.step10_button, self.on_step10),
                                 (self.run_button, self.on_run)):
             button.click(handler, {self.state, *self.form_inputs}, self.outputs, **model_bound)
-        self.reset_button.click(self.reset, {self.state, *self.form_inputs}, self.outputs, **model_bound)
+        self.reset_button.click(self.on_reset, {self.state, *self.form_inputs}, self.outputs, **model_bound)
         self.stop_button.click(self.stop, self.state, None, queue=False)
         self.card.strategy.input(lambda name: self.card.updates(card_form(name, start_knobs(name), None,
                                                                           self.knob_count)),
                                  self.card.strategy, self.card.form_outputs, show_progress="hidden", **PRIVATE)
 
-    def on_step(self, data: dict):
-        yield from self.steps(data, STEP_COUNTS["step"])
+    def on_step(self, data: dict, request: gr.Request):
+        yield from self.steps(data, STEP_COUNTS["step"], _session_key(request))
 
-    def on_step10(self, data: dict):
-        yield from self.steps(data, STEP_COUNTS["step10"])
+    def on_step10(self, data: dict, request: gr.Request):
+        yield from self.steps(data, STEP_COUNTS["step10"], _session_key(request))
 
-    def on_run(self, data: dict):
-        yield from self.steps(data, STEP_COUNTS["run"])
+    def on_run(self, data: dict, request: gr.Request):
+        yield from self.steps(data, STEP_COUNTS["run"], _session_key(request))
+
+    def on_reset(self, data: dict, request: gr.Request) -> dict:
+        return self.reset(data, _session_key(request))
+
+    def unload(self, request: gr.Request) -> None:
+        """The tab closed: release its run (and cache) now."""
+        release_state(self.live.pop(_session_key(request), None))
 
     def request_from(self, data: dict) -> InspectRequest:
         return InspectRequest(prompt=data[self.prompt], strategy_name=data[self.card.strategy],
@@ -144,14 +154,17 @@ class InspectTab:
             self.state: state,
         }
 
-    def _ready(self, state: InspectTabState | None, data: dict, restart: bool) -> tuple[InspectTabState, str]:
-        """The session for the form (a new one when asked, or when the form changed); returns (state, note).
+    def _ready(self, state: InspectTabState | None, data: dict, restart: bool,
+               key: str) -> tuple[InspectTabState, str]:
+        """The session for the form (a new one when asked, or when the form changed), registered under the
+        browser session's `key`; returns (state, note).
 
         Raises:
             InspectRejected, InspectError, StrategyError, ModelLoadError, ValueError: the reason to show.
         """
         plan = plan_inspect(self.request_from(data))
         state = state or InspectTabState()
+        self.live[key] = state
         if restart or state.session is None or state.key != plan.key():
             note = "" if restart or state.session is None else "the settings changed: started a new run"
             loaded = self.pool.get(plan.spec)
@@ -162,11 +175,11 @@ class InspectTab:
             return state, note
         return state, ""
 
-    def steps(self, data: dict, count: int):
+    def steps(self, data: dict, count: int, key: str = "local"):
         """Step, Step ×10, Run to end: run up to `count` steps, updating the page as they go."""
         state = data[self.state]
         try:
-            state, note = self._ready(state, data, restart=False)
+            state, note = self._ready(state, data, False, key)
         except (InspectRejected, InspectError, StrategyError, ModelLoadError, ValueError) as err:
             yield self.view(state, f"✖ {err}", "error")
             return
@@ -184,10 +197,10 @@ class InspectTab:
                 shown = time.monotonic()
         yield self.view(state, note)
 
-    def reset(self, data: dict) -> dict:
+    def reset(self, data: dict, key: str = "local") -> dict:
         """Reset: a new run from the form, no step taken yet."""
         try:
-            state, _ = self._ready(data[self.state], data, restart=True)
+            state, _ = self._ready(data[self.state], data, True, key)
         except (InspectRejected, InspectError, StrategyError, ModelLoadError, ValueError) as err:
             return self.view(data[self.state], f"✖ {err}", "error")
         return self.view(state, f"new run: {state.session.prompt_ids.shape[1]}-token prompt, "
@@ -197,6 +210,10 @@ class InspectTab:
         """Stop: end a Run to end (or Step ×10) after the step in hand."""
         if state is not None:
             state.stop.set()
+
+
+def _session_key(request: gr.Request | None) -> str:
+    return getattr(request, "session_hash", None) or "local"
 
 
 def build_inspect_tab(pool) -> InspectTab:

@@ -143,13 +143,14 @@ def step_markdown(record: StepRecord | None, session: InspectSession | None) -> 
     if record is None or session is None:
         return NO_STEP
     total = session.settings.max_new_tokens
-    lines = [f"**Step {record.index}** of at most {total - 1} ({'prefill + first token' if record.index == 0 else 'decode'})"
+    kind = "prefill + first token" if record.index == 0 else "decode"
+    lines = [f"**Step {record.index}** of at most {total - 1} ({kind})"
              f" · fed `input_ids` {record.input_shape} ending {_fed_text(record)} · chose **{record.token_text!r}** "
              f"(id {record.token_id}) · {1000 * record.per_token_s:.1f} ms"]
     for i, forward in enumerate(record.forwards):
         chunk = f"forward {i + 1} of {len(record.forwards)}: " if len(record.forwards) > 1 else ""
-        mask = (f"causal mask (1, 1, {forward.new_tokens}, {forward.kv_length}), kv_offset {forward.kv_offset}"
-                + (" — passed to the layers" if forward.mask_shape else " — not materialized: SDPA attends causally"))
+        passed = " — passed to the layers" if forward.mask_shape else " — not materialized: SDPA attends causally"
+        mask = f"causal mask (1, 1, {forward.new_tokens}, {forward.kv_length}), kv_offset {forward.kv_offset}{passed}"
         tokens = f"{forward.new_tokens} token{'s' if forward.new_tokens != 1 else ''}"
         lines.append(f"- {chunk}{tokens} after {forward.past_tokens} counted by the cache · "
                      f"`cache_position` {_span(*forward.cache_position)} · `position_ids` "
@@ -200,8 +201,8 @@ def layer_table(record: StepRecord | None) -> tuple[list[str], list[list[str]]]:
         capacity = "grows" if row.capacity is None else str(row.capacity)
         devices = " · ".join(f"{device} {size:,}" for device, size in row.devices.items()) if len(row.devices) > 1 \
             else next(iter(row.devices), "–")
-        rows.append([name, row.layer_type, row.class_name, f"{row.held_tokens} / {capacity}",
-                     str(row.key_shape or "–"), str(row.value_shape or "–"), str(row.quantized_shape or "–"), row.dtype,
+        shapes = [str(shape or "–") for shape in (row.key_shape, row.value_shape, row.quantized_shape)]
+        rows.append([name, row.layer_type, row.class_name, f"{row.held_tokens} / {capacity}", *shapes, row.dtype,
                      devices, f"{row.bytes:,}", _bytes(row.parts["packed"]), _bytes(row.parts["scales"]),
                      _bytes(row.parts["residual"])])
     return LAYER_HEADERS, rows

@@ -150,22 +150,29 @@ def last(tab, stream) -> dict:
     return final
 
 
+class Request:
+    session_hash = "browser-1"
+
+
 def test_steps_run_on_one_session_and_a_changed_form_restarts(tab):
-    first = last(tab, tab.on_step(data(tab)))
+    first = last(tab, tab.on_step(data(tab), Request()))
     state = first[tab.state]
     assert len(state.session.records) == 1 and "Step 0" in first[tab.step_info]
     assert "kv-st-evicted" in first[tab.strip] and "prefill_in_chunks" in first[tab.code]
-    again = last(tab, tab.on_step10(data(tab, state)))
+    again = last(tab, tab.on_step10(data(tab, state), Request()))
     assert again[tab.state] is state and len(state.session.records) == 11
-    end = last(tab, tab.on_run(data(tab, state)))
+    end = last(tab, tab.on_run(data(tab, state), Request()))
     assert state.session.finished and "run ended after 12 steps" in end[tab.status]
-    assert "run ended" in last(tab, tab.on_step(data(tab, state)))[tab.status]
-    changed = last(tab, tab.on_step(data(tab, state, max_new_tokens=5)))
+    assert "run ended" in last(tab, tab.on_step(data(tab, state), Request()))[tab.status]
+    changed = last(tab, tab.on_step(data(tab, state, max_new_tokens=5), Request()))
     assert "the settings changed: started a new run" in changed[tab.status] and len(state.session.records) == 1
+    assert tab.live["browser-1"] is state
+    tab.unload(Request())  # the tab closed: its run and cache go at once
+    assert state.session is None and "browser-1" not in tab.live
 
 
 def test_bad_input_is_shown_and_reset_starts_over(tab):
-    bad = last(tab, tab.on_step(data(tab, prompt=" ")))
+    bad = last(tab, tab.on_step(data(tab, prompt=" "), Request()))
     assert "✖ the prompt is empty" in bad[tab.status] and bad[tab.state] is None
     fresh = tab.reset(data(tab))
     assert "new run:" in fresh[tab.status] and fresh[tab.state].session.records == []
