@@ -17,6 +17,7 @@ try:
     from kvlab.models import ModelPool
     from kvlab.ui.chat_tab import build_chat_tab
     from kvlab.ui.compare_tab import build_compare_tab
+    from kvlab.ui.inspect_tab import build_inspect_tab
     from kvlab.ui.perplexity_tab import build_perplexity_tab
     from kvlab.ui.plan_tab import build_plan_tab
     from kvlab.ui.theme import CSS
@@ -46,7 +47,10 @@ def create_app(pool: ModelPool | None = None, preload: bool = True) -> gr.Blocks
                 build_perplexity_tab(pool)
             with gr.Tab("Plan"):
                 build_plan_tab(pool, compare, tabs, COMPARE_TAB, warm=preload)
+            with gr.Tab("Inspect"):
+                inspect = build_inspect_tab(pool)
         demo.unload(chat.unload)
+        demo.unload(inspect.unload)
     # Light events (presets, strategy pickers, Stop) run at once; model-bound ones set their own limit.
     demo.queue(default_concurrency_limit=None)
     return demo

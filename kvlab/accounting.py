@@ -9,8 +9,11 @@ layer's `cumulative_length`, a sliding layer's 8-byte window size). Bytes are
 split by the device the tensors live on, so an offloaded cache shows what sits
 in host memory, and by layer type (`cache_bytes_by_layer_type`: full, sliding or
 other attention, transformers' names), so a hybrid model's sliding layers show
-apart from its full ones; the prediction is split the same way. This module
-measures; it does not render.
+apart from its full ones; the prediction is split the same way. `layer_parts`
+splits one layer's bytes into keys/values, packed data, scales/zero points, the
+full-precision residual and the rest (the Inspect tab's table);
+`predicted_next_cache_bytes` says what a cache will hold after its next step
+(the budget check of `kvlab.budget`). This module measures; it does not render.
 """
 
 from __future__ import annotations
@@ -65,6 +68,45 @@ def layer_bytes_by_device(layer) -> dict[str, int]:
     for value in vars(layer).values():
         tensor_bytes_by_device(value, counted)
     return counted
+
+
+LAYER_PARTS = ("keys_values", "packed", "scales", "residual", "other")
+"""What `layer_parts` splits a layer into: plain `keys`/`values`; a quantized layer's packed data, its scales and
+zero points, and its full-precision residual (`keys`/`values` beside quantized states); any other tensor."""
+QUANTIZED_ATTRIBUTES = ("_quantized_keys", "_quantized_values")
+"""Where transformers' quantized layers (`BaseQuantizedLayer`) keep their quantized states."""
+
+
+def _split_quantized(obj, packed: dict, scales: dict) -> None:
+    """Count one quantized state into `packed` (the data) and `scales` (scales, zero points, shifts): hqq and
+    fp8 keep a tuple (data, meta dict or scale); quanto a tensor subclass whose `_data` is the packed part."""
+    if isinstance(obj, torch.Tensor):
+        inner = _inner_tensors(obj)
+        if inner is None:
+            tensor_bytes_by_device(obj, packed)
+            return
+        for name, part in zip(_INNER_NAMES[type(obj)], inner):
+            tensor_bytes_by_device(part, packed if "data" in name else scales)
+    elif isinstance(obj, (tuple, list)) and obj:
+        _split_quantized(obj[0], packed, scales)
+        tensor_bytes_by_device(list(obj[1:]), scales)
+    else:
+        tensor_bytes_by_device(obj, scales)
+
+
+def layer_parts(layer) -> dict[str, dict[str, int]]:
+    """One cache layer's bytes split into LAYER_PARTS, each by device string; the parts add up to
+    `layer_bytes_by_device(layer)`."""
+    parts = {name: defaultdict(int) for name in LAYER_PARTS}
+    quantized = any(getattr(layer, name, None) is not None for name in QUANTIZED_ATTRIBUTES)
+    for name, value in vars(layer).items():
+        if name in QUANTIZED_ATTRIBUTES:
+            _split_quantized(value, parts["packed"], parts["scales"])
+        elif name in ("keys", "values"):
+            tensor_bytes_by_device(value, parts["residual" if quantized else "keys_values"])
+        else:
+            tensor_bytes_by_device(value, parts["other"])
+    return {name: dict(by_device) for name, by_device in parts.items()}
 
 
 def cache_bytes_by_device(cache) -> dict[str, int]:
@@ -138,3 +180,14 @@ def predicted_cache_bytes_by_layer_type(config, dtype: torch.dtype, held_by_laye
     for kind, held in zip(types, held_by_layer):
         predicted[kind] += per_layer_token * max(int(held), 0)
     return dict(predicted)
+
+
+def predicted_next_cache_bytes(config, dtype: torch.dtype, measured_bytes: int, held_now: int, held_next: int) -> int:
+    """Bytes a cache will hold after its next step: `measured_bytes` now plus the dense bytes of the tokens that
+    step adds to what it holds (`held_next - held_now`, from `Strategy.held_tokens`).
+
+    Exact for dynamic, static and sink caches; for a quantized cache an upper bound (the new token joins the
+    full-precision residual, and a flush of the residual into the quantized states only shrinks it).
+    """
+    growth = predicted_cache_bytes(config, dtype, held_next) - predicted_cache_bytes(config, dtype, held_now)
+    return measured_bytes + growth

@@ -24,6 +24,11 @@ After each turn the same input can be re-run "without reuse" (the whole history
 prefilled into an empty cache of the same strategy, honestly timed), and with
 `verify` the whole reply is generated again that way and compared.
 
+With a cache budget (`kvlab.budget.Budget`), a reply that would outgrow it moves
+the conversation's cache to the next strategy of the fallback chain (every id so
+far re-prefilled into it); later turns go on with that cache, and the turn's
+stats list the switch.
+
 How much to reuse is decided by `kvlab.reuse.plan_reuse` from the strategy's
 capabilities (`can_crop`, `is_streaming`, `capacity`); the tokens go through
 the engine (`kvlab.engine`), so a strategy's own forward (e.g. a compiled static
@@ -121,7 +126,8 @@ class TurnStats:
     cache_tokens: tokens held by the cache after the turn; cache_bytes: its tensor bytes.
     no_reuse_ttft_s: TTFT of the same input prefilled into an empty cache (None if not measured).
     saved_s: no_reuse_ttft_s - ttft_s. verify_reply/match: the reply generated without reuse and
-    whether its token ids equal the reply's (None unless verified).
+    whether its token ids equal the reply's (None unless verified). fallbacks: the budget's switches to a
+    smaller cache during the turn (`kvlab.budget.Fallback.to_json`).
     """
 
     turn: int
@@ -146,6 +152,7 @@ class TurnStats:
     verify_reply: str | None = None
     match: bool | None = None
     lossy: bool = False
+    fallbacks: list[dict] = field(default_factory=list)
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
@@ -164,12 +171,15 @@ class ChatSession:
         strategy: a cache strategy that keeps a cache (see `set_strategy`).
         settings: generation settings for every turn (may be replaced between turns).
         system: system prompt ('' = the template's default, if it has one).
+        budget: a `kvlab.budget.Budget` for the conversation's cache (None: none). `picked` keeps the strategy
+            as chosen; `strategy` is the one in use, which a budget may have moved down its chain.
 
     Raises:
         StrategyError: the strategy keeps no cache or cannot run here.
     """
 
-    def __init__(self, loaded, strategy: Strategy, settings: GenerationSettings | None = None, system: str = ""):
+    def __init__(self, loaded, strategy: Strategy, settings: GenerationSettings | None = None, system: str = "",
+                 budget=None):
         self.loaded = loaded
         self.settings = settings or GenerationSettings()
         self.system = system
@@ -180,7 +190,14 @@ class ChatSession:
         self.generations = 0
         self.refused: ChatCapacityError | None = None
         self._reason = ""
-        self.strategy = self._checked(strategy)
+        self.strategy = self.picked = self._checked(strategy)
+        self.budget = self.given_budget = budget
+
+    def set_budget(self, budget) -> None:
+        """Use `budget` (a `kvlab.budget.Budget`, or None) from the next turn on; the same one again keeps what
+        is left of its chain."""
+        if budget != self.given_budget:
+            self.budget = self.given_budget = budget
 
     def _checked(self, strategy: Strategy) -> Strategy:
         if not strategy.usable_in_chat:
@@ -196,7 +213,7 @@ class ChatSession:
         Raises:
             StrategyError: the strategy keeps no cache (no_cache), or cannot run on this model here.
         """
-        self.strategy = self._checked(strategy)
+        self.strategy = self.picked = self._checked(strategy)
         self.drop_cache(f"the strategy changed to {strategy.describe()}")
 
     def drop_cache(self, reason: str) -> None:
@@ -335,7 +352,8 @@ class ChatSession:
                 started = time.perf_counter()
                 plan = self._apply_plan(ids, history)
                 for token_id, delta in reply_stream(self.loaded, self.strategy, self.cache, ids, plan.reused_tokens,
-                                                    self.settings, reply, seed, stop, started, self.cached_ids.extend):
+                                                    self.settings, reply, seed, stop, started, self.cached_ids.extend,
+                                                    self.budget, self._switched):
                     yield ChatToken(token_id, delta)
                 if not self.strategy.is_streaming and held_tokens(self.cache) != len(self.cached_ids):
                     raise RuntimeError(f"the cache holds {held_tokens(self.cache)} tokens but "
@@ -354,7 +372,9 @@ class ChatSession:
                 cache_tokens=held_tokens(self.cache), cache_bytes=cache_bytes(self.cache),
                 stop_reason=reply.stop_reason, reply=reply.text, reply_ids=list(reply.token_ids),
                 user=history[-1]["content"], lossy=self.strategy.lossy,
+                fallbacks=[switch.to_json() for switch in reply.fallbacks],
             )
+            stats.note = "; ".join(filter(None, [stats.note, *(switch.sentence() for switch in reply.fallbacks)]))
             if (baseline or verify) and reply.stop_reason == "stopped":
                 stats.note += "; the reply was stopped, so it was not measured again without reuse"
             elif baseline or verify:
@@ -371,6 +391,14 @@ class ChatSession:
         finally:
             if not done:
                 self._reason = "the previous reply was interrupted before it finished"
+
+    def _switched(self, fallback, strategy: Strategy, cache, chain_left: list) -> None:
+        """A budget moved the reply to `strategy`'s `cache`: keep it (and the chain left) for later turns; the
+        ids re-prefilled into it are tracked by the step's `on_fed`."""
+        self.strategy, self.cache = strategy, cache
+        self.cached_ids.clear()  # in place: the reply's `on_fed` extends this list
+        if self.budget is not None and self.budget.fallback is not None:
+            self.budget = dataclasses.replace(self.budget, fallback=tuple(chain_left))
 
     def _apply_plan(self, ids: list[int], history: list[dict]) -> ReusePlan:
         reason = self._reason

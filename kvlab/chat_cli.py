@@ -2,9 +2,10 @@
 
 `chat --turns FILE --strategy NAME[:knob=value...]` runs a YAML list of user
 messages as one conversation with one cache kept across turns, printing one row
-per turn (reused and prefilled tokens, TTFT with and without reuse); the
-no-reuse re-run can be sampled (`--no-reuse-every N`, 0 = never) because it
-prefills the whole history; `--verify` also generates each reply without reuse
+per turn (reused and prefilled tokens, TTFT with and without reuse); a
+`budget_mib=N` knob (and `--fallback`) gives the conversation's cache a budget
+(`kvlab.budget`), whose switches each turn lists; the no-reuse re-run can be
+sampled (`--no-reuse-every N`, 0 = never) because it prefills the whole history; `--verify` also generates each reply without reuse
 and reports `match`. The JSON record is rewritten after every turn, so an
 interrupt (Ctrl-C) keeps the finished turns.
 
@@ -42,6 +43,8 @@ def add_parser(sub) -> None:
     chat.add_argument("--strategy", default="dynamic",
                       help="one strategy, knobs after colons: dynamic | static:max_cache_len=512 | "
                            "quantized:backend=quanto:nbits=4 | sink (default dynamic)")
+    chat.add_argument("--fallback", help="fallback chain when --strategy has budget_mib=N, items joined by '>' "
+                                         "(default: quantized hqq int4 > sink)")
     chat.add_argument("--system", default="", help="system prompt")
     chat.add_argument("--verify", action="store_true", help="also generate every reply without reuse and compare")
     chat.add_argument("--no-reuse-every", type=int, default=1, metavar="N",
@@ -107,6 +110,27 @@ def read_text(path: str, what: str) -> str:
     return text
 
 
+def _one_spec(text: str) -> dict:
+    """The one `name[:knob=value...]` spec of a `--strategy` value. Raises CliInputError."""
+    try:
+        specs = parse_strategy_list(text)
+    except ValueError as err:
+        raise CliInputError(str(err)) from err
+    if len(specs) != 1:
+        raise CliInputError(f"--strategy takes exactly one strategy, got {len(specs)} in {text!r}")
+    return specs[0]
+
+
+def _cache_keeping(spec: dict):
+    from .strategies import make_strategy
+
+    strategy = make_strategy(spec)
+    if not strategy.usable_in_chat:
+        raise CliInputError(f"{strategy.name} keeps no cache, so there is nothing to reuse; pick one of "
+                            f"{', '.join(names_with('usable_in_chat'))}")
+    return strategy
+
+
 def parse_strategy(text: str):
     """One strategy from `name[:knob=value...]` (the syntax of compare's `--strategies`).
 
@@ -114,19 +138,23 @@ def parse_strategy(text: str):
         CliInputError: not exactly one strategy, a malformed knob, a strategy without a cache.
         StrategyError: unknown name or knob.
     """
-    from .strategies import make_strategy
+    return _cache_keeping(_one_spec(text))
 
-    try:
-        specs = parse_strategy_list(text)
-    except ValueError as err:
-        raise CliInputError(str(err)) from err
-    if len(specs) != 1:
-        raise CliInputError(f"--strategy takes exactly one strategy, got {len(specs)} in {text!r}")
-    strategy = make_strategy(specs[0])
-    if not strategy.usable_in_chat:
-        raise CliInputError(f"{strategy.name} keeps no cache, so there is nothing to reuse; pick one of "
-                            f"{', '.join(names_with('usable_in_chat'))}")
-    return strategy
+
+def parse_chat_strategy(text: str, fallback: str | None = None):
+    """(strategy, `kvlab.budget.Budget` or None) from `--strategy`, which may carry `budget_mib=N` (and
+    `fallback=a>b`), and `--fallback`.
+
+    Raises:
+        CliInputError, StrategyError: as `parse_strategy`, or a bad budget or chain.
+    """
+    from .budget import parse_budget
+
+    spec = _one_spec(text)
+    budget_mib, chain = spec.pop("budget_mib", None), spec.pop("fallback", fallback)
+    if budget_mib is None and fallback is not None:
+        raise CliInputError("--fallback needs a budget: add budget_mib=N to --strategy")
+    return _cache_keeping(spec), parse_budget(budget_mib, chain)
 
 
 def settings_from(args) -> GenerationSettings:
@@ -179,15 +207,16 @@ def cmd_chat(args) -> int:
 
     try:
         turns = read_message_list(args.turns, "turns")
-        strategy = parse_strategy(args.strategy)
+        strategy, budget = parse_chat_strategy(args.strategy, args.fallback)
         settings = settings_from(args)
         if args.no_reuse_every < 0:
             raise CliInputError(f"--no-reuse-every must be 0 (never) or a number of turns, got {args.no_reuse_every}")
         loaded = _load(args)
-        session = ChatSession(loaded, strategy, settings, args.system)
+        session = ChatSession(loaded, strategy, settings, args.system, budget)
     except (ValueError, ModelLoadError) as err:
         return _fail("chat", err)
     record = {"command": "chat", "model": loaded.info(), "strategy": strategy.describe(), "knobs": strategy.knobs(),
+              "budget": budget.spec() if budget is not None else None,
               "system": args.system, "verify": args.verify, "no_reuse_every": args.no_reuse_every,
               "settings": vars(settings), "turns": [], "error": None, "finished": False}
     print(f"{'turn':>4} {'action':>8} {'reused':>6} {'prefilled':>9} {'ttft_s':>7} {'no_reuse_s':>10} "

@@ -1,7 +1,9 @@
 """Command line: `kvlab compare|...` (or `python -m kvlab compare|...`).
 
 `compare` runs a preset (or strategies named on the command line) headless,
-prints one summary row per column and optionally writes JSON. A column that
+prints one summary row per column and optionally writes JSON. A column may
+carry a cache budget (`dynamic:budget_mib=4`) and `--fallback` names the
+chain of smaller caches a budgeted column falls back to (`kvlab.budget`). A column that
 cannot run (a bad knob, an error while running) is reported in its row and on
 stderr while the others run; the exit status is 2 when the run cannot start
 (bad preset or settings, model not found, a folder that cannot be written),
@@ -17,7 +19,7 @@ import threading
 from pathlib import Path
 
 from .bundled import SOURCE_HELP
-from . import bench, chat_cli, perplexity_cli, planner_cli
+from . import bench, chat_cli, inspector_cli, perplexity_cli, planner_cli
 from .generation import encode_prompt
 from .strategies.base import parse_strategy_item, split_strategy_list
 from .report import format_table, run_record, summary_rows
@@ -29,7 +31,11 @@ def add_compare(sub) -> None:
     p.add_argument("--prompt", help="prompt text (overrides the preset's)")
     p.add_argument("--system", help="system prompt for chat models")
     p.add_argument("--plain", action="store_true", help="tokenize the prompt as plain text, without the chat template")
-    p.add_argument("--strategies", help="comma list, knobs after colons: dynamic,quantized:backend=hqq:nbits=4")
+    p.add_argument("--strategies", help="comma list, knobs after colons: dynamic,quantized:backend=hqq:nbits=4; "
+                                        "budget_mib=N gives a column a cache budget (dynamic:budget_mib=4)")
+    p.add_argument("--fallback", help="fallback chain for budgeted columns that name none, items joined by '>': "
+                                      "\"quantized:backend=hqq:nbits=4:residual_length=32>sink:window_length=64\" "
+                                      "(default: [offloaded on CUDA >] quantized hqq int4 > sink)")
     p.add_argument("--model", help=SOURCE_HELP)
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--device", choices=["auto", "cpu", "cuda", "mps"])
@@ -65,7 +71,7 @@ def resolve_compare(args) -> dict:
     _apply_flags(data, args)
     preset = parse_preset(data, preset.name, lenient_columns=bool(args.strategies))
     if args.strategies:
-        columns = [_column(item) for item in split_strategy_list(args.strategies)]
+        columns = [_column(item, args.fallback) for item in split_strategy_list(args.strategies)]
     else:
         columns = preset.build_columns()
     return {"preset": preset, "model": ModelSpec(**preset.model.model_dump()), "settings": preset.settings(),
@@ -111,16 +117,23 @@ def _apply_flags(data: dict, args) -> None:
         generation["fidelity"] = False
     if args.mode:
         data["mode"] = args.mode
+    if args.fallback:
+        for column in data["columns"]:
+            if "budget_mib" in column and "fallback" not in column:
+                column["fallback"] = args.fallback
 
 
-def _column(item: str):
-    """A runner Column for one `--strategies` item, or a rejected one carrying the reason."""
+def _column(item: str, fallback: str | None = None):
+    """A runner Column for one `--strategies` item (a budgeted one falls back along `fallback` unless it names
+    its own), or a rejected one carrying the reason."""
     from .runner import Column
 
     try:
         spec = parse_strategy_item(item)
     except ValueError as err:
         return Column(None, rejected=str(err), title=item)
+    if fallback and "budget_mib" in spec:
+        spec.setdefault("fallback", fallback)
     return Column.or_rejected(spec, title=item)
 
 
@@ -176,7 +189,7 @@ def build_parser(prog: str = "kvlab") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     add_compare(sub)
-    for module in (chat_cli, perplexity_cli, planner_cli, bench):
+    for module in (chat_cli, perplexity_cli, planner_cli, inspector_cli, bench):
         module.add_parser(sub)
     return parser
 

@@ -8,8 +8,11 @@ given cache (a whole-sequence recompute for `no_cache`, window-sized chunks for
 
 - `forward`: one forward pass of the newest tokens, in inference mode.
 - `Decoder`: prefill, then one decode step per `next()`: forward, token choice
-  and (optionally) the cache's exact bytes; each `next()` is one unit of work
-  that a caller may run on kvlab's compute thread (`kvlab.compute.compute_iter`).
+  and (optionally) the cache's exact bytes and a `StepTrace` of what each forward
+  was given (positions, mask size, logits: the Inspect tab's view); each `next()`
+  is one unit of work that a caller may run on kvlab's compute thread
+  (`kvlab.compute.compute_iter`). `Decoder.replace_cache` moves a run to another
+  strategy's cache mid-way by re-prefilling the ids so far (`kvlab.budget`).
 - `score_continuation`: teacher-forced log-probabilities of a continuation.
 - `NllStream`: streaming negative log-likelihood of a text through several
   caches in turns (the StreamingLLM perplexity view).
@@ -24,11 +27,12 @@ events for the page.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -52,14 +56,50 @@ def forward(loaded, strategy, cache, sequence: torch.Tensor, new_tokens: int) ->
 
 
 @dataclass(frozen=True)
+class ForwardTrace:
+    """One model forward inside a step, as the model's first decoder layer received it.
+
+    past_tokens: `cache.get_seq_length()` before the forward (0 without a cache): for most caches the tokens
+    seen, for a sink cache the tokens it holds. new_tokens: tokens fed. position_ids: (first, last) rotary
+    position given to them; a loop written by hand passes `torch.arange(past, past + new)[None]`, the same.
+    kv_length, kv_offset: keys the new queries attend to and the mask offset (`Cache.get_mask_sizes`); the
+    causal mask is (batch, 1, new_tokens, kv_length). mask_shape: the mask tensor the layers received, None
+    when the attention kernel ran causally without one (SDPA without padding).
+    """
+
+    past_tokens: int
+    new_tokens: int
+    position_ids: tuple[int, int]
+    kv_length: int
+    kv_offset: int
+    mask_shape: tuple[int, ...] | None
+
+    @property
+    def cache_position(self) -> tuple[int, int]:
+        """(first, last) index of the fed tokens in the cache's own count (transformers 5 keeps it inside the
+        cache; the docs' hand-written loops pass `torch.arange(past, past + new)`)."""
+        return self.past_tokens, self.past_tokens + self.new_tokens - 1
+
+
+@dataclass(frozen=True)
+class StepTrace:
+    """What a traced step fed and got back: its forwards (several when a sink cache prefills in window-sized
+    chunks) and the last position's logits, (vocab,) float32 on the CPU."""
+
+    forwards: tuple[ForwardTrace, ...]
+    logits: "torch.Tensor" = field(repr=False)
+
+
+@dataclass(frozen=True)
 class Step:
     """One decode step (index 0 is the prefill and the first token).
 
     token_id: the token chosen. per_token_s: forward pass + choice, seconds.
-    fed_ids: the ids this step's forward fed into the cache. seen_tokens: ids fed
-    through the cache so far (the input + the tokens chosen before this one).
-    cache_bytes: exact bytes the cache holds after it (None when not measured);
+    fed_ids: the ids this step's forward fed into the cache (every id so far on the step after
+    `Decoder.replace_cache`). seen_tokens: ids fed through the cache so far (the input + the tokens chosen
+    before this one). cache_bytes: exact bytes the cache holds after it (None when not measured);
     cache_bytes_by_layer_type: the same per layer type (`full_attention`, `sliding_attention`, ...).
+    trace: positions, mask size and logits of the step (None unless the decoder traces).
     """
 
     index: int
@@ -69,6 +109,47 @@ class Step:
     seen_tokens: int
     cache_bytes: int | None = None
     cache_bytes_by_layer_type: dict[str, int] | None = None
+    trace: StepTrace | None = None
+
+
+def first_decoder_layer(model):
+    """The model's first decoder layer module (where `trace_forwards` listens), or None when it has no
+    `layers` list."""
+    decoder = model.get_decoder() if hasattr(model, "get_decoder") else getattr(model, "model", model)
+    layers = getattr(decoder, "layers", None)
+    return layers[0] if layers is not None and len(layers) else None
+
+
+@contextlib.contextmanager
+def trace_forwards(model, into: list):
+    """While open, append a `ForwardTrace` to `into` for every forward of `model`, read by a forward pre-hook
+    on its first decoder layer (its `position_ids`, `attention_mask` and cache, before the layer updates the
+    cache). The hook is removed on exit."""
+    layer = first_decoder_layer(model)
+    if layer is None:
+        yield
+        return
+
+    def record(module, args, kwargs):
+        hidden = args[0] if args else kwargs.get("hidden_states")
+        cache = kwargs.get("cache", kwargs.get("past_key_values"))
+        new = int(hidden.shape[1])
+        past = int(cache.get_seq_length()) if cache is not None else 0
+        kv_length, kv_offset = cache.get_mask_sizes(new, 0) if cache is not None else (new, 0)
+        positions = kwargs.get("position_ids")
+        first, last = (int(positions[0, 0]), int(positions[0, -1])) if positions is not None else (past, past + new - 1)
+        mask = kwargs.get("attention_mask")
+        shape = tuple(mask.shape) if isinstance(mask, torch.Tensor) else None
+        into.append(ForwardTrace(past, new, (first, last), int(kv_length), int(kv_offset), shape))
+
+    handle = layer.register_forward_pre_hook(record, with_kwargs=True)
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
+_NO_TRACE = contextlib.nullcontext()
 
 
 class Decoder:
@@ -91,13 +172,16 @@ class Decoder:
         seed: sampling seed (default `settings.seed`).
         stop: set it to end generation before the next step.
         measure_bytes: count the cache's bytes after every step (`Step.cache_bytes`, and per layer type).
+        trace: record each step's forwards and logits (`Step.trace`); the hook that reads them runs inside
+            the timed part, so leave it off where per-token times are compared.
 
     Raises:
         ValueError: `feed_from` out of range or empty input.
     """
 
     def __init__(self, loaded, strategy, cache, input_ids, settings: GenerationSettings, *, feed_from: int = 0,
-                 seed: int | None = None, stop: threading.Event | None = None, measure_bytes: bool = False):
+                 seed: int | None = None, stop: threading.Event | None = None, measure_bytes: bool = False,
+                 trace: bool = False):
         ids = input_ids if isinstance(input_ids, torch.Tensor) else torch.tensor([list(input_ids)])
         ids = ids.reshape(1, -1).to(loaded.device)
         if not 0 <= feed_from < ids.shape[1]:
@@ -109,6 +193,8 @@ class Decoder:
         self.stop = stop
         self.measure_bytes = measure_bytes
         self.layer_types = layer_types_and_windows(loaded.config)[0] if measure_bytes else []
+        self.trace = trace
+        self._refeed = False
         self.chooser = TokenChooser(run_settings, loaded.device)
         self.eos = eos_token_ids(loaded) if settings.stop_at_eos else set()
         self.token_ids: list[int] = []
@@ -123,24 +209,46 @@ class Decoder:
     def __iter__(self) -> "Decoder":
         return self
 
+    @property
+    def seen_tokens(self) -> int:
+        """Ids fed through the cache so far (the input before the first step)."""
+        return self.sequence.shape[1] if self.token_ids else self.feed_from
+
+    @property
+    def next_seen_tokens(self) -> int:
+        """Ids fed through the cache once the next step has run."""
+        return self.sequence.shape[1] + (1 if self.token_ids else 0)
+
+    def replace_cache(self, strategy, cache) -> None:
+        """Go on under `strategy` with `cache` (empty): the next step feeds every id so far (the input and the
+        tokens chosen, the last one included) into it, then decoding continues one token per step. The token
+        ids chosen so far, the sampler's state and the step count stay."""
+        self.strategy, self.cache = strategy, cache
+        self._refeed = True
+
     def __next__(self) -> Step:
         if self.stop_reason is None and self.stop is not None and self.stop.is_set():
             self.stop_reason = "stopped"
         if self.stop_reason is not None:
             raise StopIteration
-        # 1. What this step feeds: the uncached input tail first, then the previous token.
+        # 1. What this step feeds: the uncached input tail first, then the previous token (everything after
+        #    `replace_cache`). The sequence is only kept once the forward succeeded, so a failed step can be
+        #    tried again.
         index = len(self.token_ids)
+        sequence = self.sequence
         if index:
-            token = torch.tensor([[self.token_ids[-1]]], device=self.sequence.device)
-            self.sequence = torch.cat([self.sequence, token], dim=1)
-        fed = self.sequence.shape[1] - self.feed_from if index == 0 else 1
+            token = torch.tensor([[self.token_ids[-1]]], device=sequence.device)
+            sequence = torch.cat([sequence, token], dim=1)
+        fed = sequence.shape[1] if self._refeed else sequence.shape[1] - self.feed_from if index == 0 else 1
         # 2. The timed part: one forward through the strategy's cache and the token choice.
+        forwards: list[ForwardTrace] = []
         started = time.perf_counter()
-        with torch.inference_mode():
-            logits = self.strategy.forward(self.loaded, self.cache, self.sequence, fed)
-            token = self.chooser(self.sequence, logits)
+        with torch.inference_mode(), trace_forwards(self.loaded.model, forwards) if self.trace else _NO_TRACE:
+            logits = self.strategy.forward(self.loaded, self.cache, sequence, fed)
+            token = self.chooser(sequence, logits)
         elapsed = time.perf_counter() - started
         # 3. Book-keeping outside the clock, then decide whether this was the last step.
+        self.sequence, self._refeed = sequence, False
         self.token_ids.append(token)
         self.per_token_s.append(elapsed)
         by_type = cache_bytes_by_layer_type(self.cache, self.layer_types) if self.measure_bytes else None
@@ -148,9 +256,10 @@ class Decoder:
             self.stop_reason = "eos"
         elif len(self.token_ids) >= self.settings.max_new_tokens:
             self.stop_reason = "length"
-        fed_ids = tuple(self.sequence[0, -fed:].tolist())
+        fed_ids = tuple(sequence[0, -fed:].tolist())
         size = sum(by_type.values()) if by_type is not None else None
-        return Step(index, token, elapsed, fed_ids, self.sequence.shape[1], size, by_type)
+        trace = StepTrace(tuple(forwards), logits[0].detach().float().cpu()) if self.trace else None
+        return Step(index, token, elapsed, fed_ids, sequence.shape[1], size, by_type, trace)
 
     def run(self) -> "Decoder":
         """Run every remaining step in this thread; returns self."""
@@ -160,17 +269,21 @@ class Decoder:
 
 
 def score_continuation(loaded, strategy, prompt_ids: torch.Tensor, continuation: Sequence[int],
-                       stop: threading.Event | None = None) -> torch.Tensor:
+                       stop: threading.Event | None = None,
+                       switches: Sequence[tuple[int, object]] = ()) -> torch.Tensor:
     """Log-probabilities (len(continuation), vocab), float32: row t is the distribution under `strategy`'s cache
     that predicts continuation[t] after the prompt and continuation[:t].
 
-    An exact strategy (`not strategy.lossy`) attends like a full causal forward, so it is scored with one
-    forward over prompt + continuation; a lossy one feeds the continuation token by token through its own
-    cache, so every eviction or quantization acts as it did while generating.
+    An exact strategy (`not strategy.lossy`) without switches attends like a full causal forward, so it is
+    scored with one forward over prompt + continuation; otherwise the continuation is fed token by token through
+    the strategy's own cache, so every eviction or quantization acts as it did while generating.
 
     Args:
         prompt_ids: (1, prompt_tokens) ids.
         continuation: the token ids to score (at least one).
+        switches: (token index t, strategy) pairs, ascending: from row t on, rows come from a fresh cache of that
+            strategy into which prompt + continuation[:t] was prefilled, as `Decoder.replace_cache` does in a run
+            (a budgeted column's fallbacks).
 
     Raises:
         RunStopped: `stop` was set while scoring.
@@ -178,19 +291,22 @@ def score_continuation(loaded, strategy, prompt_ids: torch.Tensor, continuation:
     prompt = prompt_ids.to(loaded.device)
     tokens = torch.tensor([list(continuation)], device=loaded.device)
     count = tokens.shape[1]
-    if not strategy.lossy:
+    if not strategy.lossy and not switches:
         sequence = torch.cat([prompt, tokens[:, :-1]], dim=1)
         with torch.inference_mode():
             logits = loaded.model(input_ids=sequence, use_cache=False, logits_to_keep=count).logits[0]
         return torch.log_softmax(logits.float(), dim=-1)
-    cache = strategy.build_cache(loaded, prompt.shape[1] + count)
     sequence = torch.cat([prompt, tokens], dim=1)
+    segments = [(0, strategy), *switches]
     rows = []
-    for t in range(count):
-        if stop is not None and stop.is_set():
-            raise RunStopped
-        end = prompt.shape[1] + t
-        rows.append(forward(loaded, strategy, cache, sequence[:, :end], prompt.shape[1] if t == 0 else 1)[0])
+    for k, (start, segment) in enumerate(segments):
+        end = min(count, segments[k + 1][0] if k + 1 < len(segments) else count)
+        cache = segment.build_cache(loaded, prompt.shape[1] + count) if start < end else None
+        for t in range(start, end):
+            if stop is not None and stop.is_set():
+                raise RunStopped
+            fed = prompt.shape[1] + t if t == start else 1
+            rows.append(forward(loaded, segment, cache, sequence[:, :prompt.shape[1] + t], fed)[0])
     return torch.log_softmax(torch.stack(rows).float(), dim=-1)
 
 

@@ -26,6 +26,9 @@ class ColumnResult:
     one list per type with one value per step (a sliding layer is predicted to hold at most its window).
     keeps: what the cache keeps on this model, when it has sliding layers; keeps_everything: whether it
     holds every token on every layer of this model.
+    budget_bytes: the column's cache budget (None: none).
+    fallbacks: each switch to a smaller cache (`kvlab.budget.Fallback.to_json`:
+    at_token, from, to, reason, bytes_before, bytes_after, to_spec).
 
     status: `ok` (finished or stopped), `error` (bad settings or a failure while
     running) or `unavailable` (cannot run here; `message` says why).
@@ -66,6 +69,8 @@ class ColumnResult:
     mean_kl: float | None = None
     fidelity_tokens: int = 0
     is_baseline: bool = False
+    budget_bytes: int | None = None
+    fallbacks: list[dict] = field(default_factory=list)
 
     def to_json(self) -> dict:
         """The JSON record: every field, plus `prefill_s` (the same value as `ttft_s`, kept for records read by
@@ -146,6 +151,15 @@ class StepMetrics:
 
 
 @dataclass(frozen=True)
+class FallbackSwitched:
+    """The column moved to a smaller cache before step `fallback["at_token"]` (a `kvlab.budget.Fallback` as
+    JSON: at_token, from, to, reason, bytes_before, bytes_after in bytes)."""
+
+    column: int
+    fallback: dict
+
+
+@dataclass(frozen=True)
 class MemorySample:
     """Process memory sampled during the run: RSS (bytes), CUDA allocated and peak (bytes, 0 without CUDA)."""
 
@@ -184,4 +198,5 @@ class RunDone:
     stopped: bool
 
 
-Event = ColumnStarted | TokenEvent | StepMetrics | MemorySample | ColumnDone | ColumnError | FidelityScored | RunDone
+Event = (ColumnStarted | TokenEvent | StepMetrics | FallbackSwitched | MemorySample | ColumnDone | ColumnError
+         | FidelityScored | RunDone)

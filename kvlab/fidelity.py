@@ -9,8 +9,10 @@ Two views, because a lossy cache can keep the text and still change the model:
   distribution is compared with the baseline's (computed the same way under the
   baseline's cache): top-1 agreement and mean KL(baseline || column) in nats.
 
-Scoring covers at most FIDELITY_MAX_TOKENS continuation tokens. The model work
-is `kvlab.engine.score_continuation`; this module picks the baseline and compares.
+Scoring covers at most FIDELITY_MAX_TOKENS continuation tokens. A budgeted
+column that fell back to smaller caches is scored with the same switches at the
+same tokens, so its score covers the whole run. The model work is
+`kvlab.engine.score_continuation`; this module picks the baseline and compares.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import torch
 
 from .engine import RunStopped, score_continuation
 from .events import ColumnResult, FidelityScored
+from .strategies import make_strategy
 
 FIDELITY_MAX_TOKENS = 256
 
@@ -45,14 +48,20 @@ def compare_distributions(baseline: torch.Tensor, column: torch.Tensor) -> tuple
 
 
 def pick_baseline(columns, results: list[ColumnResult], baseline: int | None) -> int | None:
-    """Index of the baseline: the given one if ok, else the first ok `dynamic`, else the first ok column whose
-    cache keeps everything, else the first ok column."""
+    """Index of the baseline: the given one if ok, else the first ok `dynamic` without a budget, else the first
+    ok column without a budget whose cache keeps everything, else the first ok column."""
     ok = [i for i, r in enumerate(results) if r.status == "ok" and r.token_ids]
     if baseline is not None and baseline in ok:
         return baseline
-    dynamic = [i for i in ok if columns[i].strategy.name == "dynamic"]
-    exact = [i for i in ok if columns[i].strategy.keeps_everything]
+    free = [i for i in ok if columns[i].budget is None]
+    dynamic = [i for i in free if columns[i].strategy.name == "dynamic"]
+    exact = [i for i in free if columns[i].strategy.keeps_everything]
     return (dynamic or exact or ok or [None])[0]
+
+
+def switches_of(result: ColumnResult) -> list[tuple[int, object]]:
+    """(token index, strategy) of each fallback switch in a column's run, for `score_continuation`."""
+    return [(switch["at_token"], make_strategy(switch["to_spec"])) for switch in result.fallbacks]
 
 
 def score_fidelity(loaded, prompt_ids, columns, results: list[ColumnResult], baseline: int | None,
@@ -66,7 +75,8 @@ def score_fidelity(loaded, prompt_ids, columns, results: list[ColumnResult], bas
     base.is_baseline = True
     continuation = base.token_ids[:FIDELITY_MAX_TOKENS]
     try:
-        reference = score_continuation(loaded, columns[base_index].strategy, prompt_ids, continuation, stop)
+        reference = score_continuation(loaded, columns[base_index].strategy, prompt_ids, continuation, stop,
+                                       switches_of(base))
     except RunStopped:
         return
     for i, result in enumerate(results):
@@ -74,7 +84,8 @@ def score_fidelity(loaded, prompt_ids, columns, results: list[ColumnResult], bas
             continue
         result.agreement, result.first_divergence = text_agreement(base.token_ids, result.token_ids)
         try:
-            scored = score_continuation(loaded, columns[i].strategy, prompt_ids, continuation, stop)
+            scored = score_continuation(loaded, columns[i].strategy, prompt_ids, continuation, stop,
+                                        switches_of(result))
         except RunStopped:
             return
         except Exception as err:  # noqa: BLE001 - scoring failure is reported in the column, the run goes on

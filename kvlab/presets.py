@@ -2,7 +2,8 @@
 
 A preset names the model, the prompt, the generation settings, the mode and the
 columns (each `strategy:` plus its knobs, and optionally per-column
-`generation:` overrides). Validation errors name the field and the allowed
+`generation:` overrides and a cache budget: `budget_mib:` and `fallback:`, see
+`kvlab.budget`). Validation errors name the field and the allowed
 values. This module finds, parses and validates presets; running them is
 `kvlab.runner`'s job.
 
@@ -24,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 
 from .generation import GenerationSettings
 from .runner import MAX_COLUMNS, MODES, Column
-from .strategies import STRATEGIES, StrategyError, make_strategy
+from .strategies import STRATEGIES, StrategyError
 
 PRESETS_DIR_ENV = "KVLAB_PRESETS_DIR"
 SOURCE_ROOT = Path(__file__).resolve().parent.parent
@@ -101,8 +102,7 @@ class Preset(BaseModel):
                 raise ValueError(f"column {i + 1} needs a `strategy:` (one of {', '.join(STRATEGIES)})")
             overrides = spec.get("generation") or {}
             try:
-                knobs = {k: v for k, v in spec.items() if k != "generation"}
-                make_strategy(knobs)
+                Column.from_spec(spec)
                 GenerationSettings().with_overrides(overrides)
             except (StrategyError, ValueError) as err:
                 raise ValueError(f"column {i + 1}: {err}") from err

@@ -16,7 +16,8 @@ that went through a cache with the new input's ids and decides:
   prefix of the input; only the new tokens are fed.
 
 `Reply` and `reply_stream` generate on top of a prepared cache through the
-engine (`kvlab.engine.Decoder`). This module decides and generates; it does not
+engine (`kvlab.engine.Decoder`), under a cache budget when given one
+(`kvlab.budget.ResilientSteps`). This module decides and generates; it does not
 render and keeps no session state.
 """
 
@@ -27,6 +28,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
+from .budget import ResilientSteps
 from .engine import Decoder
 from .generation import GenerationSettings, IncrementalDetokenizer
 
@@ -132,7 +134,7 @@ class Reply:
 
     ttft_s: from `started` (crop and copy included) to the first token chosen.
     per_token_s: every decode step after the first token (forward + choice).
-    stop_reason: eos | length | stopped.
+    stop_reason: eos | length | stopped. fallbacks: the `kvlab.budget.Fallback`s of a budgeted reply.
     """
 
     token_ids: list[int] = field(default_factory=list)
@@ -140,6 +142,7 @@ class Reply:
     ttft_s: float = 0.0
     per_token_s: list[float] = field(default_factory=list)
     stop_reason: str = "length"
+    fallbacks: list = field(default_factory=list)
 
     @property
     def decode_tok_s(self) -> float | None:
@@ -151,25 +154,35 @@ class Reply:
 def reply_stream(loaded, strategy, cache, input_ids: Sequence[int], feed_from: int, settings: GenerationSettings,
                  reply: Reply, seed: int | None = None, stop: threading.Event | None = None,
                  started: float | None = None, on_fed: Callable[[list[int]], None] | None = None,
-                 ) -> Iterator[tuple[int, str]]:
+                 budget=None, on_switch: Callable | None = None) -> Iterator[tuple[int, str]]:
     """Feed `input_ids[feed_from:]` into `cache` (which holds the rest), then generate, yielding
     (token id, text it added) per token and filling `reply` as it goes.
 
     One engine step per token (`kvlab.engine.Decoder`, through `strategy.forward`); the last chosen token
     is not fed back. `on_fed` gets the ids each forward fed, right after it. `stop` ends the reply after the
-    token in hand, so a reply has at least one token.
+    token in hand, so a reply has at least one token. With a `kvlab.budget.Budget`, a step that would outgrow
+    it first moves the reply to the next cache of the chain (re-prefilling every id so far); `on_switch`
+    gets (the `Fallback`, the new strategy, its cache, the chain left) before that step's `on_fed`.
 
     Raises:
         ValueError: `feed_from` out of range.
     """
     started = time.perf_counter() if started is None else started
-    decoder = Decoder(loaded, strategy, cache, input_ids, settings, feed_from=feed_from, seed=seed)
+    decoder = Decoder(loaded, strategy, cache, input_ids, settings, feed_from=feed_from, seed=seed,
+                      measure_bytes=budget is not None)
+    steps = decoder if budget is None else ResilientSteps(loaded, decoder, budget,
+                                                          len(input_ids) + settings.max_new_tokens)
+    switches = getattr(steps, "fallbacks", [])
     detok = IncrementalDetokenizer(loaded.tokenizer)
-    for step in decoder:
+    for step in steps:
         if step.index == 0:
             reply.ttft_s = time.perf_counter() - started
         else:
             reply.per_token_s.append(step.per_token_s)
+        for switch in switches[len(reply.fallbacks):]:
+            reply.fallbacks.append(switch)
+            if on_switch is not None:
+                on_switch(switch, decoder.strategy, decoder.cache, list(steps.chain))
         if on_fed is not None:
             on_fed(list(step.fed_ids))
         reply.token_ids.append(step.token_id)

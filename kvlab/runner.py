@@ -17,9 +17,12 @@ the one shared model. Modes:
 - `sequential`: one column after another, on the compute thread too.
 
 A stop event ends every loop within a token. An exception ends its own column
-only (a `ColumnError`); the consumer never waits on a dead thread. After the
-columns finish, fidelity against the baseline column is scored (see
-`kvlab.fidelity`). This module runs and measures; it does not render.
+only (a `ColumnError`); the consumer never waits on a dead thread. A column with
+a `kvlab.budget.Budget` steps through `kvlab.budget.ResilientSteps`, which moves
+it to a smaller cache before it would outgrow its budget (or after running out
+of memory); each switch is a `FallbackSwitched` event. After the columns
+finish, fidelity against the baseline column is scored (see `kvlab.fidelity`).
+This module runs and measures; it does not render.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .accounting import cache_bytes_by_device, predicted_cache_bytes_by_layer_type
+from .budget import Budget, ResilientSteps, parse_budget, require_cache
 from .compute import compute, compute_iter
 from .fidelity import score_fidelity
 from .events import (
@@ -42,6 +46,7 @@ from .events import (
     ColumnResult,
     ColumnStarted,
     Event,
+    FallbackSwitched,
     MemorySample,
     RunDone,
     StepMetrics,
@@ -57,6 +62,8 @@ MAX_COLUMNS = 8
 MEMORY_SAMPLE_EVERY_S = 0.25
 QUEUE_POLL_S = 0.05
 JOIN_TIMEOUT_S = 30.0
+COLUMN_KEYS = ("generation", "budget_mib", "fallback")
+"""What a column spec may hold besides its strategy and knobs."""
 
 
 _threads_guard = threading.Lock()
@@ -118,7 +125,7 @@ class FreeTurns:
 
 @dataclass
 class Column:
-    """One column: a strategy and optional per-column generation overrides.
+    """One column: a strategy, optional per-column generation overrides and an optional cache budget.
 
     A spec that cannot become a strategy (unknown name, bad knob) may still be a column: `strategy` is None,
     `rejected` says why and `title` names it; it reports that reason in its own row and runs nothing.
@@ -128,17 +135,29 @@ class Column:
     overrides: dict = field(default_factory=dict)
     rejected: str = ""
     title: str = ""
+    budget: Budget | None = None
 
     @classmethod
     def from_spec(cls, spec: dict | Strategy | "Column") -> "Column":
-        """`{"strategy": name, knobs..., "generation": {...}}` -> Column (StrategyError on bad knobs)."""
+        """`{"strategy": name, knobs..., "generation": {...}, "budget_mib": 4, "fallback": [...]}` -> Column.
+
+        Raises:
+            StrategyError: bad knobs, a bad budget or fallback chain, or a budget on a strategy without a cache.
+        """
         if isinstance(spec, Column):
             return spec
         if isinstance(spec, Strategy):
             return cls(spec)
         spec = dict(spec)
         overrides = spec.pop("generation", None) or {}
-        return cls(make_strategy(spec), dict(overrides))
+        budget = parse_budget(spec.pop("budget_mib", None), spec.pop("fallback", None))
+        try:
+            strategy = make_strategy(spec)
+        except StrategyError as err:
+            if "unknown setting" not in str(err):
+                raise
+            raise StrategyError(f"{err}; a column also takes {', '.join(COLUMN_KEYS)}") from None
+        return cls(strategy, dict(overrides), budget=require_cache(strategy, budget))
 
     @classmethod
     def or_rejected(cls, spec: dict, title: str = "") -> "Column":
@@ -148,17 +167,24 @@ class Column:
         except StrategyError as err:
             return cls(None, rejected=str(err), title=title or str(spec.get("strategy", "?")))
 
+    def describe(self) -> str:
+        """The column's name: the strategy's `describe()`, plus the budget when there is one."""
+        name = self.strategy.describe() if self.strategy is not None else self.title
+        return f"{name} · {self.budget.describe()}" if self.budget is not None else name
 
-def new_result(index: int, strategy: Strategy, prompt_tokens: int) -> ColumnResult:
+
+def new_result(index: int, column: Column, prompt_tokens: int) -> ColumnResult:
+    strategy = column.strategy
     return ColumnResult(
         index=index,
-        name=strategy.describe(),
+        name=column.describe(),
         strategy=strategy.name,
         knobs=strategy.knobs(),
         lossy=strategy.lossy,
         use_cache=strategy.use_cache,
         caveat=strategy.caveat(),
         prompt_tokens=prompt_tokens,
+        budget_bytes=column.budget.budget_bytes if column.budget is not None else None,
     )
 
 
@@ -188,7 +214,7 @@ def run_column(
         return _rejected(index, column, prompt_ids.shape[1], emit)
     strategy = column.strategy
     prompt_tokens = prompt_ids.shape[1]
-    result = new_result(index, strategy, prompt_tokens)
+    result = new_result(index, column, prompt_tokens)
     result.keeps, result.keeps_everything = strategy.keeps_on(loaded), strategy.keeps_everything_on(loaded)
     emit(ColumnStarted(index, result.name, prompt_tokens, result.keeps))
     reason = strategy.unavailable_reason(loaded)
@@ -200,7 +226,7 @@ def run_column(
         run_settings = settings.with_overrides(column.overrides)
         run_settings.check()
         strategy.check_fits(prompt_tokens, run_settings.max_new_tokens)
-        _decode(loaded, index, strategy, prompt_ids, run_settings, emit, turns, stop, result)
+        _decode(loaded, index, column, prompt_ids, run_settings, emit, turns, stop, result)
     except RunStopped:
         result.stopped = True
     except Exception as err:  # noqa: BLE001 - any failure ends this column only
@@ -216,18 +242,29 @@ def run_column(
     return result
 
 
-def _decode(loaded, index, strategy, prompt_ids, settings, emit, turns, stop, result) -> None:
-    """Build the column's cache, then stream the engine's steps into `result` and events."""
+def _decode(loaded, index, column, prompt_ids, settings, emit, turns, stop, result) -> None:
+    """Build the column's cache, then stream the engine's steps (and any fallback switches) into `result` and
+    events."""
+    strategy = column.strategy
     max_total = prompt_ids.shape[1] + settings.max_new_tokens
     cache = turns.run(lambda: strategy.build_cache(loaded, max_total))
     result.message = strategy.runtime_note()
     decoder = Decoder(loaded, strategy, cache, prompt_ids, settings, stop=stop, measure_bytes=True)
+    del cache  # the decoder holds it; a fallback switch must be able to free it
+    steps = decoder if column.budget is None else ResilientSteps(loaded, decoder, column.budget, max_total)
+    switches = getattr(steps, "fallbacks", [])
     detok = IncrementalDetokenizer(loaded.tokenizer)
-    for step in turns.iterate(decoder):
+    for step in turns.iterate(steps):
         if step.index == 0:
             result.ttft_s = step.per_token_s
-        predicted_by_type = _predicted_by_type(loaded, strategy, step.seen_tokens, max_total)
+        current = decoder.strategy
+        predicted_by_type = _predicted_by_type(loaded, current, step.seen_tokens, max_total)
         predicted = sum(predicted_by_type.values())
+        for switch in switches[len(result.fallbacks):]:
+            result.fallbacks.append(switch.to_json())
+            result.lossy = result.lossy or current.lossy
+            result.message = "; ".join(filter(None, [result.message, switch.sentence()]))
+            emit(FallbackSwitched(index, switch.to_json()))
         result.token_ids.append(step.token_id)
         result.per_token_s.append(step.per_token_s)
         result.cache_bytes.append(step.cache_bytes)
@@ -239,7 +276,8 @@ def _decode(loaded, index, strategy, prompt_ids, settings, emit, turns, stop, re
         emit(TokenEvent(index, step.index, step.token_id, text))
         emit(StepMetrics(index, step.index, step.per_token_s, step.cache_bytes, predicted, step.seen_tokens,
                          step.cache_bytes_by_layer_type or {}, predicted_by_type))
-    result.cache_bytes_by_device = cache_bytes_by_device(cache)
+    result.message = "; ".join(filter(None, [result.message, *getattr(steps, "notes", [])]))
+    result.cache_bytes_by_device = cache_bytes_by_device(decoder.cache)
     if decoder.stop_reason == "stopped":
         raise RunStopped
 
@@ -307,7 +345,7 @@ def run_compare(
         # 2. A column whose thread died without a result is reported, never waited for.
         for i, result in enumerate(results):
             if result is None:
-                results[i] = new_result(i, columns[i].strategy, prompt_ids.shape[1])
+                results[i] = new_result(i, columns[i], prompt_ids.shape[1])
                 results[i].status, results[i].message = "error", "the column's worker ended without a result"
                 yield ColumnError(i, "error", results[i].message, results[i])
         # 3. Fidelity, one compute step per scored column, so other tabs' work can run in between.

@@ -200,6 +200,12 @@ class Strategy:
         """Extra `generate()` keyword arguments in the snippet."""
         return "cache=cache"
 
+    def forward_code(self) -> tuple[list[str], list[str]]:
+        """(imports, lines) of a hand-written decode loop that do what `forward` does: the lines set `out` from
+        `input_ids` (the step's new tokens), `sequence` (every id so far), `cache` and `position_ids`."""
+        return [], ["out = model(input_ids=input_ids, cache=cache, use_cache=True, position_ids=position_ids, "
+                "logits_to_keep=1)"]
+
     def generate_kwargs(self, cache) -> dict:
         """Keyword arguments that hand `cache` (from `build_cache`) to transformers' `generate()`."""
         return {"cache": cache}

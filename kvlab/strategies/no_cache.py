@@ -23,6 +23,9 @@ class NoCache(Strategy):
     def held_tokens(self, seen_tokens: int, max_total_tokens: int) -> int:
         return 0
 
+    def forward_code(self) -> tuple[list[str], list[str]]:
+        return [], ["out = model(input_ids=sequence, use_cache=False, logits_to_keep=1)  # the whole sequence again"]
+
     def generate_kwargs_code(self) -> str:
         return "use_cache=False"
 

@@ -61,6 +61,15 @@ class Sink(Strategy):
     def held_tokens(self, seen_tokens: int, max_total_tokens: int) -> int:
         return min(seen_tokens, self.window_length)
 
+    def forward_code(self) -> tuple[list[str], list[str]]:
+        chunk = self.window_length - self.num_sink_tokens
+        return ["from kvlab.sink_cache import prefill_in_chunks"], [
+                f"if input_ids.shape[1] > {chunk}:  # longer than the window minus the sinks: stream it in chunks",
+                "    out = prefill_in_chunks(model, input_ids, cache, logits_to_keep=1)",
+                "else:",
+                "    out = model(input_ids=input_ids, cache=cache, use_cache=True, position_ids=position_ids, "
+                "logits_to_keep=1)"]
+
     def cache_code(self):
         return ["from kvlab.sink_cache import SinkCache"], (
             f"cache = SinkCache.from_model(model, window_length={self.window_length}, "

@@ -94,7 +94,7 @@ class ChatTab:
     def _build_card(self) -> None:
         form = card_form(DEFAULT_STRATEGY, prefilled_knobs(DEFAULT_STRATEGY), None, self.knob_count)
         self.card = build_card(form, strategy_choices(None, "usable_in_chat", none_choice=False), DEFAULT_STRATEGY,
-                               "Cache strategy", "kvlab-chat", outputs=False, elem_id="kvlab-chat-card")
+                               "Cache strategy", "kvlab-chat", outputs=False, elem_id="kvlab-chat-card", budget=True)
 
     def _build_conversation(self) -> None:
         self.system = gr.Textbox(label="System prompt", lines=2, placeholder="(empty: the chat template's default)")
@@ -136,8 +136,8 @@ class ChatTab:
     # ----- wiring -----
 
     def _wire(self) -> None:
-        self.form_inputs = {self.model_source, self.card.strategy, *self.card.knobs, self.system,
-                            self.max_new_tokens, self.measure, self.verify}
+        self.form_inputs = {self.model_source, self.card.strategy, *self.card.knobs, self.card.budget,
+                            self.card.fallback, self.system, self.max_new_tokens, self.measure, self.verify}
         self.turn_outputs = [self.chatbot, self.message, self.notice, self.capacity_row, self.turn_info,
                              self.turn_table, self.turn_plot, self.state]
         model_bound = {"concurrency_limit": CHAT_CONCURRENCY, "concurrency_id": CHAT_CONCURRENCY_ID}
@@ -161,7 +161,8 @@ class ChatTab:
         return ChatForm(source=data[self.model_source], strategy_name=data[self.card.strategy],
                         knobs=[data[box] for box in self.card.knobs], system=data[self.system],
                         max_new_tokens=data[self.max_new_tokens], measure=data[self.measure],
-                        verify=data[self.verify])
+                        verify=data[self.verify], budget_text=data[self.card.budget],
+                        fallback_text=data[self.card.fallback])
 
     def _on_send(self, data: dict, request: gr.Request):
         yield from self.send(data[self.message], data[self.state], self.form_from(data), _session_key(request))

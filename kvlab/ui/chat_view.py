@@ -1,9 +1,9 @@
 """The Chat tab's pure part: the form -> a strategy and settings, `kvlab.chat` events -> what the page shows.
 
-- `ChatForm` holds the tab's inputs (model, strategy card, system prompt,
-  budget, measure/verify); `strategy()` builds the picked strategy from its
-  card exactly as Compare does (`kvlab.ui.knobs`), from the strategies whose
-  `usable_in_chat` is true.
+- `ChatForm` holds the tab's inputs (model, strategy card with its cache budget
+  and fallback chain, system prompt, budget, measure/verify); `strategy()` and
+  `cache_budget()` build them from the card exactly as Compare does
+  (`kvlab.ui.knobs`), from the strategies whose `usable_in_chat` is true.
 - `ready_session` creates or updates a browser session's `ChatSession` to match the form.
 - `start_view` / `apply_event` fold a turn's events into a `TurnView`
   (messages, status line, final stats or failure); `turn_markdown`,
@@ -29,7 +29,7 @@ from kvlab.strategies import Strategy
 from kvlab.strategies.base import names_with
 
 from .chat_sessions import ChatTabState
-from .knobs import strategy_from_card
+from .knobs import column_budget, strategy_from_card
 
 CHAT_CAPABILITY = "usable_in_chat"
 PREFIX_CAPABILITY = "usable_in_prefix"
@@ -64,6 +64,8 @@ class ChatForm:
     max_new_tokens: float | int = DEFAULT_MAX_NEW_TOKENS
     measure: bool = True
     verify: bool = False
+    budget_text: str = ""
+    fallback_text: str = ""
 
     def model_spec(self, base: ModelSpec) -> ModelSpec:
         """`base` (dtype, device) with this form's model source ('' means bundled)."""
@@ -80,6 +82,14 @@ class ChatForm:
     def settings(self) -> GenerationSettings:
         return GenerationSettings(max_new_tokens=int(self.max_new_tokens), fidelity=False)
 
+    def cache_budget(self):
+        """The card's cache budget and fallback chain as a `kvlab.budget.Budget` (None when both are empty).
+
+        Raises:
+            StrategyError: a budget that is not a positive number of MiB, or a bad chain.
+        """
+        return column_budget(self.budget_text, self.fallback_text)
+
 
 def ready_session(state: ChatTabState | None, loaded, form: ChatForm) -> ChatTabState:
     """The session's state with its ChatSession matching the form (created, moved to another model, or updated).
@@ -89,15 +99,16 @@ def ready_session(state: ChatTabState | None, loaded, form: ChatForm) -> ChatTab
         ValueError: invalid max_new_tokens.
     """
     state = state or ChatTabState()
-    chosen, settings, system = form.strategy(), form.settings(), form.system or ""
+    chosen, settings, system, budget = form.strategy(), form.settings(), form.system or "", form.cache_budget()
     if state.session is None or state.session.loaded is not loaded:
         old = state.session
         state.session = ChatSession(loaded, chosen, settings, system)
         if old is not None:
             state.session.history = list(old.history)
-    elif state.session.strategy != chosen:
+    elif state.session.picked != chosen:
         state.session.set_strategy(chosen)
     state.session.settings = settings
+    state.session.set_budget(budget)
     state.session.set_system(system)
     return state
 

@@ -1,4 +1,6 @@
-"""The "view code" snippet: plain transformers code that reproduces one Compare column.
+"""The "view code" snippets: plain transformers code that reproduces one Compare column with `generate()`
+(`code_snippet`), and the same run as a hand-written decode loop, one forward per step (`loop_snippet`, the
+Inspect tab's code, with the values of the step on view written beside the lines that compute them).
 
 Pure text: no gradio, no model.
 """
@@ -48,6 +50,29 @@ def _generate_kwargs(strategy, settings, lines: list[str]) -> list[str]:
     return kwargs
 
 
+def _preamble(strategy, model_source: str, dtype: str, extra_imports: list[str] = ()) -> list[str]:
+    """Imports (transformers names merged into one line) and the model and tokenizer lines."""
+    imports, _ = strategy.cache_code()
+    imports = [*imports, *extra_imports]
+    transformers_names = ["AutoModelForCausalLM", "AutoTokenizer"]
+    for line in imports:
+        if line.startswith("from transformers import "):
+            transformers_names += [n.strip() for n in line.removeprefix("from transformers import ").split(",")]
+    other_imports = [line for line in imports if not line.startswith("from transformers import ")]
+    lines = ["import torch", f"from transformers import {', '.join(dict.fromkeys(transformers_names))}",
+             *dict.fromkeys(other_imports), ""]
+    model_expr, model_comment = _model_reference(model_source)
+    if model_comment:
+        lines.append(model_comment)
+    lines += [
+        f"model_id = {model_expr}",
+        "tokenizer = AutoTokenizer.from_pretrained(model_id)",
+        f"model = AutoModelForCausalLM.from_pretrained(model_id, dtype=torch.{dtype})",
+        "",
+    ]
+    return lines
+
+
 def code_snippet(strategy, settings, prompt_text: str, system: str = "", chat: bool = True,
                  model_source: str = "bundled", dtype: str = "float32") -> str:
     """Plain transformers code that reproduces one column with `model.generate(..., cache=...)`.
@@ -58,28 +83,12 @@ def code_snippet(strategy, settings, prompt_text: str, system: str = "", chat: b
         prompt_text, system, chat: the prompt as the page had it.
         model_source: `bundled`, a hub id or a local folder; dtype: a `kvlab.models.DTYPES` name.
     """
-    # 1. Imports: transformers names merged into one line, the strategy's other imports after it.
-    imports, cache_line = strategy.cache_code()
-    transformers_names = ["AutoModelForCausalLM", "AutoTokenizer"]
-    for line in imports:
-        if line.startswith("from transformers import "):
-            transformers_names += [n.strip() for n in line.removeprefix("from transformers import ").split(",")]
-    other_imports = [line for line in imports if not line.startswith("from transformers import ")]
-    lines = ["import torch", f"from transformers import {', '.join(dict.fromkeys(transformers_names))}",
-             *other_imports, ""]
-    # 2. The model and tokenizer.
-    model_expr, model_comment = _model_reference(model_source)
-    if model_comment:
-        lines.append(model_comment)
-    lines += [
-        f"model_id = {model_expr}",
-        "tokenizer = AutoTokenizer.from_pretrained(model_id)",
-        f"model = AutoModelForCausalLM.from_pretrained(model_id, dtype=torch.{dtype})",
-        "",
-    ]
-    # 3. The prompt, the cache and the generate call.
+    # 1. Imports, the model and tokenizer.
+    lines = _preamble(strategy, model_source, dtype)
+    # 2. The prompt, the cache and the generate call.
     lines += _prompt_lines(prompt_text, system, chat)
     lines.append(f"max_new_tokens = {settings.max_new_tokens}")
+    _, cache_line = strategy.cache_code()
     if cache_line:
         lines.append(cache_line)
     call = ",\n    ".join(_generate_kwargs(strategy, settings, lines))
@@ -87,4 +96,52 @@ def code_snippet(strategy, settings, prompt_text: str, system: str = "", chat: b
         f"out = model.generate(\n    {call},\n)",
         "print(tokenizer.decode(out[0, inputs[\"input_ids\"].shape[1]:], skip_special_tokens=True))",
     ]
+    return "\n".join(lines) + "\n"
+
+
+LOOP_VALUES = ("input_ids", "past", "cache_position", "position_ids", "mask", "next_token")
+"""The loop lines `loop_snippet` can annotate with a step's values, by key."""
+
+
+def loop_snippet(strategy, settings, prompt_text: str, system: str = "", chat: bool = True,
+                 model_source: str = "bundled", dtype: str = "float32", values: dict[str, str] | None = None) -> str:
+    """The column's run as a hand-written greedy decode loop in plain transformers: prefill, then one forward
+    per token through the strategy's cache, as kvlab's engine runs it (`Strategy.forward_code`).
+
+    Args:
+        strategy, settings, prompt_text, system, chat, model_source, dtype: as `code_snippet`.
+        values: LOOP_VALUES key -> the value that line has at the step on view; written as a `# ←` comment.
+    """
+    values = values or {}
+    imports, forward_lines = strategy.forward_code()
+
+    def noted(line: str, key: str) -> str:
+        return f"{line}  # ← {values[key]}" if key in values else line
+
+    # 1. Imports, the model and tokenizer, the prompt and the cache.
+    lines = _preamble(strategy, model_source, dtype, imports) + _prompt_lines(prompt_text, system, chat)
+    lines.append(f"max_new_tokens = {settings.max_new_tokens}")
+    _, cache_line = strategy.cache_code()
+    if cache_line:
+        lines.append(cache_line)
+    # 2. The loop: what the step feeds, its positions, the forward, the token choice.
+    lines += ["", "sequence = inputs[\"input_ids\"]  # (1, prompt tokens)",
+              "input_ids = sequence  # the first step feeds the prompt, each later step the token chosen before",
+              "for step in range(max_new_tokens):", noted("    # input_ids this step", "input_ids")]
+    if strategy.use_cache:
+        lines += [noted("    past = cache.get_seq_length()  # tokens the cache counts before this step", "past"),
+                  noted("    cache_position = torch.arange(past, past + input_ids.shape[1])  # slots written "
+                        "(transformers 5 keeps this inside the cache)", "cache_position"),
+                  noted("    position_ids = cache_position[None]", "position_ids")]
+    else:
+        lines.append(noted("    position_ids = torch.arange(sequence.shape[1])[None]", "position_ids"))
+    lines.append("    with torch.inference_mode():")
+    lines += [f"        {line}" for line in forward_lines]
+    lines += [noted("    # the model builds the causal mask from cache.get_mask_sizes", "mask"),
+              noted("    next_token = int(out.logits[0, -1].argmax())", "next_token")]
+    if settings.stop_at_eos:
+        lines += ["    if next_token == tokenizer.eos_token_id:", "        break"]
+    lines += ["    input_ids = torch.tensor([[next_token]])",
+              "    sequence = torch.cat([sequence, input_ids], dim=1)",
+              "print(tokenizer.decode(sequence[0, inputs[\"input_ids\"].shape[1]:], skip_special_tokens=True))"]
     return "\n".join(lines) + "\n"

@@ -148,7 +148,7 @@ class CompareTab:
                     form = card_form(name, knobs, None, self.knob_count)
                     self.cards.append(build_card(form, choices, name, f"Column {slot + 1}", f"kv-col-{slot}",
                                                  outputs=True, classes=(f"kv-slot-{slot}",),
-                                                 elem_id=f"kv-card-{slot}"))
+                                                 elem_id=f"kv-card-{slot}", budget=True))
 
     def _build_results(self) -> None:
         self.plot = gr.Plot(label="Live plots", show_label=False, elem_id="kv-plot", format="png", visible=False)
@@ -211,6 +211,7 @@ class CompareTab:
             self.top_p, self.top_k, self.repetition_penalty, self.seed, self.ignore_eos, self.fidelity, self.mode,
             self.baseline, self.preset, self.model_source, self.dtype, self.device,
             *[card.strategy for card in self.cards], *[box for card in self.cards for box in card.knobs],
+            *[box for card in self.cards for box in (card.budget, card.fallback)],
         }
         self.run_outputs = [self.run_status, self.model_status, self.plot, self.results, self.summary, self.exports,
                             self.code, *[c for card in self.cards for c in (card.status, card.text, card.strategy)]]
@@ -309,6 +310,7 @@ class CompareTab:
             baseline=data[self.baseline], preset=data[self.preset], model_source=data[self.model_source],
             dtype=data[self.dtype], device=data[self.device],
             slots=[(data[card.strategy], [data[box] for box in card.knobs]) for card in self.cards],
+            budgets=[(data[card.budget], data[card.fallback]) for card in self.cards],
         )
 
     def run(self, data: dict):
@@ -340,10 +342,10 @@ class CompareTab:
             yield {self.run_status: line_html(f"✖ {err}", "error")}
             return
         # 2. Stream the runner's events through the view, throttled, then the final summary.
-        view = RunView([s.describe() for _, s in plan.columns], plan.slots)
+        columns = plan.run_columns()
+        view = RunView([column.describe() for column in columns], plan.slots)
         yield self._start_updates(plan, view, loaded)
-        events = run_compare(loaded, prompt_ids, [s for _, s in plan.columns], plan.settings, request.mode, stop,
-                             plan.baseline_index())
+        events = run_compare(loaded, prompt_ids, columns, plan.settings, request.mode, stop, plan.baseline_index())
         try:
             yield from self._throttled(view, events, stop)
         finally:

@@ -2,12 +2,13 @@
 
 - `RunRequest` is what the page sends when Run is clicked; `plan_run` checks
   everything that needs no model and returns a `RunPlan` (settings, model spec,
-  the valid columns by slot, the slots with bad knobs) or raises `RunRejected`.
+  the valid columns by slot with their cache budgets, the slots with bad knobs)
+  or raises `RunRejected`.
 - `RunView.apply(event)` folds one `kvlab.events` event into a view model: per
   column the streamed text, a status (waiting, running, done, stopped, error,
   unavailable) with its message, a live readout (tokens, tok/s, cache size), the
-  series the plots draw, and after the run the summary table with the best value
-  per metric marked.
+  series the plots draw (with each fallback switch of a budgeted column), and
+  after the run the summary table with the best value per metric marked.
 - `start_preset`, `slot_specs`, `model_line`, `chat_box` and the help texts: what
   the form starts with and shows (the 'chat message' box follows the model). After the run, `kvlab.ui.records` writes the record,
   the exports and the code.
@@ -26,6 +27,7 @@ from kvlab.events import (
     ColumnResult,
     ColumnStarted,
     Event,
+    FallbackSwitched,
     FidelityScored,
     MemorySample,
     RunDone,
@@ -37,10 +39,12 @@ from kvlab.bundled import bundled_model
 from kvlab.models import ModelLoadError, ModelSpec
 from kvlab.presets import Preset, PromptSpec, load_preset
 from kvlab.report import LABELS, best_marks, by_layer_type_text, candidates, summary_rows
-from kvlab.runner import MAX_COLUMNS, MODES
+from kvlab.budget import require_cache
+from kvlab.runner import MAX_COLUMNS, MODES, Column
+from kvlab.strategies import StrategyError
 
 from .figures import MIB
-from .knobs import NO_STRATEGY, plan_columns
+from .knobs import NO_STRATEGY, column_budget, plan_columns
 from .theme import line_html
 
 BEST_MARK = " ★"
@@ -110,6 +114,8 @@ class RunRequest:
     dtype: str = "float32"
     device: str = "auto"
     slots: list[tuple[str, list[str]]] = field(default_factory=list)
+    budgets: list[tuple[str, str]] = field(default_factory=list)
+    """Per slot: the card's cache-budget (MiB) and fallback-chain fields (missing or empty: no budget)."""
 
     def settings(self) -> GenerationSettings:
         return GenerationSettings(
@@ -137,10 +143,16 @@ class RunPlan:
     spec: ModelSpec
     columns: list[tuple[int, object]]
     slot_errors: dict[int, str]
+    budgets: dict = field(default_factory=dict)
+    """Slot -> its `kvlab.budget.Budget`, for the columns that have one."""
 
     @property
     def slots(self) -> list[int]:
         return [slot for slot, _ in self.columns]
+
+    def run_columns(self) -> list[Column]:
+        """The runner's columns, in run order, each with its budget."""
+        return [Column(strategy, budget=self.budgets.get(slot)) for slot, strategy in self.columns]
 
     def baseline_index(self) -> int | None:
         """Run column index of the chosen baseline slot (None = auto: first dynamic)."""
@@ -172,11 +184,21 @@ def plan_run(request: RunRequest) -> RunPlan:
     except ValueError as err:
         raise RunRejected(str(err)) from None
     columns, errors = plan_columns(request.slots)
+    budgets = {}
+    for slot, strategy in list(columns):
+        texts = request.budgets[slot] if slot < len(request.budgets) else ("", "")
+        try:
+            budget = require_cache(strategy, column_budget(*texts))
+            if budget is not None:
+                budgets[slot] = budget
+        except StrategyError as err:
+            errors[slot] = str(err)
+            columns.remove((slot, strategy))
     if not columns and not errors:
         raise RunRejected("no strategy picked: choose a strategy in at least one column")
     if not columns:
         raise RunRejected("no column can run: " + "; ".join(f"column {s + 1}: {m}" for s, m in errors.items()))
-    return RunPlan(request, settings, spec, columns, errors)
+    return RunPlan(request, settings, spec, columns, errors, budgets)
 
 
 def start_preset(presets: dict) -> Preset:
@@ -285,6 +307,7 @@ class ColumnView:
     predicted_cache_bytes_by_layer_type: dict[str, list[int]] = field(default_factory=dict)
     per_token_s: list[float] = field(default_factory=list)
     keeps: str = ""
+    switches: list[dict] = field(default_factory=list)
     result: ColumnResult | None = None
 
     @property
@@ -355,7 +378,8 @@ class RunView:
             for column, result in zip(self.columns, event.results):
                 column.result = result
             return set(range(len(self.columns)))
-        if not isinstance(event, (ColumnStarted, TokenEvent, StepMetrics, ColumnDone, ColumnError, FidelityScored)):
+        if not isinstance(event, (ColumnStarted, TokenEvent, StepMetrics, FallbackSwitched, ColumnDone, ColumnError,
+                                  FidelityScored)):
             raise TypeError(f"not a runner event: {event!r}")
         self._apply_to_column(self.columns[event.column], event)
         return {event.column}
@@ -375,6 +399,11 @@ class RunView:
                 column.cache_bytes_by_layer_type.setdefault(kind, []).append(value)
             for kind, value in event.predicted_cache_bytes_by_layer_type.items():
                 column.predicted_cache_bytes_by_layer_type.setdefault(kind, []).append(value)
+        elif isinstance(event, FallbackSwitched):
+            column.switches.append(event.fallback)
+            sentence = f"switched to {event.fallback['to']} at token {event.fallback['at_token']}: " \
+                       f"{event.fallback['reason']}"
+            column.message = "; ".join(filter(None, [column.message, sentence]))
         elif isinstance(event, ColumnDone):
             column.result, column.text = event.result, event.result.text
             column.status = "stopped" if event.result.stopped else "done"

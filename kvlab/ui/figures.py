@@ -1,7 +1,8 @@
 """The matplotlib figures every tab draws, with the object API only (no pyplot state, safe from worker threads).
 
 - `render_figure`: Compare's live panels (cache bytes, per-token latency, process memory; on a model with
-  more than one layer type also cache bytes by layer type, measured beside the prediction).
+  more than one layer type also cache bytes by layer type, measured beside the prediction); a budgeted
+  column's switches to smaller caches are vertical lines labelled with the new cache.
 - `turns_figure`: Chat's per-turn TTFT with/without reuse and reused/prefilled tokens.
 - `perplexity_figure`: Perplexity's running log-PPL and cache bytes against position.
 - `plan_figure`: Plan's cache GiB against context length (log axes) with the budget's room for the cache.
@@ -51,7 +52,19 @@ def _draw_columns(view, cache_ax, latency_ax) -> bool:
             cache_ax.plot(steps, [b / MIB for b in column.predicted_cache_bytes], color=color, lw=1.2, ls="--",
                           alpha=0.8)
         latency_ax.plot(steps, [1000 * s for s in column.per_token_s], color=color, lw=1.2, label=column.title)
+        _mark_switches(column.switches, color, cache_ax, latency_ax)
     return drawn
+
+
+def _mark_switches(switches: list[dict], color: str, *axes) -> None:
+    """A dotted vertical line at each fallback switch (plotted at its token, 1-based like the series), labelled
+    with the cache it switched to on the first axes."""
+    for switch in switches:
+        x = switch["at_token"] + 1
+        for ax in axes:
+            ax.axvline(x, color=color, ls=":", lw=1.4)
+        axes[0].text(x, 0.98, f" → {switch['to']}", transform=axes[0].get_xaxis_transform(), rotation=90,
+                     va="top", ha="right", fontsize=7.5, color=color)
 
 
 def _draw_memory(memory, memory_ax) -> None:

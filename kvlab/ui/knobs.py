@@ -6,8 +6,9 @@ no UI code. Text in a field is read as a YAML scalar (`4`, `true`, `hqq`); an
 empty field keeps the dataclass default. `strategy_choices(loaded, capability)`
 lists the registry's names that have a capability (`usable_in_chat`, ...),
 marking those that cannot run on the loaded model. `card_form` says what a card
-shows for a strategy (about text, knob fields, status) as plain property dicts
-the tab modules hand to gradio.
+shows for a strategy (about text, knob fields, status, and the column's cache
+budget and fallback chain, see `kvlab.budget`) as plain property dicts the tab
+modules hand to gradio; `column_budget` reads the last two back.
 
 Pure: no gradio, no model loading.
 """
@@ -19,6 +20,7 @@ import inspect
 
 import yaml
 
+from kvlab.budget import Budget, format_chain, parse_budget, parse_chain
 from kvlab.strategies import STRATEGIES, Strategy, StrategyError, make_strategy
 from kvlab.strategies.base import names_with
 
@@ -26,6 +28,10 @@ from .theme import status_html
 from .zerogpu import hidden_knobs
 
 NO_STRATEGY = "(none)"
+BUDGET_PLACEHOLDER = "none"
+FALLBACK_PLACEHOLDER = "default: quantized hqq int4 > sink"
+BUDGET_HELP = "cache budget (MiB)"
+FALLBACK_HELP = "fallback chain (items joined by >)"
 UNAVAILABLE_MARK = "  ⊘ unavailable here"
 """Appended to a strategy's label in a dropdown when it cannot run on the loaded model."""
 
@@ -176,6 +182,8 @@ def card_form(name: str, knobs: dict, loaded, knob_count: int) -> dict:
             "knobs": [{"value": "", "label": "", "visible": False} for _ in range(knob_count)],
             "status": {"value": "", "visible": False},
             "text": {"value": "", "visible": False},
+            "budget": {"value": "", "visible": False},
+            "fallback": {"value": "", "visible": False},
         }
     reason = availability(loaded, [name]).get(name) if loaded is not None else None
     about = strategy_help(name) + (f"\n\n**⊘ unavailable here:** {reason}" if reason else "")
@@ -193,7 +201,31 @@ def card_form(name: str, knobs: dict, loaded, knob_count: int) -> dict:
         "knobs": fields,
         "status": {"value": status_html(name, "unavailable" if reason else "ready", "", reason or ""), "visible": True},
         "text": {"value": "", "visible": True},
+        "budget": {"value": knob_text(knobs.get("budget_mib")), "visible": STRATEGIES[name].use_cache},
+        "fallback": {"value": fallback_text(knobs.get("fallback")), "visible": STRATEGIES[name].use_cache},
     }
+
+
+def fallback_text(fallback) -> str:
+    """A preset's `fallback:` (a list of specs, or a string) as the card's field shows it: `a > b`; a value
+    that does not parse is shown as it is, so the run reports the problem."""
+    if fallback is None:
+        return ""
+    try:
+        return format_chain(parse_chain(fallback))
+    except StrategyError:
+        return str(fallback)
+
+
+def column_budget(budget_text, fallback_text_value) -> Budget | None:
+    """The `Budget` of a card's two budget fields (empty: none).
+
+    Raises:
+        StrategyError: a budget that is not a positive number, or a bad chain (the message says what to fix).
+    """
+    budget = parse_knob(budget_text, None)
+    chain = (fallback_text_value or "").strip() or None
+    return parse_budget(budget, chain)
 
 
 def knob_index(strategy_name: str, knob: str) -> int:

@@ -44,7 +44,8 @@ def record_for(plan: RunPlan, loaded, done: RunDone) -> dict:
         "generation": dataclasses.asdict(plan.settings),
         "mode": request.mode,
         "baseline": plan.baseline_index(),
-        "columns": [{"strategy": s.name, **s.knobs()} for _, s in plan.columns],
+        "columns": [{"strategy": s.name, **s.knobs(), **(plan.budgets[slot].spec() if slot in plan.budgets else {})}
+                    for slot, s in plan.columns],
     }, "page")
     return run_record(loaded, preset, plan.settings, done)
 
@@ -75,6 +76,9 @@ def code_text(plan: RunPlan, view: RunView | None = None) -> str:
         column = view.columns[i] if view is not None else None
         if column is not None and column.status in ("unavailable", "error"):
             header += f"\n# ({column.status} here: {column.message})"
+        if slot in plan.budgets:
+            header += (f"\n# (this column has a cache {plan.budgets[slot].describe()}: the code below is its first "
+                       "cache; kvlab re-prefilled into each fallback cache as the run went, see the run's JSON)")
         blocks.append(header + "\n" + code_snippet(strategy, plan.settings, request.prompt, request.system or "",
                                                    bool(request.chat), plan.spec.source, plan.spec.dtype))
     return "\n\n".join(blocks)

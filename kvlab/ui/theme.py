@@ -67,5 +67,21 @@ CSS = """
 .kv-msg { color: #b42318; font-size: 0.9em; }
 .kv-s-unavailable .kv-msg, .kv-s-stopped .kv-msg, .kv-s-done .kv-msg { color: var(--body-text-color-subdued); }
 .kv-text textarea { font-size: 0.85em !important; line-height: 1.4 !important; }
+.kv-strip { font-size: 0.85em; }
+.kv-strip-row { display: flex; align-items: flex-start; gap: 8px; margin-bottom: 6px; }
+.kv-strip-label { flex: 0 0 150px; color: var(--body-text-color-subdued); line-height: 1.25; }
+.kv-strip-cells { display: flex; flex-wrap: wrap; gap: 1px; }
+.kv-tok { display: inline-block; width: 8px; height: 18px; border-radius: 1px; }
+.kv-st-sink { background: #9333ea; }
+.kv-st-held { background: #2563eb; }
+.kv-st-quantized { background: #0d9488; }
+.kv-st-residual { background: #f59e0b; }
+.kv-st-evicted { background: #d1d5db; }
+.kv-st-unused { background: transparent; outline: 1px dashed #9ca3af; outline-offset: -1px; }
+.kv-st-none { background: transparent; }
+.kv-strip-legend { display: flex; flex-wrap: wrap; gap: 14px; margin-top: 4px; color: var(--body-text-color-subdued); }
+.kv-strip-legend .kv-tok { margin-right: 4px; vertical-align: middle; }
+.kv-strip-empty { color: var(--body-text-color-subdued); font-style: italic; }
 """ + "".join(f".kv-slot-{i} {{ border-top: 4px solid {color} !important; }}\n" for i, color in enumerate(COLORS))
-"""The app's style sheet: the Compare cards and status lines, reused by the Chat card."""
+"""The app's style sheet: the Compare cards and status lines, reused by the Chat card; the Inspect tab's token
+strip (one colour per `kvlab.inspector.STRIP_STATES` state)."""

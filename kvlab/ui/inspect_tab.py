@@ -1,0 +1,221 @@
+"""The Inspect tab: step one strategy's decode loop and look inside its cache after every step.
+
+This module lays out the components and wires their events; nothing else. The form, the checks and every
+rendering are `kvlab.ui.inspect_view`'s; the stepping is `kvlab.inspector.InspectSession` on the engine's
+decoder, run one step at a time on kvlab's compute thread (`kvlab.compute`). Each browser session keeps its
+own run in a `gr.State`; its cache is released when the tab closes (`unload`, wired by app.py: gradio itself
+would keep a closed session's state an hour) or after `INSPECT_STATE_TTL_S` idle. Step events share
+Compare's model-bound concurrency group.
+"""
+
+from __future__ import annotations
+
+import time
+
+import gradio as gr
+
+from kvlab.compute import compute, compute_iter
+from kvlab.inspector import InspectError, InspectSession
+from kvlab.generation import encode_prompt
+from kvlab.models import ModelLoadError
+from kvlab.strategies import StrategyError
+
+from .cards import build_card
+from .inspect_view import (
+    DEFAULT_PROMPT,
+    DEFAULT_STEPS,
+    DEFAULT_STRATEGY,
+    INSPECT_STATE_TTL_S,
+    INTRO,
+    STEP_COUNTS,
+    InspectRejected,
+    InspectRequest,
+    InspectTabState,
+    layer_table,
+    loop_code,
+    plan_inspect,
+    release_state,
+    sequence_tokens,
+    start_knobs,
+    status_text,
+    step_markdown,
+    strip_html,
+    top_table,
+)
+from .knobs import card_form, max_knobs, strategy_choices
+from .loader import CONCURRENCY, MODEL_CONCURRENCY_ID
+from .theme import line_html
+
+STREAM_EVERY_S = 0.5
+"""Least time between two page updates while several steps run."""
+PRIVATE = {"concurrency_limit": None, "api_visibility": "private"}
+
+
+class InspectTab:
+    """The Inspect tab's components and handlers; `pool` is the app's shared ModelPool."""
+
+    def __init__(self, pool):
+        self.pool = pool
+        self.knob_count = max_knobs()
+        self.live: dict[str, InspectTabState] = {}
+        """Browser session hash -> its state, so `unload` can release a closed tab's run."""
+
+    def build(self) -> "InspectTab":
+        gr.Markdown(INTRO, elem_classes=["kv-intro"])
+        self.state = gr.State(None, time_to_live=INSPECT_STATE_TTL_S, delete_callback=release_state)
+        with gr.Row():
+            with gr.Column(scale=3):
+                self.prompt = gr.Textbox(DEFAULT_PROMPT, label="Prompt", lines=2, elem_id="kvi-prompt")
+                with gr.Row(equal_height=True):
+                    self.system = gr.Textbox("", label="System prompt (optional)", scale=3, elem_id="kvi-system")
+                    self.chat = gr.Checkbox(True, label="chat message", scale=1, elem_id="kvi-chat")
+                with gr.Row(equal_height=True):
+                    self.max_new_tokens = gr.Number(DEFAULT_STEPS, precision=0, label="new tokens (steps)",
+                                                    elem_id="kvi-max-new", min_width=120)
+                    self.ignore_eos = gr.Checkbox(True, label="ignore EOS", elem_id="kvi-ignore-eos")
+                    self.model_source = gr.Textbox("bundled", label="Model", elem_id="kvi-model", scale=2)
+            with gr.Column(scale=2):
+                form = card_form(DEFAULT_STRATEGY, start_knobs(DEFAULT_STRATEGY), None, self.knob_count)
+                self.card = build_card(form, strategy_choices(None, none_choice=False), DEFAULT_STRATEGY,
+                                       "Cache strategy", "kvi", outputs=False, elem_id="kvi-card")
+        with gr.Row(equal_height=True, elem_classes=["kv-runbar"]):
+            self.step_button = gr.Button("Step", variant="primary", scale=0, min_width=100, elem_id="kvi-step")
+            self.step10_button = gr.Button("Step ×10", scale=0, min_width=100, elem_id="kvi-step10")
+            self.run_button = gr.Button("Run to end", scale=0, min_width=110, elem_id="kvi-run")
+            self.stop_button = gr.Button("Stop", variant="stop", scale=0, min_width=80, elem_id="kvi-stop")
+            self.reset_button = gr.Button("Reset", scale=0, min_width=90, elem_id="kvi-reset")
+            self.status = gr.HTML(line_html(status_text(None)), elem_id="kvi-status")
+        self.step_info = gr.Markdown(step_markdown(None, None), elem_id="kvi-step-info")
+        self.strip = gr.HTML(strip_html(None), label="Token strip", elem_id="kvi-strip")
+        self.layers = gr.Dataframe(headers=layer_table(None)[0], value=None, interactive=False, wrap=True,
+                                   label="What each cache layer holds (bytes)", elem_id="kvi-layers")
+        with gr.Row(equal_height=False):
+            with gr.Column(scale=2):
+                self.top = gr.Dataframe(headers=top_table(None)[0], value=None, interactive=False,
+                                        label="Next-token top-5 (probabilities)", elem_id="kvi-top")
+            with gr.Column(scale=3):
+                self.code = gr.Code(language="python", label="The loop being run (plain transformers)",
+                                    interactive=False, lines=24, max_lines=60, elem_id="kvi-code")
+        self._wire()
+        return self
+
+    def _wire(self) -> None:
+        self.form_inputs = {self.prompt, self.system, self.chat, self.max_new_tokens, self.ignore_eos,
+                            self.model_source, self.card.strategy, *self.card.knobs}
+        self.outputs = [self.status, self.step_info, self.strip, self.layers, self.top, self.code, self.state]
+        model_bound = {"concurrency_limit": CONCURRENCY, "concurrency_id": MODEL_CONCURRENCY_ID,
+                       "api_visibility": "private", "show_progress": "hidden"}
+        for button, handler in ((self.step_button, self.on_step), (self.step10_button, self.on_step10),
+                                (self.run_button, self.on_run)):
+            button.click(handler, {self.state, *self.form_inputs}, self.outputs, **model_bound)
+        self.reset_button.click(self.on_reset, {self.state, *self.form_inputs}, self.outputs, **model_bound)
+        self.stop_button.click(self.stop, self.state, None, queue=False)
+        self.card.strategy.input(lambda name: self.card.updates(card_form(name, start_knobs(name), None,
+                                                                          self.knob_count)),
+                                 self.card.strategy, self.card.form_outputs, show_progress="hidden", **PRIVATE)
+
+    def on_step(self, data: dict, request: gr.Request):
+        yield from self.steps(data, STEP_COUNTS["step"], _session_key(request))
+
+    def on_step10(self, data: dict, request: gr.Request):
+        yield from self.steps(data, STEP_COUNTS["step10"], _session_key(request))
+
+    def on_run(self, data: dict, request: gr.Request):
+        yield from self.steps(data, STEP_COUNTS["run"], _session_key(request))
+
+    def on_reset(self, data: dict, request: gr.Request) -> dict:
+        return self.reset(data, _session_key(request))
+
+    def unload(self, request: gr.Request) -> None:
+        """The tab closed: release its run (and cache) now."""
+        release_state(self.live.pop(_session_key(request), None))
+
+    def request_from(self, data: dict) -> InspectRequest:
+        return InspectRequest(prompt=data[self.prompt], strategy_name=data[self.card.strategy],
+                              knobs=[data[box] for box in self.card.knobs], system=data[self.system],
+                              chat=data[self.chat], max_new_tokens=data[self.max_new_tokens],
+                              ignore_eos=data[self.ignore_eos], model_source=data[self.model_source])
+
+    # ----- handlers: each returns or yields {component: update} -----
+
+    def view(self, state: InspectTabState | None, note: str = "", kind: str = "info") -> dict:
+        """The page for the state's latest step (or none), with `note` as the status line when given."""
+        session = state.session if state is not None else None
+        record = session.records[-1] if session is not None and session.records else None
+        layer_headers, layer_rows = layer_table(record)
+        top_headers, top_rows = top_table(record)
+        return {
+            self.status: line_html(note or status_text(session), kind if note else "ok" if record else "info"),
+            self.step_info: step_markdown(record, session),
+            self.strip: strip_html(record, sequence_tokens(session)),
+            self.layers: gr.update(value=layer_rows, headers=layer_headers),
+            self.top: gr.update(value=top_rows, headers=top_headers),
+            self.code: loop_code(state.plan, record) if session is not None else "",
+            self.state: state,
+        }
+
+    def _ready(self, state: InspectTabState | None, data: dict, restart: bool,
+               key: str) -> tuple[InspectTabState, str]:
+        """The session for the form (a new one when asked, or when the form changed), registered under the
+        browser session's `key`; returns (state, note).
+
+        Raises:
+            InspectRejected, InspectError, StrategyError, ModelLoadError, ValueError: the reason to show.
+        """
+        plan = plan_inspect(self.request_from(data))
+        state = state or InspectTabState()
+        self.live[key] = state
+        if restart or state.session is None or state.key != plan.key():
+            note = "" if restart or state.session is None else "the settings changed: started a new run"
+            loaded = self.pool.get(plan.spec)
+            r = plan.request
+            prompt_ids = encode_prompt(loaded.tokenizer, r.prompt, r.system or "", bool(r.chat))
+            state.session = compute(InspectSession, loaded, plan.strategy, prompt_ids, plan.settings)
+            state.key, state.plan = plan.key(), plan
+            return state, note
+        return state, ""
+
+    def steps(self, data: dict, count: int, key: str = "local"):
+        """Step, Step ×10, Run to end: run up to `count` steps, updating the page as they go."""
+        state = data[self.state]
+        try:
+            state, note = self._ready(state, data, False, key)
+        except (InspectRejected, InspectError, StrategyError, ModelLoadError, ValueError) as err:
+            yield self.view(state, f"✖ {err}", "error")
+            return
+        session = state.session
+        if session.finished:
+            yield self.view(state, status_text(session), "info")
+            return
+        state.stop.clear()
+        shown = time.monotonic()
+        for _ in compute_iter(session.steps(count)):
+            if state.stop.is_set():
+                break
+            if time.monotonic() - shown >= STREAM_EVERY_S:
+                yield self.view(state, note)
+                shown = time.monotonic()
+        yield self.view(state, note)
+
+    def reset(self, data: dict, key: str = "local") -> dict:
+        """Reset: a new run from the form, no step taken yet."""
+        try:
+            state, _ = self._ready(data[self.state], data, True, key)
+        except (InspectRejected, InspectError, StrategyError, ModelLoadError, ValueError) as err:
+            return self.view(data[self.state], f"✖ {err}", "error")
+        return self.view(state, f"new run: {state.session.prompt_ids.shape[1]}-token prompt, "
+                                f"{state.session.strategy.describe()}; press Step")
+
+    def stop(self, state: InspectTabState | None) -> None:
+        """Stop: end a Run to end (or Step ×10) after the step in hand."""
+        if state is not None:
+            state.stop.set()
+
+
+def _session_key(request: gr.Request | None) -> str:
+    return getattr(request, "session_hash", None) or "local"
+
+
+def build_inspect_tab(pool) -> InspectTab:
+    """Build the Inspect tab inside the current `gr.Tab` context; `pool` is the app's shared ModelPool."""
+    return InspectTab(pool).build()
