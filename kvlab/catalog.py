@@ -18,7 +18,16 @@ from pathlib import Path
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-CATALOG_DIR = Path(__file__).resolve().parent.parent / "presets" / "models"
+CATALOG_DIR: Path | None = None
+"""The catalog folder; None (the default) means `models/` in `kvlab.presets.presets_dir()` (the source
+checkout's `presets/models`, or `<prefix>/share/kvlab/presets/models` after a regular install)."""
+
+
+def catalog_dir() -> Path:
+    """Where the catalog files are read from (see `CATALOG_DIR`)."""
+    from .presets import presets_dir
+
+    return CATALOG_DIR if CATALOG_DIR is not None else presets_dir() / "models"
 
 
 class ConfigError(ValueError):
@@ -65,7 +74,7 @@ def load_catalog() -> dict[str, CatalogEntry]:
         ConfigError: a file is not valid YAML, fails the schema, or repeats a hub id.
     """
     entries: dict[str, CatalogEntry] = {}
-    for path in sorted(CATALOG_DIR.glob("*.yaml")):
+    for path in sorted(catalog_dir().glob("*.yaml")):
         try:
             entry = CatalogEntry.model_validate(yaml.safe_load(path.read_text()))
         except (yaml.YAMLError, ValidationError) as err:

@@ -38,6 +38,8 @@ INSTALLED_PRESETS_CHECK = (
     "print(presets_dir())\n"
     "print(sorted(list_presets()))\n"
     "print(load_preset('quickstart').name)\n"
+    "from kvlab.catalog import catalog_dir, known_models\n"
+    "print(catalog_dir(), len(known_models()))\n"
 )
 
 IMPORT_CHECK = (
@@ -142,12 +144,15 @@ def test_a_regular_install_finds_its_presets_under_its_prefix(tmp_path: Path) ->
     check = subprocess.run([str(venv_python), "-I", "-c", INSTALLED_PRESETS_CHECK], cwd=tmp_path, env=env,
                            capture_output=True, text=True, timeout=300)
     assert check.returncode == 0, check.stderr[-4000:]
-    package_init, presets_folder, names, quickstart = check.stdout.splitlines()[-4:]
+    package_init, presets_folder, names, quickstart, catalog = check.stdout.splitlines()[-5:]
     assert Path(package_init).is_relative_to(venv_site)
     assert Path(presets_folder) == venv_dir / "share" / "kvlab" / "presets"
     shipped = sorted(path.name for path in (REPO_ROOT / "presets").iterdir())
     assert sorted(path.name for path in Path(presets_folder).iterdir()) == shipped
     assert "quickstart" in names and quickstart == "quickstart"
+    catalog_folder, catalog_size = catalog.rsplit(" ", 1)
+    assert Path(catalog_folder) == Path(presets_folder) / "models"
+    assert int(catalog_size) == len(list((REPO_ROOT / "presets" / "models").glob("*.yaml")))
 
 
 def test_setup_rejects_unknown_options() -> None:
@@ -194,10 +199,13 @@ def test_pyproject_takes_its_dependencies_and_version_from_one_place() -> None:
     assert "dependencies" not in project["project"]
     dynamic = project["tool"]["setuptools"]["dynamic"]
     assert dynamic == {"version": {"attr": "kvlab.__version__"}, "dependencies": {"file": ["requirements.txt"]}}
-    assert project["project"]["scripts"] == {"kvlab": "kvlab.cli:main"}
+    assert project["project"]["scripts"] == {"kvlab": "kvlab.__main__:entry"}
     assert project["project"]["requires-python"] == ">=3.11"
     assert {"kvlab", "kvlab.*"} <= set(project["tool"]["setuptools"]["packages"]["find"]["include"])
-    assert project["tool"]["setuptools"]["data-files"] == {"share/kvlab/presets": ["presets/*"]}
+    assert project["tool"]["setuptools"]["data-files"] == {
+        "share/kvlab/presets": ["presets/*.yaml", "presets/*.txt"],
+        "share/kvlab/presets/models": ["presets/models/*.yaml"],
+    }
 
 
 def test_ci_runs_the_readme_test_command() -> None:
