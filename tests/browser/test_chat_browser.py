@@ -224,9 +224,15 @@ def test_every_control_works_while_a_reply_streams(app_url, browser):
         box.fill("typed while the reply streams")
         page.wait_for_timeout(2_000)
         assert box.input_value() == "typed while the reply streams"
+        status_before = page.locator("#kvlab-chat-turn").inner_text()
         page.locator("#kvlab-chat-clear").click()
         notice = page.locator("#kvlab-chat-notice")
-        notice.get_by_text("stopped the reply that was running, then cleared").wait_for(timeout=60_000)
+        try:
+            notice.get_by_text("stopped the reply that was running, then cleared").wait_for(timeout=60_000)
+        except Exception as err:  # noqa: BLE001 - say what the page showed instead
+            raise AssertionError(f"no 'stopped ... then cleared' notice; turn before Clear: {status_before!r}, "
+                                 f"notice now: {notice.inner_text()!r}, turn now: "
+                                 f"{page.locator('#kvlab-chat-turn').inner_text()!r}") from err
         assert "lighthouse" not in conversation(page)
         assert box.input_value() == "typed while the reply streams"
         budget.fill(NEW_TOKENS)
