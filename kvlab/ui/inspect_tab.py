@@ -189,12 +189,17 @@ class InspectTab:
             return
         state.stop.clear()
         shown = time.monotonic()
-        for _ in compute_iter(session.steps(count)):
-            if state.stop.is_set():
-                break
-            if time.monotonic() - shown >= STREAM_EVERY_S:
-                yield self.view(state, note)
-                shown = time.monotonic()
+        try:
+            for _ in compute_iter(session.steps(count)):
+                if state.stop.is_set():
+                    break
+                if time.monotonic() - shown >= STREAM_EVERY_S:
+                    yield self.view(state, note)
+                    shown = time.monotonic()
+        except Exception as err:  # noqa: BLE001 - a failed step is shown; the steps before it stay
+            yield self.view(state, f"✖ the step failed: {type(err).__name__}: {err} (the steps before it stay; "
+                                   "Step tries it again, Reset starts over)", "error")
+            return
         yield self.view(state, note)
 
     def reset(self, data: dict, key: str = "local") -> dict:

@@ -1,4 +1,4 @@
-"""Fault catalogue: an exception inside the model work of every tab (Compare, Chat, prefix reuse, Perplexity).
+"""Fault catalogue: an exception inside the model work of every tab (Compare, Chat, prefix reuse, Perplexity, Inspect).
 Right: the tab shows the message where the user looks, the next action works, and no kvlab thread is left
 running. The exception is injected into a strategy's forward pass on a tiny random model, in-process."""
 
@@ -109,3 +109,22 @@ def test_perplexity(tiny_pool, failing_forward):
     failing_forward()
     again = merged(tab.stream(request, threading.Event()))
     assert again[tab.status].startswith("done: 63 tokens per cache")
+
+
+def test_inspect(tiny_pool, failing_forward):
+    from kvlab.ui.inspect_tab import InspectTab
+
+    before = kvlab_threads()
+    with gr.Blocks():
+        tab = InspectTab(tiny_pool).build()
+    form = {tab.prompt: "Tell me about the sea.", tab.system: "", tab.chat: True, tab.max_new_tokens: 12,
+            tab.ignore_eos: True, tab.model_source: "bundled", tab.card.strategy: "dynamic", tab.state: None}
+    form.update({box: "" for box in tab.card.knobs})
+    failed = merged(tab.steps(form, 10))
+    state = failed[tab.state]
+    assert f"the step failed: RuntimeError: {BOOM}" in failed[tab.status]
+    assert len(state.session.records) == 2, "the steps before the failure stay on the page"
+    assert no_kvlab_thread_left(before)
+    failing_forward()
+    again = merged(tab.steps({**form, tab.state: state}, 10))
+    assert len(state.session.records) == 12 and "failed" not in again[tab.status]
