@@ -21,7 +21,8 @@ import gradio as gr
 import pandas as pd
 
 from kvlab.compute import compute
-from kvlab.models import BUNDLED, ModelLoadError, ModelSpec
+from kvlab.bundled import bundled_model
+from kvlab.models import ModelLoadError, ModelSpec
 from kvlab.planner import DTYPES, warm_up
 
 from .cards import StrategyCard, build_card
@@ -178,13 +179,12 @@ class PlanTab:
                 self.explain: view.explanations()}
 
     def measurable(self, source) -> bool:
-        """Whether "measure it for real" applies: the bundled model (Compare's), or one the app holds loaded."""
+        """Whether "measure it for real" applies: a bundled model (Compare loads it on Run), or one the app holds
+        loaded."""
         source = (source or "").strip()
-        if source == BUNDLED:
-            return True
         try:
-            return bool(source) and self.pool.loaded(ModelSpec(source)) is not None
-        except ValueError:
+            return bundled_model(source) is not None or bool(source) and self.pool.loaded(ModelSpec(source)) is not None
+        except (ModelLoadError, ValueError):
             return False
 
     def measure(self, data: dict) -> dict:

@@ -27,7 +27,8 @@ import time
 from dataclasses import dataclass, field, replace
 
 from kvlab.catalog import ConfigError, known_models, resolve_config
-from kvlab.models import BUNDLED, BUNDLED_NAME
+from kvlab.bundled import MODELS as BUNDLED_MODELS
+from kvlab.models import BUNDLED
 from kvlab.planner import GIB, Plan, PlanError, PlanRequest, plan
 from kvlab.runner import MAX_COLUMNS
 
@@ -77,9 +78,11 @@ def budget_choices() -> list[tuple[str, str]]:
 
 
 def model_choices() -> list[tuple[str, str]]:
-    """The model dropdown's (label, value) pairs: the bundled (loaded) model, then the catalog's hub ids."""
-    return [(f"{BUNDLED} ({BUNDLED_NAME}, the model Compare loads)", BUNDLED)] + \
-        [(hub_id, hub_id) for hub_id in known_models()]
+    """The model dropdown's (label, value) pairs: the bundled models (the default first: the model Compare
+    loads), then the catalog's hub ids."""
+    bundled = [(f"{key} ({model.name}{', the model Compare loads' if key == BUNDLED else ''})", key)
+               for key, model in BUNDLED_MODELS.items()]
+    return bundled + [(hub_id, hub_id) for hub_id in known_models()]
 
 
 def parse_contexts(text) -> tuple[int, ...]:

@@ -65,7 +65,7 @@ def test_budget_is_a_card_or_gib():
 
 def test_model_choices_are_bundled_then_the_catalog():
     values = [value for _, value in model_choices()]
-    assert values == ["bundled", *known_models()]
+    assert values == ["bundled", "bundled:gemma-3-270m", *known_models()]
 
 
 @pytest.mark.parametrize("fields,message", [
