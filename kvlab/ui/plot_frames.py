@@ -79,8 +79,9 @@ def _thin(points: list[tuple]) -> list[tuple]:
 
 
 def _frame(spec: PlotSpec, rows: list[tuple], unit: str, digits: int = 2) -> pd.DataFrame:
-    """A long frame from (x, y, series) rows; `value` is y with `unit`."""
+    """A long frame from (x, y, series) rows, y rounded to 4 decimals; `value` is y with `unit`."""
     frame = pd.DataFrame(rows, columns=[spec.x, spec.y, "series"])
+    frame[spec.y] = frame[spec.y].round(4)
     frame["value"] = [f"{y:,.{digits}f} {unit}" for y in frame[spec.y]]
     return frame
 
