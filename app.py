@@ -3,6 +3,13 @@
 `create_app()` returns the `gr.Blocks`; `python app.py` serves it on 0.0.0.0,
 port `GRADIO_SERVER_PORT`, else `PORT`, else 7860. Everything a tab does lives
 in its `kvlab.ui` modules; this file only assembles them.
+
+Started as a script, the app begins loading the bundled model on a background
+thread *before* importing gradio (which takes seconds), so the two overlap
+(`KVLAB_EARLY_LOAD=0` turns that off). The queue holds at most
+`KVLAB_QUEUE_MAX_SIZE` waiting events (default 16; 0 = no limit). On a Hugging
+Face Space a "Duplicate Space" button shows in the header; on ZeroGPU the
+GPU-bound handlers are wrapped by `kvlab.ui.zerogpu`.
 """
 
 import logging
@@ -11,7 +18,32 @@ import sys
 
 from kvlab import SETUP_HINT
 
+EARLY_LOADER = None
+"""The `BackgroundLoader` whose load of the bundled model started before gradio was imported (script only)."""
+
+
+def log_to_stderr() -> None:
+    """Send kvlab's own log lines (model ready or failed, run errors) to stderr, where server logs are read
+    (once per process)."""
+    logger = logging.getLogger("kvlab")
+    if any(getattr(h, "kvlab_stderr", False) for h in logger.handlers):
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("kvlab: %(message)s"))
+    handler.kvlab_stderr = True
+    logger.setLevel(logging.INFO)
+    logger.addHandler(handler)
+
+
 try:
+    if __name__ == "__main__" and os.environ.get("KVLAB_EARLY_LOAD", "1") != "0":
+        from kvlab.models import ModelPool, ModelSpec
+        from kvlab.ui.loader import BackgroundLoader
+
+        log_to_stderr()
+        EARLY_LOADER = BackgroundLoader(ModelPool())
+        EARLY_LOADER.start(ModelSpec())
+
     import gradio as gr
 
     from kvlab.models import ModelPool
@@ -30,17 +62,51 @@ COMPARE_TAB = "compare"
 """The Compare tab's id: the Plan tab's "measure it for real" switches to it."""
 CACHE_CLEANUP = (3600, 3600)
 """Every hour, delete gradio's cached copies of served files (exports) older than an hour."""
+QUEUE_MAX_SIZE_ENV = "KVLAB_QUEUE_MAX_SIZE"
+DEFAULT_QUEUE_MAX_SIZE = 16
+"""Events that may wait in the queue at once; more are refused with "queue is full" (0 = no limit)."""
 
 
-def create_app(pool: ModelPool | None = None, preload: bool = True) -> gr.Blocks:
+def queue_max_size() -> int | None:
+    """The queue's `max_size` from KVLAB_QUEUE_MAX_SIZE (default DEFAULT_QUEUE_MAX_SIZE; 0 means no limit: None).
+
+    Raises:
+        ValueError: the setting is not a whole number >= 0; the message names it and its value.
+    """
+    text = os.environ.get(QUEUE_MAX_SIZE_ENV, "").strip()
+    if not text:
+        return DEFAULT_QUEUE_MAX_SIZE
+    try:
+        size = int(text)
+    except ValueError:
+        size = -1
+    if size < 0:
+        raise ValueError(f"{QUEUE_MAX_SIZE_ENV} must be a whole number >= 0 (0 = no limit), got {text!r}")
+    return size or None
+
+
+def on_space() -> bool:
+    """Whether the app runs on a Hugging Face Space (Spaces set SYSTEM=spaces and SPACE_ID)."""
+    return os.environ.get("SYSTEM") == "spaces" and bool(os.environ.get("SPACE_ID"))
+
+
+def create_app(pool: ModelPool | None = None, preload: bool = True, loader=None) -> gr.Blocks:
     """The whole app. `pool` holds the model weights every tab and session shares; `preload` starts
-    loading the bundled model in the background right away, then warms the planner."""
-    pool = pool or ModelPool()
+    loading the bundled model in the background right away, then warms the planner; `loader` is a
+    `kvlab.ui.loader.BackgroundLoader` on `pool` whose load already started (see EARLY_LOADER).
+
+    Raises:
+        ValueError: KVLAB_QUEUE_MAX_SIZE is not a whole number >= 0.
+    """
+    max_size = queue_max_size()
+    pool = loader.pool if loader is not None else (pool or ModelPool())
     with gr.Blocks(title=TITLE, analytics_enabled=False, fill_width=True, delete_cache=CACHE_CLEANUP) as demo:
-        gr.Markdown(f"# {TITLE}", elem_classes=["kv-header"])
+        with gr.Row(equal_height=True):
+            gr.Markdown(f"# {TITLE}", elem_classes=["kv-header"])
+            gr.DuplicateButton(visible=on_space(), elem_id="kv-duplicate")
         with gr.Tabs() as tabs:
             with gr.Tab("Compare", id=COMPARE_TAB):
-                compare = build_compare_tab(pool, preload=preload)
+                compare = build_compare_tab(pool, preload=preload, loader=loader)
             with gr.Tab("Chat"):
                 chat = build_chat_tab(pool)
             with gr.Tab("Perplexity"):
@@ -52,7 +118,7 @@ def create_app(pool: ModelPool | None = None, preload: bool = True) -> gr.Blocks
         demo.unload(chat.unload)
         demo.unload(inspect.unload)
     # Light events (presets, strategy pickers, Stop) run at once; model-bound ones set their own limit.
-    demo.queue(default_concurrency_limit=None)
+    demo.queue(default_concurrency_limit=None, max_size=max_size)
     return demo
 
 
@@ -60,21 +126,17 @@ def server_port() -> int:
     return int(os.environ.get("GRADIO_SERVER_PORT") or os.environ.get("PORT") or DEFAULT_PORT)
 
 
-def log_to_stderr() -> None:
-    """Send kvlab's own log lines (model ready or failed, run errors) to stderr, where server logs are read."""
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("kvlab: %(message)s"))
-    logger = logging.getLogger("kvlab")
-    logger.setLevel(logging.INFO)
-    logger.addHandler(handler)
-
-
 def launch() -> None:
-    """Serve the app; a port that cannot be opened is reported in one line naming the setting that moves it."""
+    """Serve the app; a port that cannot be opened, or a bad KVLAB_QUEUE_MAX_SIZE, is reported in one line
+    naming the setting to change."""
     log_to_stderr()
     port = server_port()
     try:
-        create_app().launch(server_name="0.0.0.0", server_port=port, css=CSS, show_error=True)
+        demo = create_app(loader=EARLY_LOADER)
+    except ValueError as err:
+        sys.exit(f"kvlab: {err}")
+    try:
+        demo.launch(server_name="0.0.0.0", server_port=port, css=CSS, show_error=True)
     except OSError as err:
         sys.exit(f"kvlab: cannot serve on port {port} ({str(err).splitlines()[0]}): set GRADIO_SERVER_PORT "
                  "(or PORT) to a free port")

@@ -44,9 +44,11 @@ from .chat_view import (
     turn_markdown,
     turns_frame,
 )
-from .figures import turns_figure
+from . import zerogpu
+from .compare_plots import line_plot
 from .knobs import card_form, knob_index, max_knobs, strategy_choices
 from .model_picker import model_dropdown
+from .plot_frames import TURN_COLORS, TURN_TOKENS, TURN_TTFT, turns_tokens_frame, turns_ttft_frame
 
 logger = logging.getLogger(__name__)
 
@@ -119,7 +121,9 @@ class ChatTab:
             self.to_dynamic_button = gr.Button("Switch to dynamic", size="sm")
         self.turn_info = gr.Markdown(elem_id="kvlab-chat-turn")
         self.turn_table = gr.Dataframe(label="Per turn", interactive=False, wrap=True)
-        self.turn_plot = gr.Plot(label="Per-turn TTFT and tokens")
+        with gr.Row(elem_id="kvlab-chat-plots"):
+            self.ttft_plot = line_plot(TURN_TTFT, "kvlab-chat-ttft", color_map=TURN_COLORS)
+            self.tokens_plot = line_plot(TURN_TOKENS, "kvlab-chat-tokens", color_map=TURN_COLORS)
         with gr.Accordion("Settings", open=False):
             self.model_source = model_dropdown(self.spec0.source, elem_id="kvlab-chat-model")
 
@@ -139,11 +143,11 @@ class ChatTab:
         self.form_inputs = {self.model_source, self.card.strategy, *self.card.knobs, self.card.budget,
                             self.card.fallback, self.system, self.max_new_tokens, self.measure, self.verify}
         self.turn_outputs = [self.chatbot, self.message, self.notice, self.capacity_row, self.turn_info,
-                             self.turn_table, self.turn_plot, self.state]
+                             self.turn_table, self.ttft_plot, self.tokens_plot, self.state]
         model_bound = {"concurrency_limit": CHAT_CONCURRENCY, "concurrency_id": CHAT_CONCURRENCY_ID}
         for trigger in (self.send_button.click, self.message.submit):
-            trigger(self._on_send, {self.message, self.state, *self.form_inputs}, self.turn_outputs, **model_bound)
-        self.regenerate_button.click(self._on_regenerate, {self.state, *self.form_inputs}, self.turn_outputs,
+            trigger(zerogpu.gpu(self._on_send, self.gpu_s), {self.message, self.state, *self.form_inputs}, self.turn_outputs, **model_bound)
+        self.regenerate_button.click(zerogpu.gpu(self._on_regenerate, self.gpu_s), {self.state, *self.form_inputs}, self.turn_outputs,
                                      **model_bound)
         self.undo_button.click(self.undo, [self.state], self.turn_outputs)
         self.clear_button.click(self.clear, [self.state], self.turn_outputs)
@@ -153,7 +157,8 @@ class ChatTab:
                                      self.turn_outputs + [self.card.strategy, *self.card.form_outputs])
         self.card.strategy.input(self.pick_strategy, [self.card.strategy, self.model_source], self.card.form_outputs,
                                  show_progress="hidden")
-        self.prefix_button.click(self._on_prefix, {self.prefix_text, self.prefix_prompts, *self.form_inputs},
+        self.prefix_button.click(zerogpu.gpu(self._on_prefix, self.prefix_gpu_s),
+                                 {self.prefix_text, self.prefix_prompts, *self.form_inputs},
                                  [self.prefix_info, self.prefix_table], **model_bound)
 
     def form_from(self, data: dict) -> ChatForm:
@@ -163,6 +168,16 @@ class ChatTab:
                         max_new_tokens=data[self.max_new_tokens], measure=data[self.measure],
                         verify=data[self.verify], budget_text=data[self.card.budget],
                         fallback_text=data[self.card.fallback])
+
+    def gpu_s(self, data: dict, request: gr.Request | None = None) -> int:
+        """ZeroGPU seconds a chat turn asks for: max_new_tokens, twice over when the turn is also generated
+        without reuse (`zerogpu.estimate_s`)."""
+        return zerogpu.estimate_s(1 + bool(data[self.verify]), int(data[self.max_new_tokens] or 1))
+
+    def prefix_gpu_s(self, data: dict) -> int:
+        """ZeroGPU seconds a prefix-reuse run asks for: each prompt answered with and without reuse."""
+        prompts = [line for line in (data[self.prefix_prompts] or "").splitlines() if line.strip()]
+        return zerogpu.estimate_s(2 * max(1, len(prompts)), int(data[self.max_new_tokens] or 1))
 
     def _on_send(self, data: dict, request: gr.Request):
         yield from self.send(data[self.message], data[self.state], self.form_from(data), _session_key(request))
@@ -188,7 +203,8 @@ class ChatTab:
         turns = session.turns if session else []
         updates = {self.chatbot: history, self.notice: note, self.capacity_row: gr.update(visible=capacity),
                    self.turn_info: turn_markdown(turns[-1] if turns else None), self.turn_table: turns_frame(turns),
-                   self.turn_plot: turns_figure(turns), self.state: state}
+                   self.ttft_plot: turns_ttft_frame(turns), self.tokens_plot: turns_tokens_frame(turns),
+                   self.state: state}
         if message is not None:
             updates[self.message] = message
         return updates

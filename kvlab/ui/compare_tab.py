@@ -3,7 +3,8 @@
 This module lays out the components and wires their events; nothing else.
 What the page shows comes from `kvlab.ui.compare_view` (the form -> a run plan,
 runner events -> a view model), `kvlab.ui.knobs` (the strategy cards' fields)
-and `kvlab.ui.figures`; running is `kvlab.runner`'s job. Per-session state lives
+and `kvlab.ui.compare_plots` (native plots; the matplotlib PNG only on request); a recorded run is shown
+again through `kvlab.ui.compare_replay`; running is `kvlab.runner`'s job. Per-session state lives
 in `gr.State`; the one shared object is the `ModelPool` of loaded weights
 (through a `BackgroundLoader`). Model-bound events (Run, the `compare` API)
 share one concurrency group limited to `CONCURRENCY` jobs; the queue shows a
@@ -39,11 +40,13 @@ from .compare_view import (
     slot_specs,
     start_preset,
 )
-from .figures import render_figure
+from . import zerogpu
+from .compare_plots import LivePlots
+from .compare_extras import CompareExtras
 from .knobs import card_form, max_knobs, strategy_choices
 from .loader import CONCURRENCY, MODEL_CONCURRENCY_ID, BackgroundLoader, device_present
 from .model_picker import model_bar
-from .records import code_text, record_for, run_preset, write_exports
+from .records import code_text, record_for
 from .theme import line_html, status_html
 
 logger = logging.getLogger(__name__)
@@ -60,11 +63,12 @@ PRIVATE = {"concurrency_limit": None, "api_visibility": "private"}
 """Light events (presets, pickers, Stop, the timer) run at once and stay out of the API."""
 
 
-class CompareTab:
-    """The Compare tab's components and handlers (build it with `build_compare_tab`)."""
+class CompareTab(CompareExtras):
+    """The Compare tab's components and handlers (build it with `build_compare_tab`); replay and the ZeroGPU
+    sizing and the `compare` API come from `kvlab.ui.compare_extras.CompareExtras`."""
 
-    def __init__(self, pool, preload: bool = True):
-        self.loader = BackgroundLoader(pool)
+    def __init__(self, pool, preload: bool = True, loader: BackgroundLoader | None = None):
+        self.loader = loader or BackgroundLoader(pool)
         self.knob_count = max_knobs()
         self.presets = list_presets()
         self.devices = [d for d in DEVICES if d in ("auto", "cpu") or device_present(d)]
@@ -151,13 +155,19 @@ class CompareTab:
                                                  elem_id=f"kv-card-{slot}", budget=True))
 
     def _build_results(self) -> None:
-        self.plot = gr.Plot(label="Live plots", show_label=False, elem_id="kv-plot", format="png", visible=False)
+        self.plots = LivePlots().build()
         with gr.Column(visible=False, elem_id="kv-results") as self.results:
             self.summary = gr.Dataframe(value=None, headers=None, interactive=False, wrap=True, elem_id="kv-summary",
                                         label="Summary", max_height=900, column_widths=SUMMARY_WIDTHS)
             gr.Markdown(SUMMARY_HELP, elem_classes=["kv-small"])
-            self.exports = gr.File(label="Export: JSON record, summary CSV, plots PNG", file_count="multiple",
-                                   interactive=False, elem_id="kv-exports")
+            with gr.Row(equal_height=True):
+                self.exports = gr.File(label="Export: JSON record (replayable), summary CSV", file_count="multiple",
+                                       interactive=False, elem_id="kv-exports", scale=4)
+                gr.DeepLinkButton("Share a link to this result", scale=1)
+        with gr.Accordion("Replay a recorded run (the JSON record of the export or `kvlab compare --json`)",
+                          open=False, elem_id="kv-replay-box"):
+            self.replay_file = gr.File(label="run record (.json)", file_types=[".json"], type="filepath",
+                                       elem_id="kv-replay")
         with gr.Accordion("View code: reproduce each column with plain transformers", open=False,
                           elem_id="kv-code-box"):
             self.code = gr.Code(language="python", label="generate(..., cache=...)", elem_id="kv-code",
@@ -213,13 +223,14 @@ class CompareTab:
             *[card.strategy for card in self.cards], *[box for card in self.cards for box in card.knobs],
             *[box for card in self.cards for box in (card.budget, card.fallback)],
         }
-        self.run_outputs = [self.run_status, self.model_status, self.plot, self.results, self.summary, self.exports,
-                            self.code, *[c for card in self.cards for c in (card.status, card.text, card.strategy)]]
+        self.run_outputs = [self.run_status, self.model_status, *self.plots.outputs, self.results, self.summary,
+                            self.exports, self.code,
+                            *[c for card in self.cards for c in (card.status, card.text, card.strategy)]]
         self.run_button.click(
             self.prepare, self.session, [self.run_button, self.stop_button, self.run_status], show_progress="hidden",
             **PRIVATE,
         ).then(
-            self.run, self.run_inputs, self.run_outputs, concurrency_limit=CONCURRENCY,
+            zerogpu.gpu(self.run, self.run_gpu_s), self.run_inputs, self.run_outputs, concurrency_limit=CONCURRENCY,
             concurrency_id=MODEL_CONCURRENCY_ID, show_progress="full", show_progress_on=[self.run_status],
             api_visibility="private",
         ).then(
@@ -227,8 +238,12 @@ class CompareTab:
             [self.run_button, self.stop_button], show_progress="hidden", **PRIVATE,
         )
         self.stop_button.click(self.stop, self.session, self.run_status, show_progress="hidden", **PRIVATE)
-        gr.api(self.api_compare, api_name="compare", concurrency_limit=CONCURRENCY,
+        gr.api(zerogpu.gpu(self.api_compare, self.api_gpu_s), api_name="compare", concurrency_limit=CONCURRENCY,
                concurrency_id=MODEL_CONCURRENCY_ID)
+        self.plots.png_button.click(lambda session: self.plots.export(session.get("view")), self.session,
+                                    [self.plots.png, self.plots.notes], **PRIVATE)
+        replay_outputs = list(dict.fromkeys([*self.run_outputs, *[c for card in self.cards for c in card.form_outputs]]))
+        self.replay_file.upload(self.replay, [self.replay_file, self.session], replay_outputs, **PRIVATE)
 
     # ----- light events -----
 
@@ -318,15 +333,16 @@ class CompareTab:
         session = data[self.session]
         stop = session.get("stop") or threading.Event()
         try:
-            yield from self.stream(self.request_from(data), stop)
+            yield from self.stream(self.request_from(data), stop, session)
         except Exception as err:  # noqa: BLE001 - the page shows what went wrong instead of a bare "Error"
             logger.exception("compare run failed")
             yield {self.run_status: line_html(f"✖ the run failed: {type(err).__name__}: {err}", "error")}
 
-    def stream(self, request: RunRequest, stop: threading.Event):
+    def stream(self, request: RunRequest, stop: threading.Event, session: dict | None = None):
         """Validate, load, run and yield {component: update} dicts as the run goes (throttled).
 
-        Bad input yields one status-line message and ends; a column that fails shows it in its card.
+        Bad input yields one status-line message and ends; a column that fails shows it in its card. The
+        run's view is kept in `session["view"]` (for the PNG export).
         """
         # 1. Refuse what cannot start: stopped already, bad form, model that does not load.
         if stop.is_set():
@@ -344,6 +360,8 @@ class CompareTab:
         # 2. Stream the runner's events through the view, throttled, then the final summary.
         columns = plan.run_columns()
         view = RunView([column.describe() for column in columns], plan.slots)
+        if session is not None:
+            session["view"] = view
         yield self._start_updates(plan, view, loaded)
         events = run_compare(loaded, prompt_ids, columns, plan.settings, request.mode, stop, plan.baseline_index())
         try:
@@ -368,7 +386,7 @@ class CompareTab:
             updates[self.run_status] = line_html(view.progress_text(), "busy")
             plotted = now >= plot_due
             if plotted:
-                updates[self.plot] = render_figure(view)
+                updates.update(self.plots.updates(view))
             changed = set()
             yield updates
             last_text = time.monotonic()
@@ -391,7 +409,7 @@ class CompareTab:
     def _start_updates(self, plan: RunPlan, view: RunView, loaded) -> dict:
         """Cleared results, every card's status, strategy choices marked for the run's (maybe new) model."""
         choices = strategy_choices(loaded)
-        updates = {self.run_status: line_html("starting…", "busy"), self.plot: gr.update(value=None, visible=True),
+        updates = {self.run_status: line_html("starting…", "busy"), **self.plots.cleared(),
                    self.results: gr.update(visible=False), self.summary: None, self.exports: None, self.code: "",
                    **{card.strategy: gr.update(choices=choices) for card in self.cards}}
         for slot, card in enumerate(self.cards):
@@ -417,43 +435,22 @@ class CompareTab:
 
     def _final_updates(self, plan: RunPlan, view: RunView, loaded) -> dict:
         updates = self._column_updates(view, set(range(len(view.columns))))
-        fig = render_figure(view)
-        updates[self.plot] = fig
+        updates.update(self.plots.updates(view))
         if view.done is None:
             updates[self.run_status] = line_html("the run ended without a result", "error")
             return updates
-        headers, table = view.summary_table()
-        rows, _ = view.summary()
-        updates[self.summary] = gr.update(value=table, headers=headers)
-        updates[self.results] = gr.update(visible=True)
-        updates[self.exports] = write_exports(record_for(plan, loaded, view.done), rows, fig)
+        updates.update(self._summary_updates(view, record_for(plan, loaded, view.done, view)))
         updates[self.code] = code_text(plan, view)
         errors = [f"column {s + 1}: {m}" for s, m in plan.slot_errors.items()]
         status = view.progress_text() + (" — not run: " + "; ".join(errors) if errors else "")
         updates[self.run_status] = line_html(status, "error" if errors else "ok")
         return updates
 
-    # ----- API -----
 
-    def api_compare(self, preset: str, prompt: str | None = None, max_new_tokens: int | None = None) -> dict:
-        """Run a preset headless and return its JSON run record (what `python -m kvlab compare --json` writes).
-
-        Args:
-            preset: the name of a file in presets/ (e.g. "quickstart").
-            prompt: replaces the preset's prompt text when given.
-            max_new_tokens: replaces the preset's max_new_tokens when given.
-        """
-        if preset not in self.presets:
-            raise gr.Error(f"unknown preset {preset!r}; available: {', '.join(self.presets)}")
-        try:
-            return run_preset(self.loader, self.presets[preset], preset, prompt, max_new_tokens)
-        except (PresetError, ModelLoadError, ValueError) as err:
-            raise gr.Error(str(err)) from None
-
-
-def build_compare_tab(pool, preload: bool = True) -> CompareTab:
+def build_compare_tab(pool, preload: bool = True, loader: BackgroundLoader | None = None) -> CompareTab:
     """Build the Compare tab inside the current `gr.Tab` context; `pool` is the app's shared ModelPool.
 
-    preload: start loading the bundled model in the background now.
+    preload: start loading the bundled model in the background now (joining `loader`'s load when given:
+    app.py starts it before importing gradio).
     """
-    return CompareTab(pool, preload=preload).build()
+    return CompareTab(pool, preload=preload, loader=loader).build()

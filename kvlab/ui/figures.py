@@ -1,10 +1,10 @@
-"""The matplotlib figures every tab draws, with the object API only (no pyplot state, safe from worker threads).
+"""The matplotlib figures, with the object API only (no pyplot state, safe from worker threads). The live
+plots of Compare, Chat and Perplexity are gradio's native plots (`kvlab.ui.plot_frames`); matplotlib draws
+Compare's PNG export, on request only, and Plan's panel.
 
-- `render_figure`: Compare's live panels (cache bytes, per-token latency, process memory; on a model with
+- `render_figure`: Compare's panels for the PNG export (cache bytes, per-token latency, process memory; on a model with
   more than one layer type also cache bytes by layer type, measured beside the prediction); a budgeted
   column's switches to smaller caches are vertical lines labelled with the new cache.
-- `turns_figure`: Chat's per-turn TTFT with/without reuse and reused/prefilled tokens.
-- `perplexity_figure`: Perplexity's running log-PPL and cache bytes against position.
 - `plan_figure`: Plan's cache GiB against context length (log axes) with the budget's room for the cache.
 - `figure_png`: PNG bytes of any of them (the Compare export).
 
@@ -17,16 +17,12 @@ import io
 
 from matplotlib.figure import Figure
 
-from kvlab.perplexity import moving_log_ppl
-
-from .theme import COLORS, PERPLEXITY_COLORS
+from .theme import COLORS
 
 MIB = 1024 * 1024
 LAYER_TYPE_STYLES = {"full_attention": "-", "sliding_attention": ":"}
 """Line style per layer type in the by-layer-type panel (any other type: dash-dot)."""
 HYBRID_HEIGHT_IN = 6.6
-CHAT_SIZE_IN = (7.0, 2.6)
-PERPLEXITY_SIZE_IN = (12.0, 3.8)
 PLAN_SIZE_IN = (11.0, 4.2)
 PLAN_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
 
@@ -132,62 +128,10 @@ def render_figure(view, width_in: float = 15.0, height_in: float = 3.8) -> Figur
 
 
 def figure_png(fig: Figure) -> bytes:
-    """PNG bytes of a figure (for the export)."""
+    """PNG bytes of a figure (for the export); raises nothing beyond matplotlib's own errors."""
     out = io.BytesIO()
     fig.savefig(out, format="png", dpi=110)
     return out.getvalue()
-
-
-def turns_figure(turns) -> Figure | None:
-    """Chat's per-turn plot for `kvlab.chat.TurnStats`s: TTFT with vs without reuse (s), and reused vs
-    prefilled tokens. None before any turn."""
-    if not turns:
-        return None
-    fig = Figure(figsize=CHAT_SIZE_IN, dpi=100, layout="constrained")
-    times, tokens = fig.subplots(1, 2)
-    xs = list(range(len(turns)))
-    labels = [str(t.turn) for t in turns]
-    width = 0.38
-    times.bar([x - width / 2 for x in xs], [t.ttft_s for t in turns], width, label="with reuse")
-    times.bar([x + width / 2 for x in xs], [t.no_reuse_ttft_s or 0.0 for t in turns], width, label="without reuse")
-    times.set(title="TTFT per turn", xlabel="turn", ylabel="seconds", xticks=xs, xticklabels=labels)
-    times.legend(fontsize=7)
-    tokens.bar(xs, [t.reused_tokens for t in turns], label="reused")
-    tokens.bar(xs, [t.prefilled_tokens for t in turns], bottom=[t.reused_tokens for t in turns], label="prefilled")
-    tokens.set(title="Input tokens per turn", xlabel="turn", ylabel="tokens", xticks=xs, xticklabels=labels)
-    tokens.legend(fontsize=7)
-    return fig
-
-
-def perplexity_figure(nll: dict[str, list[float]], cache_bytes: dict[str, list[int]], window: int,
-                      model_window: int | None = None) -> Figure:
-    """Two panels: running log-PPL over the last `window` tokens (nats) vs position, cache bytes (MiB) vs position;
-    `model_window` (the model's own sliding window, tokens) is marked when given.
-
-    Args:
-        nll: cache label -> per-token NLL (nats), in position order.
-        cache_bytes: cache label -> bytes the cache held at each of those positions.
-    """
-    fig = Figure(figsize=PERPLEXITY_SIZE_IN, layout="tight")
-    ax_ppl, ax_mem = fig.subplots(1, 2)
-    for i, (name, values) in enumerate(nll.items()):
-        if values:
-            xs = range(1, len(values) + 1)
-            color = PERPLEXITY_COLORS[i % len(PERPLEXITY_COLORS)]
-            ax_ppl.plot(xs, moving_log_ppl(values, window), label=name, color=color)
-            ax_mem.plot(xs, [b / MIB for b in cache_bytes[name]], label=name, color=color)
-    for ax in (ax_ppl, ax_mem):
-        ax.axvline(window, color="grey", linestyle=":", linewidth=1)
-        if model_window:
-            ax.axvline(model_window, color="#b42318", linestyle="--", linewidth=1,
-                       label=f"model's sliding window ({model_window})")
-        ax.set_xlabel("position (tokens)")
-        ax.grid(alpha=0.3)
-    ax_ppl.set_ylabel(f"log-perplexity, last {window} tokens (nats)")
-    ax_mem.set_ylabel("cache tensor bytes (MiB)")
-    if any(nll.values()):
-        ax_ppl.legend(loc="upper left")
-    return fig
 
 
 def tokens_label(tokens: int) -> str:

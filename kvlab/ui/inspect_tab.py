@@ -20,6 +20,7 @@ from kvlab.generation import encode_prompt
 from kvlab.models import ModelLoadError
 from kvlab.strategies import StrategyError
 
+from . import zerogpu
 from .cards import build_card
 from .inspect_view import (
     DEFAULT_PROMPT,
@@ -105,14 +106,28 @@ class InspectTab:
         self.outputs = [self.status, self.step_info, self.strip, self.layers, self.top, self.code, self.state]
         model_bound = {"concurrency_limit": CONCURRENCY, "concurrency_id": MODEL_CONCURRENCY_ID,
                        "api_visibility": "private", "show_progress": "hidden"}
-        for button, handler in ((self.step_button, self.on_step), (self.step10_button, self.on_step10),
-                                (self.run_button, self.on_run)):
-            button.click(handler, {self.state, *self.form_inputs}, self.outputs, **model_bound)
-        self.reset_button.click(self.on_reset, {self.state, *self.form_inputs}, self.outputs, **model_bound)
+        for button, handler, count in ((self.step_button, self.on_step, STEP_COUNTS["step"]),
+                                       (self.step10_button, self.on_step10, STEP_COUNTS["step10"]),
+                                       (self.run_button, self.on_run, STEP_COUNTS["run"])):
+            button.click(zerogpu.gpu(handler, self.gpu_s_for(count)), {self.state, *self.form_inputs}, self.outputs,
+                         **model_bound)
+        self.reset_button.click(zerogpu.gpu(self.on_reset, self.gpu_s_for(1)), {self.state, *self.form_inputs},
+                                self.outputs, **model_bound)
         self.stop_button.click(self.stop, self.state, None, queue=False)
         self.card.strategy.input(lambda name: self.card.updates(card_form(name, start_knobs(name), None,
                                                                           self.knob_count)),
                                  self.card.strategy, self.card.form_outputs, show_progress="hidden", **PRIVATE)
+
+    def gpu_s_for(self, count: int):
+        """The ZeroGPU duration of a button that runs up to `count` steps: called with the handler's arguments,
+        it asks for min(count, max new tokens) tokens of one column (`zerogpu.estimate_s`)."""
+        def duration(data: dict, request: gr.Request | None = None) -> int:
+            try:
+                tokens = int(data[self.max_new_tokens] or 1)
+            except (TypeError, ValueError):
+                tokens = 1
+            return zerogpu.estimate_s(1, min(count, tokens))
+        return duration
 
     def on_step(self, data: dict, request: gr.Request):
         yield from self.steps(data, STEP_COUNTS["step"], _session_key(request))

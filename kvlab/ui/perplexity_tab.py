@@ -4,7 +4,8 @@ A long text streams token by token through dense, window and sink caches (and
 any other registered strategy usable in perplexity); the running
 log-perplexity of each grows on the plot as it is measured, with cache bytes
 beside it. This module lays out the components and wires their events; the
-form, the view model, the figure and the table are `kvlab.ui.perplexity_view`'s,
+form, the view model, the plots' data and the table are `kvlab.ui.perplexity_view`'s (drawn by gradio's
+native `gr.LinePlot` in the browser, with a PNG export button),
 the measuring is `kvlab.perplexity`'s. Per-session state (the stop event) lives
 in `gr.State`.
 """
@@ -21,8 +22,11 @@ from kvlab.models import ModelLoadError, ModelSpec
 from kvlab.perplexity import DEFAULT_SINKS, DEFAULT_WINDOW, stream_many
 from kvlab.strategies import StrategyError
 
+from . import zerogpu
+from .compare_plots import line_plot
 from .loader import CONCURRENCY, MODEL_CONCURRENCY_ID
 from .model_picker import model_dropdown
+from .plot_frames import PPL, PPL_BYTES
 from .perplexity_view import (
     default_choices,
     BUILT_IN,
@@ -81,7 +85,9 @@ class PerplexityTab:
             self.run_button = gr.Button("Run perplexity", variant="primary", elem_id="ppl-run")
             self.stop_button = gr.Button("Stop", elem_id="ppl-stop")
         self.status = gr.Markdown("", elem_id="ppl-status")
-        self.plot = gr.Plot(label="log-perplexity and cache bytes vs position", elem_id="ppl-plot")
+        with gr.Row(elem_id="ppl-plot"):
+            self.ppl_plot = line_plot(PPL, "ppl-plot-ppl")
+            self.bytes_plot = line_plot(PPL_BYTES, "ppl-plot-bytes")
         self.table = gr.Dataframe(label="perplexity per window-sized segment", interactive=False, elem_id="ppl-table")
         self.session = gr.State({})
         self._wire()
@@ -91,7 +97,8 @@ class PerplexityTab:
         self.run_inputs = {self.session, self.source, self.text_choice, self.choices, self.extra, self.tokens,
                            self.window, self.sinks, self.pasted}
         self.run_button.click(self.prepare, self.session, self.status, **PRIVATE).then(
-            self._on_run, self.run_inputs, [self.status, self.plot, self.table], concurrency_limit=CONCURRENCY,
+            zerogpu.gpu(self._on_run, self.gpu_s), self.run_inputs, [self.status, self.ppl_plot, self.bytes_plot,
+                                                                    self.table], concurrency_limit=CONCURRENCY,
             concurrency_id=MODEL_CONCURRENCY_ID, api_visibility="private")
         self.stop_button.click(self.stop, self.session, None, **PRIVATE)
         self.source.input(lambda source: gr.update(value=default_choices(source)), self.source, self.choices,
@@ -112,6 +119,18 @@ class PerplexityTab:
     def stop(self, session: dict) -> None:
         if session.get("stop") is not None:
             session["stop"].set()
+
+    def gpu_s(self, data: dict) -> int:
+        """ZeroGPU seconds a run asks for: its caches × tokens to stream (`zerogpu.estimate_s`)."""
+        caches = len(data[self.choices] or []) + len([s for s in (data[self.extra] or "").split(",") if s.strip()])
+        return zerogpu.estimate_s(caches, int(data[self.tokens] or 1))
+
+    def plots(self, view: PerplexityView) -> dict:
+        """Both native plots redrawn from `view`, each cache in its colour."""
+        ppl, nbytes = view.frames()
+        colors = view.colors()
+        return {self.ppl_plot: gr.update(value=ppl, color_map=colors, caption=view.caption()),
+                self.bytes_plot: gr.update(value=nbytes, color_map=colors)}
 
     def _on_run(self, data: dict):
         yield from self.stream(self.request_from(data), data[self.session].get("stop") or threading.Event())
@@ -136,14 +155,14 @@ class PerplexityTab:
                 now = time.perf_counter()
                 if now - last_plot >= PLOT_EVERY_S:
                     last_plot = now
-                    yield {self.plot: view.figure(), self.status: view.progress_text()}
+                    yield {**self.plots(view), self.status: view.progress_text()}
         except Exception as err:  # noqa: BLE001 - the page shows what failed and keeps the curves so far
             logger.exception("perplexity run failed")
-            yield {self.plot: view.figure(), self.table: view.table(),
+            yield {**self.plots(view), self.table: view.table(),
                    self.status: f"⚠️ the run failed after {view.progress_text()}: {type(err).__name__}: {err}"}
             return
         # 3. The final curves, the per-segment table and how it ended.
-        yield {self.plot: view.figure(), self.table: view.table(), self.status: view.final_text(stop.is_set())}
+        yield {**self.plots(view), self.table: view.table(), self.status: view.final_text(stop.is_set())}
 
 
 def build_perplexity_tab(pool) -> PerplexityTab:

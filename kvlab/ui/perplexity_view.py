@@ -12,7 +12,7 @@
   leaves out, with the reason, every cache that cannot run on the model (e.g.
   `sliding_window` on a full-attention model); nothing crashes.
 - `PerplexityView.apply(step)` folds one `kvlab.engine.NllStep` in; the view
-  gives the status line, the figure and the per-segment table.
+  gives the status line, the native plots' data (`kvlab.ui.plot_frames`) and the per-segment table.
 
 No gradio; tests feed it fake steps.
 """
@@ -33,7 +33,7 @@ from kvlab.perplexity import DEFAULT_SINKS, DEFAULT_WINDOW, default_text, parse_
 from kvlab.strategies import Strategy, StrategyError
 from kvlab.strategies.base import names_with
 
-from .figures import perplexity_figure
+from .plot_frames import perplexity_colors, perplexity_frames
 
 MAX_TOKENS_CAP = int(os.environ.get("KVLAB_MAX_PERPLEXITY_TOKENS", "8192"))
 DEFAULT_TOKENS = 1024
@@ -169,7 +169,7 @@ class PerplexityView:
         window: tokens of the running log-perplexity and of each table segment.
         total: tokens scored per cache when the run completes (text tokens - 1).
         skipped: caches left out, label -> reason (shown in the status line).
-        model_window: the model's own sliding window (tokens), marked on the plots; None without one.
+        model_window: the model's own sliding window (tokens), named in the plots' caption; None without one.
     """
 
     def __init__(self, labels: list[str], window: int, total: int, skipped: dict[str, str] | None = None,
@@ -209,9 +209,21 @@ class PerplexityView:
         """e.g. `done: 1023 tokens per cache` (or `stopped: ...`), plus the caches left out."""
         return f"{'stopped' if stopped else 'done'}: {self.tokens_per_cache()} tokens per cache" + self._note()
 
-    def figure(self):
-        """Running log-PPL and cache bytes against position (`kvlab.ui.figures.perplexity_figure`)."""
-        return perplexity_figure(self.nll, self.cache_bytes, self.window, self.model_window)
+    def frames(self) -> tuple[pd.DataFrame, pd.DataFrame]:
+        """(running log-PPL in nats, cache MiB) against position, one series per cache
+        (`kvlab.ui.plot_frames.perplexity_frames`)."""
+        return perplexity_frames(self.nll, self.cache_bytes, self.window)
+
+    def colors(self) -> dict[str, str]:
+        """Cache label -> its curve's colour (dense blue, window red, sink green, then the rest)."""
+        return perplexity_colors(self.nll)
+
+    def caption(self) -> str:
+        """What the curves average over, and the model's own sliding window when it has one."""
+        text = f"log-perplexity over the last {self.window} tokens at each position"
+        if self.model_window:
+            text += f"; the model's own sliding window is {self.model_window} tokens"
+        return text
 
     def table(self) -> pd.DataFrame:
         return segment_table(self.nll, self.window)

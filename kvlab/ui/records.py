@@ -1,7 +1,8 @@
 """What a finished Compare run leaves behind, and the headless `compare` API's run.
 
 - `record_for`: the JSON run record of a page run (as `python -m kvlab compare --json` writes it).
-- `write_exports`: that record, the summary CSV and the plots PNG as files the page offers.
+- `write_exports`: that record and the summary CSV as files the page offers (the plots PNG is rendered only
+  when asked for: `kvlab.ui.compare_plots`).
 - `code_text`: the reproduce-it transformers code for every column of a plan.
 - `run_preset`: a preset run headless (the `/compare` API), returning its record.
 
@@ -27,15 +28,16 @@ from kvlab.runner import collect, run_compare
 
 from .code import code_snippet
 from .compare_view import RunPlan, RunView
-from .figures import figure_png
 
 EXPORTS_DIR = Path(tempfile.gettempdir()) / "kvlab-exports"
 EXPORTS_KEEP_S = 3600
 """Exported files of a run stay this long on the server (seconds)."""
 
 
-def record_for(plan: RunPlan, loaded, done: RunDone) -> dict:
-    """The JSON run record (as `python -m kvlab compare --json` writes it) for a run from the page."""
+def record_for(plan: RunPlan, loaded, done: RunDone, view: RunView | None = None) -> dict:
+    """The JSON run record (as `python -m kvlab compare --json` writes it) for a run from the page; with the
+    run's `view`, also what only the page has: `slots` (the page column of each run column, its colour) and
+    `memory` (process memory samples: `elapsed_s` in seconds, `rss_bytes` and `cuda_allocated_bytes`)."""
     request = plan.request
     preset = parse_preset({
         "name": request.preset or "custom",
@@ -47,11 +49,15 @@ def record_for(plan: RunPlan, loaded, done: RunDone) -> dict:
         "columns": [{"strategy": s.name, **s.knobs(), **(plan.budgets[slot].spec() if slot in plan.budgets else {})}
                     for slot, s in plan.columns],
     }, "page")
-    return run_record(loaded, preset, plan.settings, done)
+    record = run_record(loaded, preset, plan.settings, done)
+    if view is not None:
+        record["slots"] = list(view.slots)
+        record["memory"] = dataclasses.asdict(view.memory)
+    return record
 
 
-def write_exports(record: dict, rows: list[dict], fig) -> list[str]:
-    """JSON record, summary CSV and plot PNG in a fresh folder under EXPORTS_DIR; returns their paths.
+def write_exports(record: dict, rows: list[dict]) -> list[str]:
+    """JSON record and summary CSV in a fresh folder under EXPORTS_DIR; returns their paths.
 
     Folders older than EXPORTS_KEEP_S are removed first (gradio serves its own copies of the files).
     """
@@ -63,8 +69,7 @@ def write_exports(record: dict, rows: list[dict], fig) -> list[str]:
     folder = Path(tempfile.mkdtemp(prefix="run-", dir=EXPORTS_DIR))
     (folder / "kvlab-run.json").write_text(json.dumps(record, indent=1))
     (folder / "kvlab-summary.csv").write_text(rows_to_csv(rows))
-    (folder / "kvlab-plots.png").write_bytes(figure_png(fig))
-    return [str(folder / name) for name in ("kvlab-run.json", "kvlab-summary.csv", "kvlab-plots.png")]
+    return [str(folder / name) for name in ("kvlab-run.json", "kvlab-summary.csv")]
 
 
 def code_text(plan: RunPlan, view: RunView | None = None) -> str:

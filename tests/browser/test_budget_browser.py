@@ -2,7 +2,7 @@
 
 Picking the preset fills the second card's budget (3 MiB) and fallback chain; the run ends with that column
 done after two switches (dynamic -> quantized -> sink), each named in its status with the reason, the plot
-drawn with the switch marks and the summary's note listing both. A screenshot goes to artifacts/.
+drawn with the switches named under it and the summary's note listing both. A screenshot goes to artifacts/.
 
 No wall-clock time is asserted; waits only guard against a hung run.
 """
@@ -32,7 +32,8 @@ def test_the_budget_preset_shows_two_switches(page):
     assert "switched to quantized hqq int4 r48 at token" in status
     assert "switched to sink 4+44 at token" in status and "> budget 3.00 MiB" in status
     assert "switched" not in page.locator("#kv-col-0-status").inner_text()
-    page.locator("#kv-plot img").wait_for(state="visible")
+    page.locator("#kv-plot-cache svg.marks").wait_for(state="visible")
+    assert "column 2 switched to quantized hqq int4 r48 at token" in page.locator("#kv-plot-notes").inner_text()
     summary = page.locator("#kv-summary")
     summary.wait_for(state="visible")
     table = summary.inner_text()

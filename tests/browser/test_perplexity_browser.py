@@ -20,7 +20,8 @@ def test_perplexity_streams_dense_window_and_sink(page):
     status = page.locator("#ppl-status")
     status.filter(has_text=re.compile(r"done: \d+ tokens per cache")).wait_for(timeout=600_000)
     assert "127 tokens per cache" in status.inner_text()
-    page.locator("#ppl-plot img").wait_for(state="visible")
+    page.locator("#ppl-plot-ppl svg.marks").wait_for(state="visible")
+    page.locator("#ppl-plot-bytes svg.marks").wait_for(state="visible")
     table = page.locator("#ppl-table").inner_text()
     for name in ("dynamic", "window 32", "sink 4+28"):
         assert name in table

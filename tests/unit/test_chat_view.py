@@ -8,7 +8,7 @@ from kvlab.prefix import PrefixReport, PromptResult
 from kvlab.strategies import StrategyError, make_strategy
 from kvlab.strategies.base import names_with
 from kvlab.ui import chat_view as chat_tab
-from kvlab.ui.figures import turns_figure
+from kvlab.ui.plot_frames import turns_tokens_frame, turns_ttft_frame
 from kvlab.ui.knobs import card_form, max_knobs
 
 
@@ -60,10 +60,13 @@ def test_table_and_plot_have_one_entry_per_turn():
     frame = chat_tab.turns_frame(turns)
     assert list(frame["reused"]) == [0, 44] and list(frame["prefilled"]) == [37, 16]
     assert {"ttft_s", "no_reuse_ttft_s", "saved_s", "decode_tok_s", "cache_bytes"} <= set(frame.columns)
-    figure = turns_figure(turns)
-    times, tokens = figure.axes
-    assert len(times.patches) == 4 and len(tokens.patches) == 4
-    assert turns_figure([]) is None and chat_tab.turns_frame([]).empty
+    times, tokens = turns_ttft_frame(turns), turns_tokens_frame(turns)
+    assert len(times) == 4 and len(tokens) == 4  # with/without reuse and reused/prefilled, per turn
+    assert set(times["series"]) == {"with reuse", "without reuse"} and list(times["turn"][:2]) == [1, 2]
+    assert list(tokens[tokens["series"] == "reused"]["tokens"]) == [0, 44]
+    assert all(value.endswith(" s") for value in times["value"])
+    assert all(value.endswith(" tokens") for value in tokens["value"])
+    assert turns_ttft_frame([]).empty and turns_tokens_frame([]).empty and chat_tab.turns_frame([]).empty
 
 
 def test_prefix_report_rendering():

@@ -4,7 +4,6 @@ on a tiny model (unavailable caches left out with the reason), fake `NllStep`s -
 import math
 
 import pytest
-from matplotlib.figure import Figure
 
 from kvlab.engine import NllStep
 from kvlab.strategies import StrategyError
@@ -81,14 +80,18 @@ def test_view_folds_steps_into_status_figure_and_table():
     assert list(table["cache"]) == ["dynamic", "window 2"]
     assert list(table.columns) == ["cache", "tokens 1-2", "tokens 3-3"]
     assert table.iloc[0, 1] == round(math.exp(1.5), 2)
-    fig = view.figure()
-    assert isinstance(fig, Figure) and len(fig.axes) == 2 and len(fig.axes[0].lines) == 2 + 1  # + window marker
+    ppl, nbytes = view.frames()
+    assert list(ppl["series"].unique()) == ["dynamic", "window 2"] and len(ppl) == 6
+    assert list(ppl[ppl["series"] == "dynamic"]["nats"]) == pytest.approx([1.0, 1.5, 2.5])
+    assert list(nbytes[nbytes["series"] == "dynamic"]["position"]) == [1, 2, 3]
+    assert ppl["value"].iloc[0] == "1.000 nats" and nbytes["value"].str.endswith(" MiB").all()
+    assert list(view.colors().values())[:2] == ["#1f77b4", "#d62728"] and "last 2 tokens" in view.caption()
 
 
 def test_view_before_any_step_and_bad_input():
     view = PerplexityView(["dynamic"], window=4, total=10)
     assert view.progress_text() == "token 0 of 10" and view.final_text(False) == "done: 0 tokens per cache"
-    assert isinstance(view.figure(), Figure)
+    assert all(frame.empty for frame in view.frames())
     with pytest.raises(TypeError):
         view.apply(("dynamic", 1, 0.5, 10))
     with pytest.raises(KeyError):

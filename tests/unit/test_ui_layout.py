@@ -15,7 +15,7 @@ from kvlab.ui.knobs import NO_STRATEGY, UNAVAILABLE_MARK, card_form, knob_index,
 ROOT = Path(__file__).resolve().parents[2]
 PURE = ["kvlab.ui", "kvlab.ui.loader", "kvlab.ui.knobs", "kvlab.ui.theme", "kvlab.ui.figures", "kvlab.ui.code",
         "kvlab.ui.compare_view", "kvlab.ui.records", "kvlab.ui.chat_view", "kvlab.ui.perplexity_view",
-        "kvlab.ui.plan_view", "kvlab.ui.inspect_view"]
+        "kvlab.ui.plan_view", "kvlab.ui.inspect_view", "kvlab.ui.plot_frames", "kvlab.ui.compare_replay"]
 
 
 def imports_gradio(path: Path) -> bool:

@@ -1,0 +1,90 @@
+"""Replay in the Compare tab: a run's exported JSON record, uploaded into a fresh app (another tab object, no
+model loaded), rebuilds the same summary table, plots, code and cards, labelled with where and when it was
+measured; an old or foreign file is refused in the status line; the plots PNG is rendered only on request."""
+
+import json
+import threading
+
+import pytest
+
+gr = pytest.importorskip("gradio")
+
+from kvlab.models import ModelPool  # noqa: E402
+from kvlab.ui.compare_tab import CompareTab  # noqa: E402
+from kvlab.ui.compare_view import RunRequest  # noqa: E402
+from kvlab.ui.knobs import NO_STRATEGY  # noqa: E402
+
+pytestmark = pytest.mark.unit
+
+
+def merged(stream) -> dict:
+    final = {}
+    for updates in stream:
+        final.update(updates)
+    return final
+
+
+def value(update):
+    return update["value"] if isinstance(update, dict) else update
+
+
+@pytest.fixture(scope="module")
+def measured(tiny):
+    """A page run of two columns (slots 1 and 3) on the tiny model: (tab, final updates, session)."""
+    pool = type("Pool", (), {"get": lambda self, spec, progress=None: tiny, "loaded": lambda self, spec: tiny})()
+    with gr.Blocks():
+        tab = CompareTab(pool, preload=False).build()
+    request = RunRequest(prompt="Hello", max_new_tokens=6, ignore_eos=True, fidelity=False,
+                         model_source=tiny.spec.source, slots=[(NO_STRATEGY, []), ("dynamic", []), (NO_STRATEGY, []), ("static", [])])
+    session = {}
+    final = merged(tab.stream(request, threading.Event(), session))
+    return tab, final, session
+
+
+@pytest.fixture
+def fresh():
+    with gr.Blocks():
+        return CompareTab(ModelPool(), preload=False).build()
+
+
+def test_the_exported_record_replays_in_a_fresh_app_into_the_same_summary(measured, fresh):
+    tab, final, _ = measured
+    record_path = next(path for path in final[tab.exports] if path.endswith(".json"))
+    assert not any(path.endswith(".png") for path in final[tab.exports])  # no image work during the run
+    record = json.loads(open(record_path).read())
+    assert record["slots"] == [1, 3] and record["memory"]["rss_bytes"]
+    session = {}
+    replayed = fresh.replay(record_path, session)
+    assert value(replayed[fresh.summary]) == value(final[tab.summary])
+    assert replayed[fresh.summary]["headers"] == final[tab.summary]["headers"]
+    status = replayed[fresh.run_status]
+    assert "replayed: measured on " in status and record["measured_at"] in status
+    for plot in (fresh.plots.cache, fresh.plots.latency, fresh.plots.memory):
+        original = final[getattr(tab.plots, plot.elem_id.split("-")[-1])]
+        assert value(replayed[plot]).equals(value(original))
+    assert replayed[fresh.code] == final[tab.code]
+    assert [replayed[fresh.cards[slot].strategy] for slot in range(4)] == [NO_STRATEGY, "dynamic", NO_STRATEGY,
+                                                                           "static"]
+    assert value(replayed[fresh.cards[1].text]) == value(final[tab.cards[1].text])
+    assert session["view"].done is not None
+
+
+def test_the_png_is_rendered_only_when_asked(measured, fresh):
+    tab, _, session = measured
+    png = tab.plots.export(session["view"])[tab.plots.png]["value"]
+    assert open(png, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+    assert "nothing to export yet" in fresh.plots.export(None)[fresh.plots.notes]
+
+
+@pytest.mark.parametrize("content, message", [
+    ('{"model": {}, "columns": [{}]}', "before records carried a format_version"),
+    ('{"format": "something.else", "format_version": 1}', "not a kvlab Compare run record"),
+    ('{"format": "kvlab.compare", "format_version": 99, "columns": [{}]}', "format_version 99"),
+    ("not json at all", "not a JSON file"),
+])
+def test_an_old_or_foreign_file_says_why_in_the_status_line(fresh, tmp_path, content, message):
+    path = tmp_path / "record.json"
+    path.write_text(content)
+    updates = fresh.replay(str(path), {})
+    assert set(updates) == {fresh.run_status}
+    assert "cannot replay this file" in updates[fresh.run_status] and message in updates[fresh.run_status]

@@ -1,0 +1,87 @@
+"""The native plots' data (kvlab.ui.plot_frames): long DataFrames with one series per column in its colour,
+the prediction as its own lighter series, the value with its unit for the tooltip, thinning of long series."""
+
+import pytest
+
+from kvlab.events import ColumnStarted, FallbackSwitched, MemorySample, StepMetrics, TokenEvent
+from kvlab.ui import plot_frames as frames
+from kvlab.ui.compare_view import RunView
+from kvlab.ui.theme import COLORS
+
+MIB = frames.MIB
+
+
+def two_columns() -> RunView:
+    view = RunView(["dynamic", "static"], slots=[0, 3])
+    for column in (0, 1):
+        view.apply(ColumnStarted(column, view.columns[column].title, 5))
+        for step in range(3):
+            view.apply(TokenEvent(column, step, 100 + step, " x"))
+            view.apply(StepMetrics(column, step, 0.02 * (step + 1), MIB * (step + 1), MIB * (step + 2), 5 + step))
+    view.apply(MemorySample(0.0, 100 * MIB, 0, 0))
+    view.apply(MemorySample(0.5, 110 * MIB, 0, 0))
+    return view
+
+
+def test_cache_frame_has_a_measured_and_a_predicted_series_per_column():
+    frame = frames.cache_frame(two_columns())
+    assert list(frame.columns) == ["token", "MiB", "series", "value"]
+    assert list(frame["series"].unique()) == ["1: dynamic", "1: dynamic predicted", "4: static", "4: static predicted"]
+    dynamic = frame[frame["series"] == "1: dynamic"]
+    assert list(dynamic["token"]) == [1, 2, 3] and list(dynamic["MiB"]) == [1.0, 2.0, 3.0]
+    assert list(dynamic["value"]) == ["1.00 MiB", "2.00 MiB", "3.00 MiB"]
+    assert list(frame[frame["series"] == "4: static predicted"]["MiB"]) == [2.0, 3.0, 4.0]
+
+
+def test_latency_and_memory_frames_carry_their_units():
+    view = two_columns()
+    latency = frames.latency_frame(view)
+    assert list(latency[latency["series"] == "4: static"]["ms"]) == pytest.approx([20.0, 40.0, 60.0])
+    assert latency["value"].iloc[0] == "20.0 ms"
+    memory = frames.memory_frame(view.memory)
+    assert list(memory["series"]) == ["process RSS"] * 2 and list(memory["time_s"]) == [0.0, 0.5]
+    assert list(memory["value"]) == ["100.00 MiB", "110.00 MiB"]
+    view.apply(MemorySample(1.0, 120 * MIB, 5 * MIB, 5 * MIB))
+    assert "CUDA allocated" in set(frames.memory_frame(view.memory)["series"])
+
+
+def test_colours_follow_the_column_slot_and_a_prediction_is_lighter():
+    colors = frames.compare_colors(two_columns())
+    assert colors["1: dynamic"] == COLORS[0] and colors["4: static"] == COLORS[3]
+    assert colors["4: static predicted"] == frames.lighter(COLORS[3]) != COLORS[3]
+    assert frames.lighter("#000000", 0.5) == "#808080" and frames.lighter("#1f77b4", 0) == "#1f77b4"
+    assert colors["process RSS"] == frames.MEMORY_COLORS["process RSS"]
+
+
+def test_by_layer_type_frame_only_on_a_hybrid_model():
+    assert frames.layer_type_frame(two_columns()).empty
+    view = RunView(["dynamic"])
+    view.apply(ColumnStarted(0, "dynamic", 5))
+    for step in range(2):
+        by_type = {"full_attention": MIB * (step + 1), "sliding_attention": MIB}
+        view.apply(StepMetrics(0, step, 0.01, sum(by_type.values()), sum(by_type.values()), 5 + step, by_type, by_type))
+    frame = frames.layer_type_frame(view)
+    assert set(frame["series"]) == {"1: dynamic · full", "1: dynamic · full predicted", "1: dynamic · sliding",
+                                    "1: dynamic · sliding predicted"}
+    assert set(frame["series"]) <= set(frames.compare_colors(view))
+
+
+def test_a_fallback_switch_is_named_under_the_plot():
+    view = two_columns()
+    assert frames.switch_notes(view) == ""
+    view.apply(FallbackSwitched(1, {"at_token": 2, "to": "quantized hqq int4", "reason": "over budget"}))
+    assert frames.switch_notes(view) == "column 4 switched to quantized hqq int4 at token 2"
+
+
+def test_a_long_series_is_thinned_but_keeps_its_last_point():
+    points = [(i, float(i), "s") for i in range(1, 2001)]
+    thinned = frames._thin(points)
+    assert len(thinned) <= frames.MAX_POINTS + 1 and thinned[0] == points[0] and thinned[-1] == points[-1]
+    assert frames._thin(points[:10]) == points[:10]
+
+
+def test_empty_views_give_empty_frames_with_their_columns():
+    view = RunView(["dynamic"])
+    assert frames.cache_frame(view).empty and list(frames.cache_frame(view).columns) == ["token", "MiB", "series",
+                                                                                         "value"]
+    assert frames.latency_frame(view).empty and frames.memory_frame(view.memory).empty
