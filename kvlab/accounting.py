@@ -182,12 +182,16 @@ def predicted_cache_bytes_by_layer_type(config, dtype: torch.dtype, held_by_laye
     return dict(predicted)
 
 
-def predicted_next_cache_bytes(config, dtype: torch.dtype, measured_bytes: int, held_now: int, held_next: int) -> int:
+def predicted_next_cache_bytes(config, dtype: torch.dtype, measured_bytes: int, held_now: list[int],
+                               held_next: list[int]) -> int:
     """Bytes a cache will hold after its next step: `measured_bytes` now plus the dense bytes of the tokens that
-    step adds to what it holds (`held_next - held_now`, from `Strategy.held_tokens`).
+    step adds per layer (`held_now[i]` -> `held_next[i]` tokens held by layer i, from
+    `Strategy.held_tokens_by_layer`; a sliding layer that has filled its window adds nothing).
 
     Exact for dynamic, static and sink caches; for a quantized cache an upper bound (the new token joins the
     full-precision residual, and a flush of the residual into the quantized states only shrinks it).
     """
-    growth = predicted_cache_bytes(config, dtype, held_next) - predicted_cache_bytes(config, dtype, held_now)
+    growth = sum(predicted_cache_bytes_by_layer_type(config, dtype, held_next).values()) \
+        - sum(predicted_cache_bytes_by_layer_type(config, dtype, held_now).values())
     return measured_bytes + growth
+

@@ -6,7 +6,7 @@ with an offloaded cache. kvlab makes that gradual and visible:
 - `Budget`: a budget in bytes (or none: fall back on out-of-memory errors only) and the strategies to fall back
   to, in order (None: `default_chain`). `parse_budget` reads a column's `budget_mib:` and `fallback:`.
 - `ResilientSteps` iterates a `kvlab.engine.Decoder`. Before each step it predicts the bytes the cache will hold
-  after it on the model's device (`kvlab.accounting.predicted_next_cache_bytes`); when that exceeds the budget,
+  after it on the model's device, layer by layer (`kvlab.accounting.predicted_next_cache_bytes`); when that exceeds the budget,
   the run moves to the next strategy of the chain (`Decoder.replace_cache`: the next step re-prefills every
   token id so far into the new cache, so no generated text is lost). A `torch.OutOfMemoryError` (CUDA out of
   memory) raised by a step does the same, and the step runs again. Each switch is a `Fallback` record.
@@ -289,9 +289,10 @@ class ResilientSteps:
         kind = torch.device(self.loaded.device).type
         here = sum(size for device, size in by_device.items() if torch.device(device).type == kind)
         share = here / total if total else 1.0
-        held_now = decoder.strategy.held_tokens(decoder.seen_tokens, self.max_total) if total else 0
-        held_next = decoder.strategy.held_tokens(decoder.next_seen_tokens, self.max_total)
-        config, dtype = self.loaded.config, self.loaded.model.dtype
+        config, dtype, strategy = self.loaded.config, self.loaded.model.dtype, decoder.strategy
+        held_next = strategy.held_tokens_by_layer(config, decoder.next_seen_tokens, self.max_total)
+        held_now = strategy.held_tokens_by_layer(config, decoder.seen_tokens, self.max_total) if total \
+            else [0] * len(held_next)
         growth = predicted_next_cache_bytes(config, dtype, 0, held_now, held_next)
         return here + int(round(share * growth))
 

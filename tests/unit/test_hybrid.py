@@ -162,3 +162,26 @@ def test_a_base_model_chat_joins_the_turns_as_plain_text_and_says_so(hybrid):
         done = [e.stats for e in session.send(text, baseline=False) if isinstance(e, ChatTurnDone)]
         assert done and done[0].note.startswith("base model (no chat template): the conversation is joined")
     assert session.input_ids()[:3] == base.tokenizer("User: Hello there")["input_ids"][:3]
+
+
+
+def test_the_budget_check_predicts_every_step_of_a_hybrid_cache_to_the_byte(hybrid):
+    """A dynamic cache built from the config stops growing on its sliding layers once their window is full;
+    the budget check's prediction for the next step, made per layer, equals the bytes measured after it."""
+    from kvlab.budget import ResilientSteps, parse_budget
+    from kvlab.engine import Decoder
+
+    strategy = make_strategy({"strategy": "dynamic"})
+    settings = dataclasses.replace(SETTINGS, max_new_tokens=30)
+    prompt = torch.tensor([[1] + list(range(400, 410))])
+    max_total = prompt.shape[1] + settings.max_new_tokens
+    decoder = Decoder(hybrid, strategy, strategy.build_cache(hybrid, max_total), prompt, settings,
+                      measure_bytes=True)
+    steps = ResilientSteps(hybrid, decoder, parse_budget(budget_mib=1024), max_total)
+    predicted, measured = [], []
+    for _ in range(settings.max_new_tokens):
+        predicted.append(steps.predicted_bytes())
+        measured.append(next(steps).cache_bytes)
+    assert predicted == measured
+    growth = [b - a for a, b in zip(measured, measured[1:])]
+    assert growth[-1] < growth[1], "past the window only the full layers grow"
