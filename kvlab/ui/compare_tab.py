@@ -18,6 +18,7 @@ import time
 
 import gradio as gr
 
+from kvlab.events import RunPhase
 from kvlab.generation import MAX_NEW_TOKENS_CAP, encode_prompt
 from kvlab.models import DEVICES, DTYPES, ModelLoadError, ModelSpec
 from kvlab.presets import Preset, PresetError, list_presets, load_preset
@@ -362,8 +363,8 @@ class CompareTab:
             changed |= view.apply(event)
             view.stop_requested = stop.is_set()
             now = time.monotonic()
-            if view.done is not None or now - last_text < TEXT_EVERY_S:
-                continue
+            if view.done is not None or (now - last_text < TEXT_EVERY_S and not isinstance(event, RunPhase)):
+                continue  # a new phase is shown at once: the quiet re-timing sends nothing while it runs
             updates = self._column_updates(view, changed)
             updates[self.run_status] = line_html(view.progress_text(), "busy")
             plotted = now >= plot_due
