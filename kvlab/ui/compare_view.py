@@ -112,6 +112,7 @@ class RunRequest:
     seed: float | int | None = 0
     ignore_eos: bool = False
     fidelity: bool = True
+    retime: bool = True
     mode: str = "fair"
     baseline: str = "auto"
     preset: str | None = None
@@ -133,6 +134,7 @@ class RunRequest:
             seed=_as_int(self.seed) or 0,
             stop_at_eos=not self.ignore_eos,
             fidelity=bool(self.fidelity),
+            retime=bool(self.retime),
         )
 
     def model_spec(self) -> ModelSpec:
