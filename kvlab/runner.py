@@ -302,11 +302,7 @@ def run_compare(
     workers: list[threading.Thread] = []
     try:
         # 0. Every column's one-time set-up, before any column's clock starts.
-        strategies = [column.strategy for column in columns]
-        cold = needs_warm_up(loaded, strategies)
-        if cold:
-            yield RunPhase("warm_up", f"one-time set-up (not timed) of {', '.join(cold)}…")
-        warm_up_s = compute(warm_up_columns, loaded, strategies)
+        warm_up_s = yield from _warm_up(loaded, columns)
         # 1. The columns, each in its own thread (one thread for all in sequential mode), events relayed live.
         with shared_threads(len(columns)) if mode == "parallel" else contextlib.nullcontext() as share:
             workers = _start_workers(work, len(columns), mode, share)
@@ -331,14 +327,25 @@ def run_compare(
             yield from _relay([scorer], events, sampler)
         yield sampler.sample()
         threads = compute(torch.get_num_threads) if mode != "parallel" else torch.get_num_threads()
-        yield RunDone(list(results), time.perf_counter() - started, stop.is_set(),
-                      run_timing(results, retimed, loads, threads))
+        timing = run_timing(results, retimed, loads, threads)
+        yield RunDone(list(results), time.perf_counter() - started, stop.is_set(), timing)
     finally:
         if any(w.is_alive() for w in workers):
             stop.set()
         for worker in workers:
             if worker.ident is not None:
                 worker.join(JOIN_TIMEOUT_S)
+
+
+def _warm_up(loaded, columns: list[Column]):
+    """Generator: yield a `RunPhase("warm_up")` when any column's strategy still needs its one-time set-up,
+    run every set-up due on the compute thread (`kvlab.timing.warm_up_columns`); returns its seconds per
+    column."""
+    strategies = [column.strategy for column in columns]
+    cold = needs_warm_up(loaded, strategies)
+    if cold:
+        yield RunPhase("warm_up", f"one-time set-up (not timed) of {', '.join(cold)}…")
+    return compute(warm_up_columns, loaded, strategies)
 
 
 def _retime(loaded, columns, results, prompt_ids, settings, mode: str, stop: threading.Event):

@@ -119,14 +119,17 @@ def api_runs(ctx: Context) -> list[dict]:
 
 def browser_runs(ctx: Context) -> list[dict] | str:
     """The preset run twice from headless Chromium on a fresh app; the JSON records it exported, or why the
-    browser could not run here (a string)."""
+    browser could not run here or failed (a string)."""
     from .app_browser import browser_problem, run_in_browser
 
     problem = browser_problem()
     if problem:
         return problem
-    with RunningApp(ctx.say) as app:
-        return run_in_browser(app.url, len(RUNS), new_tokens_for(ctx), ctx.say)
+    try:
+        with RunningApp(ctx.say) as app:
+            return run_in_browser(app.url, len(RUNS), new_tokens_for(ctx), ctx.say)
+    except Exception as err:  # noqa: BLE001 - the API path's figures stay; the browser's failure is its reason
+        return f"the browser path failed: {type(err).__name__}: {str(err).splitlines()[0][:200]}"
 
 
 def figures(record: dict) -> dict[str, dict]:
