@@ -302,7 +302,7 @@ def run_compare(
     workers: list[threading.Thread] = []
     try:
         # 0. Every column's one-time set-up, before any column's clock starts.
-        warm_up_s = yield from _warm_up(loaded, columns)
+        warm_up_s = yield from _warm_up(loaded, columns, prompt_ids.shape[1])
         # 1. The columns, each in its own thread (one thread for all in sequential mode), events relayed live.
         with shared_threads(len(columns)) if mode == "parallel" else contextlib.nullcontext() as share:
             workers = _start_workers(work, len(columns), mode, share)
@@ -337,7 +337,7 @@ def run_compare(
                 worker.join(JOIN_TIMEOUT_S)
 
 
-def _warm_up(loaded, columns: list[Column]):
+def _warm_up(loaded, columns: list[Column], input_tokens: int):
     """Generator: yield a `RunPhase("warm_up")` when any column's strategy still needs its one-time set-up,
     run every set-up due on the compute thread (`kvlab.timing.warm_up_columns`); returns its seconds per
     column."""
@@ -345,7 +345,7 @@ def _warm_up(loaded, columns: list[Column]):
     cold = needs_warm_up(loaded, strategies)
     if cold:
         yield RunPhase("warm_up", f"one-time set-up (not timed) of {', '.join(cold)}…")
-    return compute(warm_up_columns, loaded, strategies)
+    return compute(warm_up_columns, loaded, strategies, input_tokens)
 
 
 def _retime(loaded, columns, results, prompt_ids, settings, mode: str, stop: threading.Event):

@@ -48,6 +48,9 @@ BUSY_EXCESS_PER_CORE = 0.5
 BUSY_NOISE = 0.05
 """Busy: the median column's decode tok/s is noisier than this fraction."""
 
+WARM_UP_MAX_INPUT_TOKENS = 512
+"""The warm-up prefills the run's prompt length up to this many tokens."""
+
 _warmed: "weakref.WeakKeyDictionary[object, set]" = weakref.WeakKeyDictionary()
 _warm_lock = threading.Lock()
 
@@ -67,9 +70,10 @@ def needs_warm_up(loaded, strategies: list) -> list[str]:
             if s is not None and not s.unavailable_reason(loaded) and not _already_warm(loaded, s)]
 
 
-def warm_up_columns(loaded, strategies: list) -> list[float | None]:
+def warm_up_columns(loaded, strategies: list, input_tokens: int | None = None) -> list[float | None]:
     """Run each strategy's one-time set-up (`Strategy.warm_up`) unless this process already did for this model
-    and `warm_up_key`; call it on kvlab's compute thread before any column's clock starts.
+    and `warm_up_key`; call it on kvlab's compute thread before any column's clock starts. `input_tokens`: the
+    run's prompt length (at most WARM_UP_MAX_INPUT_TOKENS are fed), so the warm-up prefills the same shapes.
 
     Returns, per strategy, the seconds spent warming it now (0.0 when it was warm already, None for a None
     entry or a strategy that cannot run here). A failing warm-up is logged and left for the column to report
@@ -88,7 +92,10 @@ def warm_up_columns(loaded, strategies: list) -> list[float | None]:
                 continue
             started = time.perf_counter()
             try:
-                strategy.warm_up(loaded)
+                if input_tokens:
+                    strategy.warm_up(loaded, input_tokens=min(input_tokens, WARM_UP_MAX_INPUT_TOKENS))
+                else:
+                    strategy.warm_up(loaded)
                 done.add(key)
             except Exception as err:  # noqa: BLE001 - the column reports its own failure when it runs
                 logger.info("warm-up of %s failed: %s: %s", strategy.describe(), type(err).__name__, err)

@@ -180,9 +180,11 @@ class Strategy:
         per process, model and key (`kvlab.timing.warm_up_columns`). Default: the registered name."""
         return (self.name,)
 
-    def warm_up(self, loaded) -> None:
+    def warm_up(self, loaded, input_tokens: int = WARM_UP_INPUT_TOKENS) -> None:
         """Pay this strategy's one-time set-up in this process before any timed step: a short greedy decode
-        (WARM_UP_INPUT_TOKENS fed, WARM_UP_NEW_TOKENS chosen) through a fresh cache of its own, which runs
+        (`input_tokens` fed, the run's prompt length where known, so per-shape set-up such as kernel selection
+        or a backend's compiled functions is paid for the shapes the run will use; then WARM_UP_NEW_TOKENS
+        chosen) through a fresh cache of its own, which runs
         the backend's imports, kernel loading and first-call dispatch and the model's first forwards. A
         subclass of a registered strategy warms the registered one with the same knobs (its own forward may
         count calls or fail on purpose).
@@ -195,7 +197,7 @@ class Strategy:
         from ..generation import GenerationSettings
 
         settings = GenerationSettings(max_new_tokens=WARM_UP_NEW_TOKENS, stop_at_eos=False, fidelity=False)
-        ids = torch.arange(1, WARM_UP_INPUT_TOKENS + 1)[None]
+        ids = torch.arange(1, max(1, input_tokens) + 1)[None]
         strategy = self
         registered = STRATEGIES.get(self.name)
         if registered is not None and type(self) is not registered:
@@ -203,7 +205,7 @@ class Strategy:
                 strategy = registered(**self.knobs())
             except (TypeError, StrategyError):
                 strategy = self
-        cache = strategy.build_cache(loaded, WARM_UP_INPUT_TOKENS + WARM_UP_NEW_TOKENS)
+        cache = strategy.build_cache(loaded, ids.shape[1] + WARM_UP_NEW_TOKENS)
         Decoder(loaded, strategy, cache, ids, settings).run()
 
     def check_fits(self, prompt_tokens: int, max_new_tokens: int) -> None:

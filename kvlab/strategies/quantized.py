@@ -201,11 +201,11 @@ class Quantized(Strategy):
         """The backend set-up depends on the backend and how it packs, not on `residual_length`."""
         return (type(self), self.backend, self.nbits, self.q_group_size, self.axis_key, self.axis_value)
 
-    def warm_up(self, loaded) -> None:
+    def warm_up(self, loaded, **kwargs) -> None:
         """The default warm-up with `residual_length` 1 (quanto, hqq), so its decode steps quantize and
         de-quantize as a run's do once its residual is full."""
         strategy = self if self.backend == "fp8" else replace(self, residual_length=1)
-        Strategy.warm_up(strategy, loaded)
+        Strategy.warm_up(strategy, loaded, **kwargs)
 
     def cache_code(self):
         args = "".join(f", {key}={value!r}" for key, value in self._cache_kwargs().items())

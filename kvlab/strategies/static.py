@@ -39,10 +39,10 @@ class Static(Strategy):
                     f"rounded up to a multiple of {COMPILE_BUCKET} tokens so later prompts reuse the compiled code")
         return ""
 
-    def warm_up(self, loaded) -> None:
+    def warm_up(self, loaded, **kwargs) -> None:
         """The default warm-up without `compile` (compiling is per cache size and stays in the first compiled
         step, as the caveat says)."""
-        Strategy.warm_up(replace(self, compile=False), loaded)
+        Strategy.warm_up(replace(self, compile=False), loaded, **kwargs)
 
     def check_fits(self, prompt_tokens: int, max_new_tokens: int) -> None:
         needed = prompt_tokens + max_new_tokens

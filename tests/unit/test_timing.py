@@ -30,8 +30,8 @@ class Recording(Dynamic):
     def warm_up_key(self):
         return (self.key,)
 
-    def warm_up(self, loaded):
-        self.log.append(("warm_up", threading.current_thread().name))
+    def warm_up(self, loaded, **kwargs):
+        self.log.append(("warm_up", threading.current_thread().name, kwargs.get("input_tokens")))
 
     def forward(self, loaded, cache, sequence, new_tokens):
         self.log.append(("forward", tuple(sequence[0].tolist())))
@@ -86,6 +86,7 @@ def test_warm_up_runs_once_per_process_on_the_compute_thread_before_any_step(tin
     warm_ups = [entry for entry in log if entry[0] == "warm_up"]
     assert len(warm_ups) == 1 and log[0][0] == "warm_up"
     assert warm_ups[0][1].startswith("kvlab-compute")
+    assert warm_ups[0][2] == PROMPT.shape[1]  # the run's prompt length: the shapes the run will use
     assert first.results[0].warm_up_s is not None and first.results[1].warm_up_s == 0.0
     assert second.results[0].warm_up_s == 0.0
     assert first.results[0].ttft_s is not None
@@ -107,7 +108,7 @@ def test_default_warm_up_runs_the_registered_strategy_with_the_same_knobs(tiny, 
     assert quantized[0].warm_up_key() == quantized[1].warm_up_key()
     assert make_strategy({"strategy": "quantized", "nbits": 2}).warm_up_key() != quantized[0].warm_up_key()
     warmed = []
-    monkeypatch.setattr(Strategy, "warm_up", lambda self, loaded: warmed.append(self.knobs()))
+    monkeypatch.setattr(Strategy, "warm_up", lambda self, loaded, **kwargs: warmed.append(self.knobs()))
     make_strategy({"strategy": "static", "compile": True}).warm_up(tiny)
     quantized[0].warm_up(tiny)
     assert warmed[0]["compile"] is False and warmed[1]["residual_length"] == 1
