@@ -47,6 +47,8 @@ def add_compare(sub) -> None:
     p.add_argument("--seed", type=int)
     p.add_argument("--ignore-eos", action="store_true", help="keep generating past the end-of-sequence token")
     p.add_argument("--no-fidelity", action="store_true", help="skip the teacher-forced fidelity scoring")
+    p.add_argument("--no-retime", action="store_true",
+                   help="fair mode: keep the live figures instead of re-timing every column quietly after the run")
     p.add_argument("--mode", choices=["fair", "parallel", "sequential"])
     p.add_argument("--json", help="write the full record to this file")
     p.add_argument("--replay", metavar="FILE",
@@ -115,6 +117,8 @@ def _apply_flags(data: dict, args) -> None:
         generation["stop_at_eos"] = False
     if args.no_fidelity:
         generation["fidelity"] = False
+    if args.no_retime:
+        generation["retime"] = False
     if args.mode:
         data["mode"] = args.mode
     if args.fallback:
@@ -175,6 +179,8 @@ def cmd_compare(args) -> int:
     done = collect(run_compare(loaded, prompt_ids, plan["columns"], plan["settings"], preset.mode,
                                threading.Event(), preset.baseline))
     print(format_table(summary_rows(done.results)))
+    if done.timing.get("note"):
+        print(f"kvlab compare: {done.timing['note']}", file=sys.stderr)
     for result in done.results:
         if result.status == "error":
             print(f"kvlab compare: column {result.index + 1} ({result.name}): {result.message}", file=sys.stderr)

@@ -174,6 +174,9 @@ class Decoder:
         measure_bytes: count the cache's bytes after every step (`Step.cache_bytes`, and per layer type).
         trace: record each step's forwards and logits (`Step.trace`); the hook that reads them runs inside
             the timed part, so leave it off where per-token times are compared.
+        forced_ids: teacher-force these ids: step t still chooses a token (the same timed work) but keeps
+            `forced_ids[t]`, so a re-run yields the same tokens and cache contents as the run it repeats
+            (`kvlab.timing`'s quiet re-timing). Iteration also ends after len(forced_ids) steps.
 
     Raises:
         ValueError: `feed_from` out of range or empty input.
@@ -181,7 +184,7 @@ class Decoder:
 
     def __init__(self, loaded, strategy, cache, input_ids, settings: GenerationSettings, *, feed_from: int = 0,
                  seed: int | None = None, stop: threading.Event | None = None, measure_bytes: bool = False,
-                 trace: bool = False):
+                 trace: bool = False, forced_ids=None):
         ids = input_ids if isinstance(input_ids, torch.Tensor) else torch.tensor([list(input_ids)])
         ids = ids.reshape(1, -1).to(loaded.device)
         if not 0 <= feed_from < ids.shape[1]:
@@ -194,6 +197,7 @@ class Decoder:
         self.measure_bytes = measure_bytes
         self.layer_types = layer_types_and_windows(loaded.config)[0] if measure_bytes else []
         self.trace = trace
+        self.forced_ids = list(forced_ids) if forced_ids is not None else None
         self._refeed = False
         self.chooser = TokenChooser(run_settings, loaded.device)
         self.eos = eos_token_ids(loaded) if settings.stop_at_eos else set()
@@ -248,13 +252,16 @@ class Decoder:
             token = self.chooser(sequence, logits)
         elapsed = time.perf_counter() - started
         # 3. Book-keeping outside the clock, then decide whether this was the last step.
+        if self.forced_ids is not None:
+            token = self.forced_ids[index]
         self.sequence, self._refeed = sequence, False
         self.token_ids.append(token)
         self.per_token_s.append(elapsed)
         by_type = cache_bytes_by_layer_type(self.cache, self.layer_types) if self.measure_bytes else None
         if token in self.eos:
             self.stop_reason = "eos"
-        elif len(self.token_ids) >= self.settings.max_new_tokens:
+        elif len(self.token_ids) >= self.settings.max_new_tokens or (
+                self.forced_ids is not None and len(self.token_ids) >= len(self.forced_ids)):
             self.stop_reason = "length"
         fed_ids = tuple(sequence[0, -fed:].tolist())
         size = sum(by_type.values()) if by_type is not None else None

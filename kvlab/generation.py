@@ -26,6 +26,8 @@ class GenerationSettings:
     repetition_penalty: > 0, 1.0 = off. seed: for sampling.
     stop_at_eos: end a column at the tokenizer's end-of-sequence token.
     fidelity: score every column against the baseline after the run.
+    retime: in fair mode, re-time every finished column quietly after the live run and report those figures
+        (`kvlab.timing`); False keeps the live figures.
     """
 
     max_new_tokens: int = 64
@@ -37,6 +39,7 @@ class GenerationSettings:
     seed: int = 0
     stop_at_eos: bool = True
     fidelity: bool = True
+    retime: bool = True
 
     def problems(self) -> list[str]:
         """Human-readable reasons these settings are invalid (empty when valid)."""

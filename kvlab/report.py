@@ -37,6 +37,11 @@ BETTER = {"ttft_s": min, "decode_tok_s": max, "itl_ms_p50": min, "itl_ms_p99": m
           "top1_agreement": max, "mean_kl": min}
 """Which direction is better, for marking the best value per metric."""
 
+TIMING_METRICS = ("ttft_s", "decode_tok_s", "itl_ms_p50", "itl_ms_p99")
+"""Metrics measured in time, whose rows carry a relative noise (`noise`, from `ColumnResult.timing_noise`)."""
+NOISE_SIGMAS = 2.0
+"""Two timing figures differ only when they are further apart than this many times their combined noise."""
+
 
 def _round(value, digits):
     return None if value is None else round(value, digits)
@@ -52,7 +57,8 @@ def _note(r: ColumnResult) -> str:
 
 
 def summary_rows(results: list[ColumnResult]) -> list[dict]:
-    """One dict per column with the SUMMARY_COLUMNS keys (None where not measured), plus `use_cache`;
+    """One dict per column with the SUMMARY_COLUMNS keys (None where not measured), plus `use_cache`, `timing`
+    (`quiet` or `live`: where the timing figures come from) and `noise` (metric -> relative noise, a fraction);
     `cache_bytes_by_layer_type` is a dict (layer type -> bytes at the last step). The ITL mean and p90 and the
     end-to-end latency are in each column's JSON record (`ColumnResult.to_json`)."""
     rows = []
@@ -77,6 +83,8 @@ def summary_rows(results: list[ColumnResult]) -> list[dict]:
             "mean_kl": _round(r.mean_kl, 6),
             "note": _note(r),
             "use_cache": r.use_cache,
+            "timing": r.timing,
+            "noise": dict(r.timing_noise),
         })
     return rows
 
@@ -96,6 +104,30 @@ def best_marks(rows: list[dict]) -> dict[str, int]:
         if found:
             value = pick(rows[i][metric] for i in found)
             marks[metric] = next(i for i in found if rows[i][metric] == value)
+    return marks
+
+
+def within_noise(rows: list[dict], metric: str, i: int, j: int) -> bool:
+    """Whether rows i and j cannot be told apart on `metric`: equal values, or for a timing metric values closer
+    than NOISE_SIGMAS times their combined relative noise (rows without a noise figure count as exact)."""
+    a, b = rows[i][metric], rows[j][metric]
+    if a == b:
+        return True
+    if metric not in TIMING_METRICS:
+        return False
+    noise_a, noise_b = ((rows[k].get("noise") or {}).get(metric, 0.0) for k in (i, j))
+    return abs(a - b) <= NOISE_SIGMAS * max(abs(a), abs(b)) * (noise_a ** 2 + noise_b ** 2) ** 0.5
+
+
+def best_sets(rows: list[dict]) -> dict[str, set[int]]:
+    """Metric -> the rows marked best: the best row among `candidates` and every row within its noise
+    (`within_noise`), all tied; a metric on which every candidate ties (nothing to choose) marks none. So two
+    columns are never ranked against their measurement unless they differ by more than the run's noise."""
+    marks = {}
+    for metric, best in best_marks(rows).items():
+        competing = candidates(rows, metric)
+        tied = {i for i in competing if within_noise(rows, metric, best, i)}
+        marks[metric] = set() if len(tied) == len(competing) and len(competing) > 1 else tied
     return marks
 
 
@@ -146,7 +178,8 @@ RECORD_FORMAT_VERSION = 2
 
 def run_record(loaded, preset, settings, done: RunDone) -> dict:
     """The JSON record of a run: its format, where and when it was measured (`kvlab.environment`), model
-    info, settings, mode and every column's result."""
+    info, settings, mode, every column's result and how the run was timed (`timing`, `kvlab.timing.run_timing`:
+    quiet re-timing or live, load average, noise, whether the machine was too busy, and its note)."""
     from dataclasses import asdict
     from datetime import datetime, timezone
 
@@ -165,4 +198,5 @@ def run_record(loaded, preset, settings, done: RunDone) -> dict:
         "wall_s": done.wall_s,
         "stopped": done.stopped,
         "columns": [r.to_json() for r in done.results],
+        "timing": done.timing,
     }

@@ -20,9 +20,17 @@ A stop event ends every loop within a token. An exception ends its own column
 only (a `ColumnError`); the consumer never waits on a dead thread. A column with
 a `kvlab.budget.Budget` steps through `kvlab.budget.ResilientSteps`, which moves
 it to a smaller cache before it would outgrow its budget (or after running out
-of memory); each switch is a `FallbackSwitched` event. After the columns
-finish, fidelity against the baseline column is scored (see `kvlab.fidelity`).
-This module runs and measures; it does not render.
+of memory); each switch is a `FallbackSwitched` event.
+
+Timing (`kvlab.timing`): before any column starts, each column's strategy pays
+its one-time set-up once per process (`Strategy.warm_up`, a `RunPhase("warm_up")`
+event when any is due; its seconds are `ColumnResult.warm_up_s`, never in TTFT).
+After the columns finish, in fair mode with `settings.retime`, a quiet pass
+re-times every finished column on its own tokens with no events or memory samples
+in between (`RunPhase("retiming")`); its figures become the column's and the live
+ones stay as `live_*`. Then fidelity against the baseline column is scored (see
+`kvlab.fidelity`). `RunDone.timing` says how the figures were taken and whether
+the machine was too busy. This module runs and measures; it does not render.
 """
 
 from __future__ import annotations
@@ -39,6 +47,7 @@ import torch
 from .accounting import cache_bytes_by_device, predicted_cache_bytes_by_layer_type
 from .budget import Budget, ResilientSteps, parse_budget, require_cache
 from .compute import compute, compute_iter
+from .turns import ComputeTurns, FreeTurns, parallel_threads, shared_threads  # noqa: F401 (re-exported)
 from .fidelity import score_fidelity
 from .events import (
     ColumnDone,
@@ -49,6 +58,7 @@ from .events import (
     FallbackSwitched,
     MemorySample,
     RunDone,
+    RunPhase,
     StepMetrics,
     TokenEvent,
 )
@@ -56,6 +66,15 @@ from .engine import Decoder, RunStopped
 from .generation import GenerationSettings, IncrementalDetokenizer
 from .memory import MemoryTracker
 from .strategies import Strategy, StrategyError, make_strategy
+from .timing import (
+    RETIME_MAX_TOKENS,
+    needs_warm_up,
+    quiet_steps,
+    run_timing,
+    sample_load,
+    timing_noise,
+    warm_up_columns,
+)
 
 MODES = ("fair", "parallel", "sequential")
 MAX_COLUMNS = 8
@@ -64,63 +83,6 @@ QUEUE_POLL_S = 0.05
 JOIN_TIMEOUT_S = 30.0
 COLUMN_KEYS = ("generation", "budget_mib", "fallback")
 """What a column spec may hold besides its strategy and knobs."""
-
-
-_threads_guard = threading.Lock()
-_parallel_runs = 0
-_threads_before: int | None = None
-_threads_share = 1
-
-
-def parallel_threads(columns: int, threads: int) -> int:
-    """Intra-op threads per forward when `columns` columns run at once on `threads` threads: an even share, at
-    least 1."""
-    return max(1, threads // max(1, columns))
-
-
-@contextlib.contextmanager
-def shared_threads(columns: int):
-    """While parallel runs go, give kvlab's compute thread (and so every other tab's work) the same share of
-    torch's intra-op threads as each parallel column; yields that share, which each column thread sets for
-    itself. torch keeps a thread count per thread once it has run torch work, so the compute thread is set
-    explicitly, and its count from before the first run is restored when the last overlapping run ends."""
-    global _parallel_runs, _threads_before, _threads_share
-    with _threads_guard:
-        if _parallel_runs == 0:
-            _threads_before = compute(torch.get_num_threads)
-            _threads_share = parallel_threads(columns, _threads_before)
-            compute(torch.set_num_threads, _threads_share)
-        _parallel_runs += 1
-        share = _threads_share
-    try:
-        yield share
-    finally:
-        with _threads_guard:
-            _parallel_runs -= 1
-            if _parallel_runs == 0:
-                compute(torch.set_num_threads, _threads_before)
-                _threads_before = None
-
-
-class ComputeTurns:
-    """Fair and sequential modes: each step runs on kvlab's compute thread (`kvlab.compute`), one at a time, in
-    the order the columns asked."""
-
-    def run(self, work):
-        return compute(work)
-
-    def iterate(self, steps):
-        return compute_iter(steps)
-
-
-class FreeTurns:
-    """Parallel mode: each column computes in its own thread, at the same time as the others."""
-
-    def run(self, work):
-        return work()
-
-    def iterate(self, steps):
-        return iter(steps)
 
 
 @dataclass
@@ -329,6 +291,7 @@ def run_compare(
     turns = FreeTurns() if mode == "parallel" else ComputeTurns()
     started = time.perf_counter()
     sampler = _Sampler(MemoryTracker(loaded.device), started)
+    loads = [sample_load()]
 
     def work(indices, threads: int | None):
         if threads is not None:
@@ -338,6 +301,8 @@ def run_compare(
 
     workers: list[threading.Thread] = []
     try:
+        # 0. Every column's one-time set-up, before any column's clock starts.
+        warm_up_s = yield from _warm_up(loaded, columns, prompt_ids.shape[1])
         # 1. The columns, each in its own thread (one thread for all in sequential mode), events relayed live.
         with shared_threads(len(columns)) if mode == "parallel" else contextlib.nullcontext() as share:
             workers = _start_workers(work, len(columns), mode, share)
@@ -348,21 +313,58 @@ def run_compare(
                 results[i] = new_result(i, columns[i], prompt_ids.shape[1])
                 results[i].status, results[i].message = "error", "the column's worker ended without a result"
                 yield ColumnError(i, "error", results[i].message, results[i])
-        # 3. Fidelity, one compute step per scored column, so other tabs' work can run in between.
+            results[i].warm_up_s = warm_up_s[i]
+        # 3. The quiet re-timing pass (fair mode): its figures replace the live ones; nothing is relayed meanwhile.
+        retimed = yield from _retime(loaded, columns, results, prompt_ids, settings, mode, stop)
+        loads.append(sample_load())
+        # 4. Fidelity, one compute step per scored column, so other tabs' work can run in between.
         if settings.fidelity and not stop.is_set():
+            yield RunPhase("fidelity")
             scorer = threading.Thread(target=_drain_into, daemon=True, name="kvlab-fidelity", args=(
                 compute_iter(score_fidelity(loaded, prompt_ids, columns, results, baseline, stop)), events))
             workers.append(scorer)
             scorer.start()
             yield from _relay([scorer], events, sampler)
         yield sampler.sample()
-        yield RunDone(list(results), time.perf_counter() - started, stop.is_set())
+        threads = compute(torch.get_num_threads) if mode != "parallel" else torch.get_num_threads()
+        timing = run_timing(results, retimed, loads, threads)
+        yield RunDone(list(results), time.perf_counter() - started, stop.is_set(), timing)
     finally:
         if any(w.is_alive() for w in workers):
             stop.set()
         for worker in workers:
             if worker.ident is not None:
                 worker.join(JOIN_TIMEOUT_S)
+
+
+def _warm_up(loaded, columns: list[Column], input_tokens: int):
+    """Generator: yield a `RunPhase("warm_up")` when any column's strategy still needs its one-time set-up,
+    run every set-up due on the compute thread (`kvlab.timing.warm_up_columns`); returns its seconds per
+    column."""
+    strategies = [column.strategy for column in columns]
+    cold = needs_warm_up(loaded, strategies)
+    if cold:
+        yield RunPhase("warm_up", f"one-time set-up (not timed) of {', '.join(cold)}…")
+    return compute(warm_up_columns, loaded, strategies, input_tokens)
+
+
+def _retime(loaded, columns, results, prompt_ids, settings, mode: str, stop: threading.Event):
+    """Generator: in fair mode with `settings.retime`, yield a `RunPhase("retiming")` and run the quiet pass
+    (`kvlab.timing.quiet_steps`) step by step on the compute thread, from this thread, with no events or
+    memory samples in between; returns whether it ran to the end. Every finished column gets its noise."""
+    retimed = False
+    ok = [r for r in results if r.status == "ok" and r.token_ids]
+    if mode == "fair" and settings.retime and ok and not stop.is_set():
+        tokens = min(RETIME_MAX_TOKENS, max(len(r.token_ids) for r in ok))
+        yield RunPhase("retiming", f"re-timing {len(ok)} column{'s' if len(ok) > 1 else ''} quietly "
+                                   f"(up to {tokens} tokens each, page updates paused)…")
+        for _ in compute_iter(quiet_steps(loaded, columns, results, prompt_ids, settings, stop)):
+            pass
+        retimed = not stop.is_set()
+    for result in results:
+        if result.status == "ok" and not result.timing_noise:
+            result.timing_noise = timing_noise(result.per_token_s, [])
+    return retimed
 
 
 def _start_workers(work, count: int, mode: str, share: int | None) -> list[threading.Thread]:

@@ -1,6 +1,6 @@
 """`python -m kvlab bench`: is the instrument honest, and what does it cost?
 
-Seven sections, six of them measured side by side in one run with their
+Eight sections, six of them measured side by side in one run with their
 comparison runs interleaved (A, B, A, B... with the order alternating), so
 machine noise hits both sides; every figure is the median over the repeats with
 min–max beside it:
@@ -21,6 +21,10 @@ min–max beside it:
 - `plan`: seconds per plan of one catalog model (6 strategies × 5 contexts)
   after the planner's warm-up, as the Plan tab runs it, and the peak RSS the
   warm-up and plans add (the kernel's high-water mark).
+- `app`: the quickstart preset through a running `app.py`, by its `/compare`
+  API and from headless Chromium, the first run after start and a later one,
+  each against CLI fair runs of the same preset in the same bench run: app / CLI
+  of decode tok/s and TTFT per column, and rank flips.
 
 Strategies are resolved through kvlab's registry, so `--strategies` can put any
 registered strategy in the overhead, fair and scaling sections. Timed model work
@@ -34,10 +38,11 @@ No assertion is made on a time and the exit status is 0 whenever the bench ran.
 
 Modules: `harness` (sizes, figures, checks, timed runs), `strategy_sets`, one
 module per section (`overhead`, `fair`, `parallel`, `scaling`, `startup`,
-`roofline`, with `profiling`; `planning` for `plan`), the child programs
+`roofline`, with `profiling`; `planning` for `plan`; `app_section` with
+`app_browser` for `app`), the child programs
 `startup_child` and `import_time_child`, `suite` (one whole run), `text`
 (report and Markdown), `plots` (matplotlib), `cli` (flags). Measuring is apart from rendering; nothing
-here imports gradio.
+here imports gradio (the app section talks to the app through `gradio_client`, imported when it runs).
 """
 
 from .cli import add_parser, check_outputs, cmd_bench, parse_only

@@ -40,7 +40,8 @@ def parse_only(text: str | None) -> list[str]:
 
 def add_parser(sub) -> None:
     """Add the `bench` sub-command to an argparse sub-parsers object."""
-    p = sub.add_parser("bench", help="measure kvlab's own overhead, fairness, scaling, start-up, roofline and planner")
+    p = sub.add_parser("bench", help="measure kvlab's own overhead, fairness, scaling, start-up, roofline, planner and "
+                                          "the app against the CLI")
     p.add_argument("--size", choices=list(SIZES), default="full",
                    help="smoke: under a minute on 2 quiet cores, checks the plumbing; small: a few minutes; "
                         "full (default): the README figures, about half an hour on 2 cores")

@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from pathlib import Path
 
+from .app_section import bench_app
 from .fair import bench_fair
 from ..environment import cores_available, load_average
 from .harness import PROMPT, RECORD_VERSION, SECTIONS, BenchSize, Context, make_check
@@ -31,6 +32,7 @@ RUNNERS = {
     "startup": bench_startup,
     "roofline": bench_roofline,
     "plan": bench_planning,
+    "app": bench_app,
 }
 """Each section's function, in `SECTIONS` order (a unit test holds them equal)."""
 

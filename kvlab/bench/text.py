@@ -128,6 +128,36 @@ def plan_lines(s: dict) -> list[str]:
     return lines
 
 
+def _ratio_text(value: float | None) -> str:
+    return "—" if value is None else f"{value:.2f}"
+
+
+def app_lines(s: dict) -> list[str]:
+    """Per path and run, one line per column: app / CLI of decode tok/s and TTFT (summary figures), live decode."""
+    tokens = s["new_tokens"] or "the preset's"
+    lines = [f"app ({s['preset']}, {tokens} new tokens; app / CLI fair, CLI = mean of "
+             f"{len(s['cli_timing'])} runs; {s['browser_here']}):"]
+    repeat = s.get("cli_repeat_decode_ratio") or []
+    if repeat:
+        lines.append(f"  CLI run 2 / run 1 decode tok/s: {min(repeat):.2f}–{max(repeat):.2f} (the noise floor)")
+    for path, runs in s["paths"].items():
+        if "skipped" in runs:
+            lines.append(f"  {path}: skipped: {runs['skipped']}")
+            continue
+        for run, comparison in runs.items():
+            timing = comparison["timing"]
+            load = timing.get("load_average")
+            lines.append(f"  {path}, {run} run after start (load average {_num(load)}"
+                         f"{', busy' if timing.get('busy') else ''}):")
+            for c in comparison["columns"]:
+                lines.append(f"    {c['column']:<{VARIANT_WIDTH}} decode {_num(c['app_decode_tok_s'])} / "
+                             f"{_num(c['cli_decode_tok_s'])} tok/s = {_ratio_text(c['decode_ratio'])}  "
+                             f"TTFT {_ratio_text(c['ttft_ratio'])}  live decode {_ratio_text(c['live_decode_ratio'])}")
+            flips = "; ".join(" vs ".join(pair) for pair in comparison["raw_flips"]) or "none"
+            lines.append(f"    rank flips: {flips} ({len(comparison['flips'])} beyond noise)")
+    return lines
+
+
 DETAILS: dict[str, tuple[str, Callable[[dict], list[str]]]] = {
     "overhead": ("rows", overhead_lines),
     "fair": ("rows", fair_lines),
@@ -136,6 +166,7 @@ DETAILS: dict[str, tuple[str, Callable[[dict], list[str]]]] = {
     "startup": ("checks", startup_lines),
     "roofline": ("variants", roofline_lines),
     "plan": ("plan_s", plan_lines),
+    "app": ("paths", app_lines),
 }
 """Section -> (the key that says it has figures, the function writing its lines)."""
 

@@ -21,6 +21,9 @@ from typing import ClassVar
 from ..accounting import layer_windows
 
 STRATEGIES: dict[str, type["Strategy"]] = {}
+WARM_UP_INPUT_TOKENS = 8
+WARM_UP_NEW_TOKENS = 4
+"""The short decode `Strategy.warm_up` runs: ids fed at prefill, then tokens chosen."""
 
 
 class StrategyError(ValueError):
@@ -171,6 +174,39 @@ class Strategy:
     def unavailable_reason(self, loaded) -> str | None:
         """One sentence saying why this strategy cannot run on `loaded` here, or None."""
         return None
+
+    def warm_up_key(self) -> tuple:
+        """What one-time set-up depends on: two strategies with the same key share it, so `warm_up` runs once
+        per process, model and key (`kvlab.timing.warm_up_columns`). Default: the registered name."""
+        return (self.name,)
+
+    def warm_up(self, loaded, input_tokens: int = WARM_UP_INPUT_TOKENS) -> None:
+        """Pay this strategy's one-time set-up in this process before any timed step: a short greedy decode
+        (`input_tokens` fed, the run's prompt length where known, so per-shape set-up such as kernel selection
+        or a backend's compiled functions is paid for the shapes the run will use; then WARM_UP_NEW_TOKENS
+        chosen) through a fresh cache of its own, which runs
+        the backend's imports, kernel loading and first-call dispatch and the model's first forwards. A
+        subclass of a registered strategy warms the registered one with the same knobs (its own forward may
+        count calls or fail on purpose).
+
+        Raises whatever building the cache or a forward raises (the caller logs it and goes on).
+        """
+        import torch
+
+        from ..engine import Decoder
+        from ..generation import GenerationSettings
+
+        settings = GenerationSettings(max_new_tokens=WARM_UP_NEW_TOKENS, stop_at_eos=False, fidelity=False)
+        ids = torch.arange(1, max(1, input_tokens) + 1)[None]
+        strategy = self
+        registered = STRATEGIES.get(self.name)
+        if registered is not None and type(self) is not registered:
+            try:
+                strategy = registered(**self.knobs())
+            except (TypeError, StrategyError):
+                strategy = self
+        cache = strategy.build_cache(loaded, ids.shape[1] + WARM_UP_NEW_TOKENS)
+        Decoder(loaded, strategy, cache, ids, settings).run()
 
     def check_fits(self, prompt_tokens: int, max_new_tokens: int) -> None:
         """Raise `StrategyError` before any compute when the run cannot fit this cache."""

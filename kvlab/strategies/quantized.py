@@ -11,7 +11,7 @@ from __future__ import annotations
 import importlib.metadata
 import importlib.util
 import threading
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 
 from .base import Strategy, StrategyError, register, require_int, sliding_layer_types
 
@@ -196,6 +196,16 @@ class Quantized(Strategy):
                         f"{type(err).__name__}: {str(err).splitlines()[0][:120]}); use axis_key=0 and axis_value=0")
                     break
             return _probed[key]
+
+    def warm_up_key(self) -> tuple:
+        """The backend set-up depends on the backend and how it packs, not on `residual_length`."""
+        return (type(self), self.backend, self.nbits, self.q_group_size, self.axis_key, self.axis_value)
+
+    def warm_up(self, loaded, **kwargs) -> None:
+        """The default warm-up with `residual_length` 1 (quanto, hqq), so its decode steps quantize and
+        de-quantize as a run's do once its residual is full."""
+        strategy = self if self.backend == "fp8" else replace(self, residual_length=1)
+        Strategy.warm_up(strategy, loaded, **kwargs)
 
     def cache_code(self):
         args = "".join(f", {key}={value!r}" for key, value in self._cache_kwargs().items())

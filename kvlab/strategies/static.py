@@ -1,6 +1,6 @@
 """`static`: transformers' StaticCache, preallocated to `max_cache_len` tokens."""
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .base import Strategy, StrategyError, register, require_int
 
@@ -38,6 +38,11 @@ class Static(Strategy):
                     f"2-core CPU), and that step's latency includes it; without max_cache_len the cache is "
                     f"rounded up to a multiple of {COMPILE_BUCKET} tokens so later prompts reuse the compiled code")
         return ""
+
+    def warm_up(self, loaded, **kwargs) -> None:
+        """The default warm-up without `compile` (compiling is per cache size and stays in the first compiled
+        step, as the caveat says)."""
+        Strategy.warm_up(replace(self, compile=False), loaded, **kwargs)
 
     def check_fits(self, prompt_tokens: int, max_new_tokens: int) -> None:
         needed = prompt_tokens + max_new_tokens

@@ -19,6 +19,7 @@ import time
 
 import gradio as gr
 
+from kvlab.events import RunPhase
 from kvlab.generation import MAX_NEW_TOKENS_CAP, encode_prompt
 from kvlab.models import DEVICES, DTYPES, ModelLoadError, ModelSpec
 from kvlab.presets import Preset, PresetError, list_presets, load_preset
@@ -51,9 +52,10 @@ from .theme import line_html, status_html
 
 logger = logging.getLogger(__name__)
 
-TEXT_EVERY_S = 0.25
-"""Least time between two streamed updates of the column texts and statuses."""
-PLOT_EVERY_S = 1.0
+TEXT_EVERY_S = 0.5
+"""Least time between two streamed updates of the column texts and statuses (each update is work for the
+server and the browser, on the same cores as the model on a small machine)."""
+PLOT_EVERY_S = 2.0
 """Least time between two redraws of the live plots."""
 PLOT_COST_FACTOR = 5.0
 """A redraw waits at least this many times the last redraw's cost (drawing plus sending), so the plots
@@ -142,6 +144,8 @@ class CompareTab(CompareExtras):
                                         elem_id="kv-baseline", info="auto: the first dynamic column")
             self.fidelity = gr.Checkbox(bool(generation.fidelity), label="score fidelity", elem_id="kv-fidelity",
                                         info="teacher-forced, after the columns finish")
+            self.retime = gr.Checkbox(bool(generation.retime), label="quiet re-timing", elem_id="kv-retime",
+                                      info="fair mode: time each column again, page paused")
 
     def _build_cards(self, start: Preset) -> None:
         self.cards: list[StrategyCard] = []
@@ -207,8 +211,8 @@ class CompareTab(CompareExtras):
                              [self.temperature, self.top_p, self.top_k], show_progress="hidden", **PRIVATE)
         self.form_outputs = [
             self.prompt, self.system, self.chat, self.max_new_tokens, self.decoding, self.temperature, self.top_p,
-            self.top_k, self.repetition_penalty, self.seed, self.ignore_eos, self.fidelity, self.mode, self.baseline,
-            self.model_source, self.dtype, self.device, self.preset_about, self.run_status, *strategies,
+            self.top_k, self.repetition_penalty, self.seed, self.ignore_eos, self.fidelity, self.retime, self.mode,
+            self.baseline, self.model_source, self.dtype, self.device, self.preset_about, self.run_status, *strategies,
             *[c for card in self.cards for c in card.form_outputs],
         ]
         self.preset.input(self.apply_preset, [self.preset, *model_inputs], self.form_outputs,
@@ -218,8 +222,8 @@ class CompareTab(CompareExtras):
         """Run (prepare, then the queued run, then re-enable), Stop, and the `compare` API."""
         self.run_inputs = {
             self.session, self.prompt, self.system, self.chat, self.max_new_tokens, self.decoding, self.temperature,
-            self.top_p, self.top_k, self.repetition_penalty, self.seed, self.ignore_eos, self.fidelity, self.mode,
-            self.baseline, self.preset, self.model_source, self.dtype, self.device,
+            self.top_p, self.top_k, self.repetition_penalty, self.seed, self.ignore_eos, self.fidelity, self.retime,
+            self.mode, self.baseline, self.preset, self.model_source, self.dtype, self.device,
             *[card.strategy for card in self.cards], *[box for card in self.cards for box in card.knobs],
             *[box for card in self.cards for box in (card.budget, card.fallback)],
         }
@@ -285,6 +289,7 @@ class CompareTab(CompareExtras):
             self.top_k: gr.update(value=generation.top_k, interactive=sampling),
             self.repetition_penalty: generation.repetition_penalty, self.seed: generation.seed,
             self.ignore_eos: not generation.stop_at_eos, self.fidelity: generation.fidelity,
+            self.retime: generation.retime,
             self.mode: preset.mode, self.baseline: self._baseline_value(preset),
             self.model_source: preset.model.source,
             self.dtype: preset.model.dtype if preset.model.dtype in self.dtypes else self.dtypes[0],
@@ -321,7 +326,8 @@ class CompareTab(CompareExtras):
             max_new_tokens=data[self.max_new_tokens], decoding=data[self.decoding],
             temperature=data[self.temperature], top_p=data[self.top_p], top_k=data[self.top_k],
             repetition_penalty=data[self.repetition_penalty], seed=data[self.seed],
-            ignore_eos=data[self.ignore_eos], fidelity=data[self.fidelity], mode=data[self.mode],
+            ignore_eos=data[self.ignore_eos], fidelity=data[self.fidelity], retime=data[self.retime],
+            mode=data[self.mode],
             baseline=data[self.baseline], preset=data[self.preset], model_source=data[self.model_source],
             dtype=data[self.dtype], device=data[self.device],
             slots=[(data[card.strategy], [data[box] for box in card.knobs]) for card in self.cards],
@@ -380,8 +386,8 @@ class CompareTab(CompareExtras):
             changed |= view.apply(event)
             view.stop_requested = stop.is_set()
             now = time.monotonic()
-            if view.done is not None or now - last_text < TEXT_EVERY_S:
-                continue
+            if view.done is not None or (now - last_text < TEXT_EVERY_S and not isinstance(event, RunPhase)):
+                continue  # a new phase is shown at once: the quiet re-timing sends nothing while it runs
             updates = self._column_updates(view, changed)
             updates[self.run_status] = line_html(view.progress_text(), "busy")
             plotted = now >= plot_due

@@ -31,6 +31,7 @@ from kvlab.events import (
     FidelityScored,
     MemorySample,
     RunDone,
+    RunPhase,
     StepMetrics,
     TokenEvent,
 )
@@ -38,7 +39,7 @@ from kvlab.generation import GenerationSettings
 from kvlab.bundled import bundled_model
 from kvlab.models import ModelLoadError, ModelSpec
 from kvlab.presets import Preset, PromptSpec, load_preset
-from kvlab.report import LABELS, best_marks, by_layer_type_text, candidates, summary_rows
+from kvlab.report import LABELS, best_marks, best_sets, by_layer_type_text, candidates, summary_rows
 from kvlab.budget import require_cache
 from kvlab.runner import MAX_COLUMNS, MODES, Column
 from kvlab.strategies import StrategyError
@@ -46,6 +47,7 @@ from kvlab.strategies import StrategyError
 from .figures import MIB
 from .knobs import NO_STRATEGY, column_budget, plan_columns
 from .theme import line_html
+from .timing_text import phase_text, quiet_readout, timing_line
 
 BEST_MARK = " ★"
 MISSING = "–"
@@ -56,8 +58,11 @@ INTRO = ("Run one prompt under several KV-cache strategies at once. Each column 
 MODE_HELP = ("fair: columns take turns, one forward pass at a time, so per-token times are comparable · "
              "parallel: free threads, for throughput (times include contention) · sequential: one column after another")
 SUMMARY_HELP = (
-    "★ marks the best value per metric among finished columns. **TTFT**: prefill + first token. "
+    "★ marks the best value per metric among finished columns; timing figures closer than their measured noise "
+    "are marked as ties (all or none). **TTFT**: prefill + first token. "
     "**decode tok/s**: generated tokens per second of compute (in fair mode each column is timed alone). "
+    "In fair mode the timing figures come from a quiet re-timing of each column after the live run (the same "
+    "tokens, page updates paused; the cards show the live rate beside it); the plots are the live run. "
     "**ITL p50 / p99**: inter-token latency, the median and 99th percentile of the decode steps after the "
     "first token, in ms (as vLLM's and GuideLLM's benchmarks report it; the mean, p90 and end-to-end latency "
     "are in the JSON and CSV). "
@@ -107,6 +112,7 @@ class RunRequest:
     seed: float | int | None = 0
     ignore_eos: bool = False
     fidelity: bool = True
+    retime: bool = True
     mode: str = "fair"
     baseline: str = "auto"
     preset: str | None = None
@@ -128,6 +134,7 @@ class RunRequest:
             seed=_as_int(self.seed) or 0,
             stop_at_eos=not self.ignore_eos,
             fidelity=bool(self.fidelity),
+            retime=bool(self.retime),
         )
 
     def model_spec(self) -> ModelSpec:
@@ -326,8 +333,9 @@ class ColumnView:
             return ""
         parts = [f"{self.tokens} token{'s' if self.tokens != 1 else ''}"]
         rate = self.tok_s()
-        if rate is not None:
-            parts.append(f"{rate:.1f} tok/s")
+        quiet = quiet_readout(self.result, rate)
+        if quiet or rate is not None:
+            parts.append(quiet or f"{rate:.1f} tok/s")
         if self.cache_bytes:
             parts.append(f"cache {format_mib(self.cache_bytes[-1])}")
         result = self.result
@@ -365,6 +373,7 @@ class RunView:
         self.memory = MemoryView()
         self.done: RunDone | None = None
         self.stop_requested = False
+        self.run_phase: RunPhase | None = None
 
     def apply(self, event: Event) -> set[int]:
         """Fold one event in; returns the run column indices whose text or status changed."""
@@ -372,6 +381,9 @@ class RunView:
             self.memory.elapsed_s.append(event.elapsed_s)
             self.memory.rss_bytes.append(event.rss_bytes)
             self.memory.cuda_allocated_bytes.append(event.cuda_allocated_bytes)
+            return set()
+        if isinstance(event, RunPhase):
+            self.run_phase = event
             return set()
         if isinstance(event, RunDone):
             self.done = event
@@ -429,11 +441,14 @@ class RunView:
         """One line for the run status, e.g. `running: 3 of 5 columns, 120 tokens so far`."""
         phase = self.phase()
         tokens = sum(c.tokens for c in self.columns)
+        if phase == "running" and self.run_phase is not None and self.run_phase.phase == "warm_up" and not tokens:
+            return phase_text(self.run_phase, tokens)
         if phase == "running":
             active = sum(c.status == "running" for c in self.columns)
             return f"running: {active} of {len(self.columns)} columns generating, {tokens} tokens so far"
         if phase == "scoring":
-            return "columns finished; scoring fidelity against the baseline (teacher-forced)…"
+            return phase_text(self.run_phase, tokens) or \
+                "columns finished; scoring fidelity against the baseline (teacher-forced)…"
         if phase == "stopping":
             return "stopping every column…"
         wall = f" in {self.done.wall_s:.1f} s" if self.done else ""
@@ -441,7 +456,8 @@ class RunView:
         for c in self.columns:
             counts[c.status] = counts.get(c.status, 0) + 1
         detail = ", ".join(f"{n} {status}" for status, n in counts.items())
-        return f"{'stopped' if phase == 'stopped' else 'finished'}{wall}: {tokens} tokens ({detail})"
+        return f"{'stopped' if phase == 'stopped' else 'finished'}{wall}: {tokens} tokens ({detail})" + \
+            timing_line(self.done.timing if self.done else {})
 
     def summary(self) -> tuple[list[dict], dict[str, int]]:
         """(report.summary_rows of the final results, metric -> index of the best row); empty before RunDone."""
@@ -456,8 +472,8 @@ class RunView:
         Rows that tie with the best value are all marked; a metric on which every candidate row ties
         (nothing to choose) is not marked at all.
         """
-        rows, marks = self.summary()
-        marked = {key: best_rows(rows, key, best) for key, best in marks.items()}
+        rows, _ = self.summary()
+        marked = best_sets(rows)
         headers = [HEADERS[key] for key, _ in DISPLAY_COLUMNS]
         table = [[format_value(row[key], kind) + (BEST_MARK if i in marked.get(key, ()) else "")
                   for key, kind in DISPLAY_COLUMNS] for i, row in enumerate(rows)]

@@ -1,0 +1,76 @@
+"""The app section's browser path: headless Debian Chromium, driven by Playwright, runs the Compare tab's
+start preset (quickstart) as a user would and reads each run's JSON export.
+
+No browser is ever downloaded: Playwright launches `/usr/bin/chromium`. The
+browser runs on this machine. This module drives a page; it measures nothing
+itself (the app's record does).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+import urllib.request
+from urllib.parse import urljoin
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
+RUN_TIMEOUT_MS = 1_800_000
+"""Longest wait for one run to finish on a busy machine (milliseconds)."""
+MODEL_TIMEOUT_MS = 600_000
+EXPORT_LINKS_JS = "() => [...document.querySelectorAll('#kv-exports a')].map(a => a.href)"
+FINISHED_JS = """(before) => {
+  const status = (document.querySelector('#kv-run-status') || {}).innerText || '';
+  const links = [...document.querySelectorAll('#kv-exports a')].map(a => a.href);
+  return (status.startsWith('finished') || status.startsWith('✖') || status.startsWith('stopped'))
+    && (status.startsWith('✖') || links.some(h => h.includes('kvlab-run.json') && !before.includes(h)));
+}"""
+
+
+def browser_problem() -> str | None:
+    """Why the browser path cannot run here (Playwright or Chromium missing), or None."""
+    if importlib.util.find_spec("playwright") is None:
+        return "Playwright is not installed (requirements-test.txt)"
+    if not shutil.which(CHROMIUM):
+        return f"{CHROMIUM} is not installed (apt-get install chromium); no browser is downloaded"
+    return None
+
+
+def run_in_browser(url: str, runs: int, new_tokens: int | None, say) -> list[dict]:
+    """Open the app at `url`, press Run `runs` times on the start preset (with `new_tokens` typed into max new
+    tokens when given) and return each run's JSON record, fetched from its export link.
+
+    Raises:
+        RuntimeError: a run ended with an error line instead of a summary.
+        playwright's TimeoutError: the page did not get there within the timeouts.
+    """
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1600, "height": 1000})
+            page.set_default_timeout(MODEL_TIMEOUT_MS)
+            page.goto(url)
+            page.wait_for_selector("#kv-run")
+            page.wait_for_function("document.querySelector('#kv-model-status').innerText.includes('ready')")
+            if new_tokens:
+                page.locator("#kv-max-new input").fill(str(new_tokens))
+            return [_one_run(page, url, run, say) for run in range(runs)]
+        finally:
+            browser.close()
+
+
+def _one_run(page, url: str, run: int, say) -> dict:
+    say(f"app: browser run {run + 1} after start")
+    before = page.evaluate(EXPORT_LINKS_JS)
+    page.locator("#kv-run:not([disabled])").wait_for()
+    page.click("#kv-run")
+    page.wait_for_function(FINISHED_JS, arg=before, timeout=RUN_TIMEOUT_MS)
+    status = page.locator("#kv-run-status").inner_text()
+    if status.startswith("✖"):
+        raise RuntimeError(f"the browser run failed: {status}")
+    link = next(h for h in page.evaluate(EXPORT_LINKS_JS) if "kvlab-run.json" in h and h not in before)
+    with urllib.request.urlopen(urljoin(url, link), timeout=60) as response:
+        return json.loads(response.read())

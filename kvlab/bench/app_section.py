@@ -1,0 +1,246 @@
+"""App section: the quickstart preset through the running app, its API and a headless browser, against the CLI.
+
+In one bench run: a CLI fair run of the preset (`python -m kvlab compare
+--preset quickstart --json F`, a fresh process), then `python app.py` launched
+as a user would (free port, `KVLAB_READY_FILE`, see `kvlab.readiness`) and run
+twice through its `/compare` API with gradio_client (the first run after start,
+then a later one), then a second fresh app run twice from headless Chromium
+(`kvlab.bench.app_browser`: click Run, read the JSON export), then a second CLI
+run. The reference is the mean of the two CLI runs per column. Per column and
+per run it reports app / CLI of decode tok/s and of TTFT (the summary's figures:
+quiet re-timing in fair mode), the live figures beside them, and rank flips
+(two columns ordered oppositely by decode tok/s although both the app and the
+CLI tell them apart beyond their noise, `kvlab.report.within_noise`). The
+browser runs on this machine, on the same cores as the app; the record says so.
+Every child is stopped in `finally`. This module measures and builds the record;
+it prints and draws nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from ..readiness import READY_FILE_ENV
+from ..report import within_noise
+from .harness import Context, make_check
+from .startup import _keep_tail, _stop, _wait_for_app, child_env, free_port
+
+PRESET = "quickstart"
+RATIO_TARGET = 0.95
+"""app / CLI decode tok/s each column must reach, on both paths, first run and later run."""
+CLI_TIMEOUT_S = 1800
+API_TIMEOUT_S = 1800
+RUNS = ("first", "later")
+BROWSER_HERE = "the browser ran on this machine, sharing its cores with the app (no browser elsewhere was measured)"
+
+
+def new_tokens_for(ctx: Context) -> int | None:
+    """Tokens per column: the preset's own (None) at full size, the size's `new_tokens` otherwise."""
+    return None if ctx.size.name == "full" else ctx.size.new_tokens
+
+
+def cli_run(ctx: Context, folder: Path, label: str) -> dict:
+    """One `python -m kvlab compare --preset quickstart --json F` in a fresh process; its JSON record.
+
+    Raises:
+        RuntimeError: the command failed (its last stderr lines in the message).
+    """
+    from ..models import cache_dir
+
+    env, root = child_env(cache_dir())
+    out = folder / f"cli-{label}.json"
+    tokens = new_tokens_for(ctx)
+    command = [sys.executable, "-m", "kvlab", "compare", "--preset", PRESET, "--json", str(out)]
+    command += ["--max-new-tokens", str(tokens)] if tokens else []
+    ctx.say(f"app: CLI fair run ({label})")
+    proc = subprocess.run(command, env=env, cwd=root, capture_output=True, text=True, timeout=CLI_TIMEOUT_S)
+    if proc.returncode != 0:
+        raise RuntimeError(f"the CLI run failed ({proc.returncode}): {proc.stderr.strip().splitlines()[-3:]}")
+    return json.loads(out.read_text())
+
+
+class RunningApp:
+    """`python app.py` on a free port with a ready file, as a context manager: `url` once its page answers and
+    its model is ready; stopped (and its folder removed) on exit."""
+
+    def __init__(self, say):
+        self.say, self.proc, self.folder, self.tail, self.reader = say, None, None, [], None
+
+    def __enter__(self) -> "RunningApp":
+        from ..models import cache_dir
+
+        env, root = child_env(cache_dir())
+        port = free_port()
+        self.folder = Path(tempfile.mkdtemp(prefix="kvlab-bench-"))
+        env["GRADIO_SERVER_PORT"], env[READY_FILE_ENV] = str(port), str(self.folder / "ready.jsonl")
+        env["GRADIO_ANALYTICS_ENABLED"] = "False"
+        self.say("app: starting app.py")
+        started = time.time()
+        try:
+            self.proc = subprocess.Popen([sys.executable, "app.py"], env=env, cwd=root, stdout=subprocess.DEVNULL,
+                                         stderr=subprocess.PIPE, text=True)
+            self.reader = threading.Thread(target=_keep_tail, args=(self.proc.stderr, self.tail), daemon=True)
+            self.reader.start()
+            self.marks = _wait_for_app(self.proc, port, self.folder / "ready.jsonl", started, self.tail)
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
+        self.url = f"http://127.0.0.1:{port}/"
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.proc is not None:
+            _stop(self.proc)
+        if self.reader is not None:
+            self.reader.join(timeout=5)
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def api_runs(ctx: Context) -> list[dict]:
+    """The preset through a fresh app's `/compare` API, twice (first run after start, later run); the records."""
+    from gradio_client import Client
+
+    with RunningApp(ctx.say) as app:
+        client = Client(app.url, verbose=False)
+        records = []
+        for run in RUNS:
+            ctx.say(f"app: API run ({run} after start)")
+            records.append(client.predict(PRESET, None, new_tokens_for(ctx), api_name="/compare"))
+        return records
+
+
+def browser_runs(ctx: Context) -> list[dict] | str:
+    """The preset run twice from headless Chromium on a fresh app; the JSON records it exported, or why the
+    browser could not run here or failed (a string)."""
+    from .app_browser import browser_problem, run_in_browser
+
+    problem = browser_problem()
+    if problem:
+        return problem
+    try:
+        with RunningApp(ctx.say) as app:
+            return run_in_browser(app.url, len(RUNS), new_tokens_for(ctx), ctx.say)
+    except Exception as err:  # noqa: BLE001 - the API path's figures stay; the browser's failure is its reason
+        return f"the browser path failed: {type(err).__name__}: {str(err).splitlines()[0][:200]}"
+
+
+def figures(record: dict) -> dict[str, dict]:
+    """Column name -> its figures (decode tok/s, TTFT in s, the live ones, the noise) for the ok columns."""
+    return {c["name"]: {"decode_tok_s": c.get("decode_tok_s"), "ttft_s": c.get("ttft_s"),
+                        "live_decode_tok_s": c.get("live_decode_tok_s"), "live_ttft_s": c.get("live_ttft_s"),
+                        "noise": c.get("timing_noise") or {}}
+            for c in record["columns"] if c.get("status") == "ok" and c.get("decode_tok_s")}
+
+
+def mean_figures(records: list[dict]) -> dict[str, dict]:
+    """Per column, the mean of each figure over `records` (the CLI runs), the largest noise."""
+    runs = [figures(record) for record in records]
+    names = [name for name in runs[0] if all(name in run for run in runs)]
+    out = {}
+    for name in names:
+        values = [run[name] for run in runs]
+        out[name] = {key: statistics.mean(v[key] for v in values) if all(v[key] for v in values) else None
+                     for key in ("decode_tok_s", "ttft_s", "live_decode_tok_s", "live_ttft_s")}
+        out[name]["noise"] = {k: max(v["noise"].get(k, 0.0) for v in values) for k in ("decode_tok_s", "ttft_s")}
+    return out
+
+
+def _ratio(a, b):
+    return a / b if a and b else None
+
+
+def rank_flips(app: dict[str, dict], cli: dict[str, dict]) -> tuple[list[list[str]], list[list[str]]]:
+    """(pairs ordered oppositely by decode tok/s, those of them that both sides tell apart beyond noise)."""
+    names = [name for name in cli if name in app]
+    rows = {side: [{"decode_tok_s": figs[n]["decode_tok_s"], "noise": figs[n]["noise"]} for n in names]
+            for side, figs in (("app", app), ("cli", cli))}
+    raw, beyond = [], []
+    for i in range(len(names)):
+        for j in range(i + 1, len(names)):
+            a = rows["app"][i]["decode_tok_s"] - rows["app"][j]["decode_tok_s"]
+            c = rows["cli"][i]["decode_tok_s"] - rows["cli"][j]["decode_tok_s"]
+            if a * c < 0:
+                raw.append([names[i], names[j]])
+                if not within_noise(rows["app"], "decode_tok_s", i, j) and \
+                        not within_noise(rows["cli"], "decode_tok_s", i, j):
+                    beyond.append([names[i], names[j]])
+    return raw, beyond
+
+
+def compare_to_cli(record: dict, cli: dict[str, dict]) -> dict:
+    """One app run against the CLI reference: per column ratios (decode tok/s, TTFT, live decode), the flips,
+    and the app run's own timing record."""
+    app = figures(record)
+    columns = []
+    for name, ref in cli.items():
+        mine = app.get(name)
+        if mine is None:
+            continue
+        columns.append({"column": name, "app_decode_tok_s": mine["decode_tok_s"], "cli_decode_tok_s": ref["decode_tok_s"],
+                        "decode_ratio": _ratio(mine["decode_tok_s"], ref["decode_tok_s"]),
+                        "app_ttft_s": mine["ttft_s"], "cli_ttft_s": ref["ttft_s"],
+                        "ttft_ratio": _ratio(mine["ttft_s"], ref["ttft_s"]),
+                        "app_live_decode_tok_s": mine["live_decode_tok_s"],
+                        "live_decode_ratio": _ratio(mine["live_decode_tok_s"], ref["decode_tok_s"]),
+                        "live_ttft_ratio": _ratio(mine["live_ttft_s"], ref["ttft_s"])})
+    raw, beyond = rank_flips(app, cli)
+    return {"columns": columns, "raw_flips": raw, "flips": beyond, "timing": record.get("timing") or {}}
+
+
+def bench_app(ctx: Context) -> dict:
+    """The app section's record: the CLI runs, each path's first and later run against them, the checks."""
+    folder = Path(tempfile.mkdtemp(prefix="kvlab-bench-"))
+    try:
+        cli_records = [cli_run(ctx, folder, "before")]
+        api = api_runs(ctx)
+        browser = browser_runs(ctx)
+        cli_records.append(cli_run(ctx, folder, "after"))
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    return app_section(ctx, cli_records, api, browser)
+
+
+def app_section(ctx: Context, cli_records: list[dict], api: list[dict], browser: list[dict] | str) -> dict:
+    """The record from the runs' JSON records (a string for `browser`: why it did not run)."""
+    cli = mean_figures(cli_records)
+    repeat = [_ratio(b["decode_tok_s"], a["decode_tok_s"])
+              for a, b in zip(figures(cli_records[0]).values(), figures(cli_records[-1]).values())]
+    paths = {"api": {run: compare_to_cli(record, cli) for run, record in zip(RUNS, api)}}
+    paths["browser"] = {"skipped": browser} if isinstance(browser, str) else {
+        run: compare_to_cli(record, cli) for run, record in zip(RUNS, browser)}
+    return {"preset": PRESET, "new_tokens": new_tokens_for(ctx), "browser_here": BROWSER_HERE,
+            "cli": {name: {k: v for k, v in figs.items() if k != "noise"} for name, figs in cli.items()},
+            "cli_repeat_decode_ratio": [r for r in repeat if r is not None],
+            "cli_timing": [record.get("timing") or {} for record in cli_records],
+            "paths": paths, "checks": app_checks(paths)}
+
+
+def app_checks(paths: dict) -> list[dict]:
+    """Per path and run: the lowest column's app / CLI decode tok/s against RATIO_TARGET; then rank flips."""
+    checks, flips = [], 0
+    for path, runs in paths.items():
+        for run in RUNS:
+            name = f"{path}, {run} run after start: app / CLI decode tok/s (lowest column)"
+            if "skipped" in runs:
+                checks.append(make_check("app", name, [], f"≥ {RATIO_TARGET}", None, runs["skipped"]))
+                continue
+            comparison = runs[run]
+            ratios = [c["decode_ratio"] for c in comparison["columns"] if c["decode_ratio"] is not None]
+            flips += len(comparison["flips"])
+            lowest = min(comparison["columns"], key=lambda c: c["decode_ratio"] or 0.0, default=None)
+            reason = (f"{lowest['column']}: {lowest['decode_ratio']:.2f}" if lowest and lowest["decode_ratio"] else
+                      "no column to compare") + (f"; {comparison['timing']['note']}" if comparison["timing"].get(
+                          "note") else "")
+            checks.append(make_check("app", name, ratios, f"≥ {RATIO_TARGET}", lambda v: v >= RATIO_TARGET,
+                                     reason, value=min(ratios) if ratios else None))
+    checks.append(make_check("app", "rank flips beyond noise (decode tok/s, every app run)", [], "0",
+                             lambda v: v == 0, "columns ordered against the CLI", unit="count", value=flips))
+    return checks

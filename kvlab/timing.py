@@ -1,0 +1,283 @@
+"""How the Compare figures are timed: one-time warm-up, the quiet re-timing pass, noise and the busy note.
+
+- `warm_up_columns`: every column's strategy runs its one-time set-up
+  (`Strategy.warm_up`: backend imports, kernel loading, first-call dispatch,
+  the model's first forwards) once per process and model, before any column's
+  clock starts; the seconds it took are reported apart from TTFT.
+- `quiet_steps`: after the live columns, each finished column is run again on
+  its own live token ids (teacher-forced, so the tokens and the cache contents
+  are the same), over its first `RETIME_MAX_TOKENS` tokens, one step per column
+  in turn, with no page updates and no memory sampling in between. Its prefill
+  is timed `TTFT_REPEATS` times (fresh caches) and the median kept. These
+  figures replace the live ones in the summary; the live ones are kept
+  (`ColumnResult.live_*`).
+- `timing_noise`: each figure's relative noise from the step times themselves,
+  which `kvlab.report.best_sets` uses to call two columns tied.
+- `run_timing`: the run's timing record (load average against the cores, noise,
+  live against quiet) and, when the machine was too busy for a fair comparison,
+  the note the page shows.
+
+This module measures and judges; it does not stream events or render.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import statistics
+import threading
+import time
+import weakref
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from .engine import Decoder
+from .environment import cores_available, load_average
+
+logger = logging.getLogger(__name__)
+
+RETIME_MAX_TOKENS = 64
+"""The quiet pass re-times at most this many tokens per column (the first ones)."""
+TTFT_REPEATS = 3
+"""Prefills timed per column in the quiet pass; the median is the TTFT shown."""
+NOISE_FLOOR = 0.01
+"""No figure is taken to be more precise than this fraction (fair mode agrees with a column alone to ~1 %)."""
+BUSY_EXCESS_PER_CORE = 0.5
+"""Busy: the 1-minute load average exceeds this run's own torch threads by more than this many per core."""
+BUSY_NOISE = 0.05
+"""Busy: the median column's decode tok/s is noisier than this fraction."""
+
+WARM_UP_MAX_INPUT_TOKENS = 512
+"""The warm-up prefills the run's prompt length up to this many tokens."""
+
+_warmed: "weakref.WeakKeyDictionary[object, set]" = weakref.WeakKeyDictionary()
+_warm_lock = threading.Lock()
+
+
+# ---------------------------------------------------------------- warm-up
+
+
+def _already_warm(loaded, strategy) -> bool:
+    with _warm_lock:
+        return strategy.warm_up_key() in _warmed.get(loaded.model, set())
+
+
+def needs_warm_up(loaded, strategies: list) -> list[str]:
+    """Names of the strategies (None entries and unavailable ones skipped) whose one-time set-up has not run in
+    this process for `loaded`'s model yet."""
+    return [s.describe() for s in strategies
+            if s is not None and not s.unavailable_reason(loaded) and not _already_warm(loaded, s)]
+
+
+def warm_up_columns(loaded, strategies: list, input_tokens: int | None = None) -> list[float | None]:
+    """Run each strategy's one-time set-up (`Strategy.warm_up`) unless this process already did for this model
+    and `warm_up_key`; call it on kvlab's compute thread before any column's clock starts. `input_tokens`: the
+    run's prompt length (at most WARM_UP_MAX_INPUT_TOKENS are fed), so the warm-up prefills the same shapes.
+
+    Returns, per strategy, the seconds spent warming it now (0.0 when it was warm already, None for a None
+    entry or a strategy that cannot run here). A failing warm-up is logged and left for the column to report
+    when it runs; it raises nothing.
+    """
+    spent: list[float | None] = []
+    for strategy in strategies:
+        if strategy is None or strategy.unavailable_reason(loaded):
+            spent.append(None)
+            continue
+        key = strategy.warm_up_key()
+        with _warm_lock:
+            done = _warmed.setdefault(loaded.model, set())
+            if key in done:
+                spent.append(0.0)
+                continue
+            started = time.perf_counter()
+            try:
+                if input_tokens:
+                    strategy.warm_up(loaded, input_tokens=min(input_tokens, WARM_UP_MAX_INPUT_TOKENS))
+                else:
+                    strategy.warm_up(loaded)
+                done.add(key)
+            except Exception as err:  # noqa: BLE001 - the column reports its own failure when it runs
+                logger.info("warm-up of %s failed: %s: %s", strategy.describe(), type(err).__name__, err)
+            spent.append(time.perf_counter() - started)
+    return spent
+
+
+# ---------------------------------------------------------------- the quiet pass
+
+
+@dataclass
+class _QuietRun:
+    """One column's quiet re-timing: its decoder, the switches to replay (token index -> spec), its times."""
+
+    result: object
+    strategy: object
+    prompt_ids: object
+    settings: object
+    max_total: int
+    forced: list[int]
+    switches: dict[int, dict]
+    decoder: Decoder | None = None
+    times: list[float] = field(default_factory=list)
+    ttft: list[float] = field(default_factory=list)
+    failed: str = ""
+
+    def prefill_s(self, loaded) -> float:
+        """One extra prefill on a fresh cache, seconds (the first token forced)."""
+        cache = self.strategy.build_cache(loaded, self.max_total)
+        decoder = Decoder(loaded, self.strategy, cache, self.prompt_ids, self.settings, forced_ids=self.forced[:1])
+        return next(decoder).per_token_s
+
+    def step(self, loaded) -> bool:
+        """Run the next quiet step; False when the run is over (or failed, with `failed` saying why)."""
+        from .strategies import make_strategy
+
+        try:
+            if self.decoder is None:
+                cache = self.strategy.build_cache(loaded, self.max_total)
+                self.decoder = Decoder(loaded, self.strategy, cache, self.prompt_ids, self.settings,
+                                       forced_ids=self.forced)
+            at = len(self.decoder.token_ids)
+            if at in self.switches and at < len(self.forced):
+                new = make_strategy(self.switches[at])
+                self.decoder.replace_cache(new, new.build_cache(loaded, self.max_total))
+            step = next(self.decoder, None)
+        except Exception as err:  # noqa: BLE001 - the column keeps its live figures
+            self.failed = f"{type(err).__name__}: {err}"
+            return False
+        if step is None:
+            return False
+        self.times.append(step.per_token_s)
+        return True
+
+
+def quiet_runs(loaded, columns: list, results: list, prompt_ids, settings) -> list[_QuietRun]:
+    """A `_QuietRun` for every column that finished ok with at least one token (budget switches replayed at the
+    token they happened)."""
+    runs = []
+    for column, result in zip(columns, results):
+        if column.strategy is None or result is None or result.status != "ok" or not result.token_ids:
+            continue
+        run_settings = settings.with_overrides(column.overrides)
+        forced = list(result.token_ids[:RETIME_MAX_TOKENS])
+        switches = {f["at_token"]: f["to_spec"] for f in result.fallbacks if f.get("to_spec")}
+        runs.append(_QuietRun(result, column.strategy, prompt_ids, dataclasses.replace(run_settings, stop_at_eos=False),
+                              prompt_ids.shape[1] + run_settings.max_new_tokens, forced, switches))
+    return runs
+
+
+def quiet_steps(loaded, columns: list, results: list, prompt_ids, settings, stop: threading.Event) -> Iterator[int]:
+    """The quiet re-timing pass, one timed step per `next()` (run each on kvlab's compute thread with
+    `kvlab.compute.compute_iter`); yields the index of the column that just stepped.
+
+    First `TTFT_REPEATS - 1` extra prefills per column, then every column's steps in turns. When every column
+    is done, each result gets its quiet figures (`ColumnResult.apply_quiet`) and `timing_noise`; a column
+    whose quiet run failed keeps its live figures and says why in its message. Nothing is applied when `stop`
+    is set before the end.
+    """
+    runs = quiet_runs(loaded, columns, results, prompt_ids, settings)
+    for _ in range(TTFT_REPEATS - 1):
+        for run in runs:
+            if stop.is_set():
+                return
+            if not run.failed:
+                try:
+                    run.ttft.append(run.prefill_s(loaded))
+                except Exception as err:  # noqa: BLE001 - the column keeps its live figures
+                    run.failed = f"{type(err).__name__}: {err}"
+            yield run.result.index
+    active = [run for run in runs if not run.failed]
+    while active:
+        for run in list(active):
+            if stop.is_set():
+                return
+            if not run.step(loaded):
+                active.remove(run)
+                continue
+            yield run.result.index
+    for run in runs:
+        _apply(run)
+
+
+def _apply(run: _QuietRun) -> None:
+    result = run.result
+    if run.failed or len(run.times) != len(run.forced):
+        reason = run.failed or f"it made {len(run.times)} of {len(run.forced)} steps"
+        result.message = "; ".join(filter(None, [result.message, f"quiet re-timing failed ({reason}): live figures"]))
+        return
+    result.apply_quiet(run.times, run.ttft + run.times[:1])
+    result.timing_noise = timing_noise(run.times, result.ttft_samples_s)
+
+
+# ---------------------------------------------------------------- noise and the busy note
+
+
+def step_noise(steps: list[float]) -> float | None:
+    """Relative noise of one step's time (a fraction): the spread of successive differences (von Neumann's
+    estimator), so a steady trend such as no_cache's growing steps is not counted as noise. None for fewer
+    than 3 steps."""
+    if len(steps) < 3 or sum(steps) <= 0:
+        return None
+    squares = [(b - a) ** 2 for a, b in zip(steps, steps[1:])]
+    return math.sqrt(sum(squares) / (2 * len(squares))) / statistics.mean(steps)
+
+
+def timing_noise(per_token_s: list[float], ttft_samples_s: list[float]) -> dict[str, float]:
+    """Relative noise (fractions, at least NOISE_FLOOR) of each timing figure of a column: decode tok/s and ITL
+    p50 from the standard error of the mean decode step, ITL p99 and a single TTFT from one step's noise, a
+    repeated TTFT from the half-range of its samples. Figures it cannot judge are left out."""
+    decode = per_token_s[1:]
+    step = step_noise(decode)
+    noise: dict[str, float] = {}
+    if step is not None:
+        mean_error = step / math.sqrt(len(decode))
+        noise.update(decode_tok_s=max(NOISE_FLOOR, mean_error), itl_ms_p50=max(NOISE_FLOOR, 1.25 * mean_error),
+                     itl_ms_p99=max(NOISE_FLOOR, step))
+    samples = [s for s in ttft_samples_s if s]
+    if len(samples) >= 2:
+        noise["ttft_s"] = max(NOISE_FLOOR, (max(samples) - min(samples)) / 2 / statistics.median(samples))
+    elif step is not None:
+        noise["ttft_s"] = max(NOISE_FLOOR, step)
+    return noise
+
+
+def run_timing(results: list, retimed: bool, loads: list, threads: int, cores: int | None = None) -> dict:
+    """The run's timing record (the `timing` of `RunDone` and of the JSON record).
+
+    Args:
+        results: the run's `ColumnResult`s. retimed: whether the quiet pass replaced the live figures.
+        loads: 1-minute load averages sampled during the run (None entries where the platform has none).
+        threads: torch intra-op threads this run's forwards used (its own share of the load).
+        cores: CPU cores this process may use (default: `kvlab.environment.cores_available()`).
+
+    Returns {retimed, retime_max_tokens, load_average, cores, torch_threads, decode_noise, live_vs_quiet,
+    warm_up_s, busy, note}: decode_noise is the median column's relative noise, live_vs_quiet the median of
+    live / quiet decode tok/s, warm_up_s the one-time set-up this run did (seconds), note the sentence the
+    page shows ('' when not busy).
+    """
+    cores = cores or cores_available()
+    load = max((value for value in loads if value is not None), default=None)
+    ok = [r for r in results if r is not None and r.status == "ok"]
+    noises = [r.timing_noise["decode_tok_s"] for r in ok if "decode_tok_s" in r.timing_noise]
+    noise = statistics.median(noises) if noises else None
+    ratios = [r.live_decode_tok_s / r.decode_tok_s for r in ok
+              if r.timing == "quiet" and r.live_decode_tok_s and r.decode_tok_s]
+    reasons = []
+    if load is not None and load - threads > BUSY_EXCESS_PER_CORE * cores:
+        reasons.append(f"load average {load:.1f} on {cores} cores, this run's own {threads} threads included")
+    if noise is not None and noise > BUSY_NOISE:
+        reasons.append(f"decode times varied by ±{100 * noise:.0f}% within a column")
+    note = ""
+    if reasons:
+        note = (f"⚠ the machine was too busy for a fair comparison ({'; '.join(reasons)}): differences within "
+                "the noise are marked as ties, others may still come from other work; run again when it is quieter")
+    return {"retimed": retimed, "retime_max_tokens": RETIME_MAX_TOKENS, "load_average": load, "cores": cores,
+            "torch_threads": threads, "decode_noise": noise,
+            "live_vs_quiet": statistics.median(ratios) if ratios else None,
+            "warm_up_s": sum(r.warm_up_s or 0.0 for r in ok), "busy": bool(reasons), "note": note}
+
+
+def sample_load() -> float | None:
+    """The 1-minute load average now, or None where the platform has none."""
+    loads = load_average()
+    return loads[0] if loads else None

@@ -1,0 +1,63 @@
+"""The bench's app section from synthetic run records: ratios per column, the CLI reference, rank flips
+beyond noise, the checks and the report lines (no app, browser or model is started here)."""
+
+from kvlab.bench.app_section import RUNS, app_section, rank_flips
+from kvlab.bench.harness import SIZES, Context
+from kvlab.bench.text import app_lines, status_of
+
+
+def record(rates: dict, noise: float = 0.01, busy: bool = False) -> dict:
+    """A run record with one ok column per name (decode tok/s given, TTFT 0.1 s, live at 80 %)."""
+    columns = [{"name": name, "status": "ok", "decode_tok_s": rate, "ttft_s": 0.1, "live_decode_tok_s": 0.8 * rate,
+                "live_ttft_s": 0.12, "timing_noise": {"decode_tok_s": noise}} for name, rate in rates.items()]
+    columns.append({"name": "offloaded", "status": "unavailable", "decode_tok_s": None})
+    timing = {"load_average": 1.0, "busy": busy, "note": "⚠ busy" if busy else ""}
+    return {"columns": columns, "timing": timing}
+
+
+CLI = {"dynamic": 25.0, "static": 24.8, "no_cache": 10.0}
+
+
+def section(api_rates, browser):
+    ctx = Context(None, SIZES["smoke"], None, lambda message: None, None)
+    return app_section(ctx, [record(CLI), record(CLI)], [record(api_rates), record(api_rates)], browser)
+
+
+def test_ratios_against_the_cli_and_checks_met():
+    s = section({"dynamic": 24.5, "static": 24.9, "no_cache": 9.9}, [record(CLI), record(CLI)])
+    first = s["paths"]["api"]["first"]
+    by_name = {c["column"]: c for c in first["columns"]}
+    assert set(by_name) == {"dynamic", "static", "no_cache"}
+    assert by_name["dynamic"]["decode_ratio"] == 24.5 / 25.0 and by_name["dynamic"]["ttft_ratio"] == 1.0
+    assert by_name["dynamic"]["live_decode_ratio"] == 0.8 * 24.5 / 25.0
+    assert first["raw_flips"] == [["dynamic", "static"]] and first["flips"] == []  # within noise: no flip
+    assert [c["met"] for c in s["checks"]] == [True] * (2 * len(RUNS)) + [True]
+    assert "on this machine" in s["browser_here"]
+    text = "\n".join(app_lines(s))
+    assert "api, first run after start" in text and "rank flips: dynamic vs static (0 beyond noise)" in text
+
+
+def test_a_slow_column_misses_its_target_and_a_flip_within_the_clis_noise_is_not_counted():
+    s = section({"dynamic": 20.0, "static": 24.8, "no_cache": 10.0}, [record(CLI), record(CLI)])
+    checks = {c["name"]: c for c in s["checks"]}
+    api_first = checks["api, first run after start: app / CLI decode tok/s (lowest column)"]
+    assert api_first["met"] is False and api_first["value"] == 0.8 and "dynamic: 0.80" in api_first["reason"]
+    assert s["paths"]["api"]["first"]["raw_flips"] == [["dynamic", "static"]]  # the CLI cannot tell them apart
+    assert checks["rank flips beyond noise (decode tok/s, every app run)"]["value"] == 0
+
+
+def test_a_missing_browser_is_not_judged():
+    s = section(CLI, "Playwright is not installed")
+    browser = [c for c in s["checks"] if c["name"].startswith("browser")]
+    assert len(browser) == len(RUNS) and all(status_of(c) == "n/a (Playwright is not installed)" for c in browser)
+    assert "browser: skipped: Playwright is not installed" in "\n".join(app_lines(s))
+
+
+def test_rank_flips_need_both_sides_beyond_noise():
+    def figs(rates, noise):
+        return {name: {"decode_tok_s": rate, "noise": {"decode_tok_s": noise}} for name, rate in rates.items()}
+
+    raw, beyond = rank_flips(figs({"a": 20.0, "b": 25.0}, 0.01), figs({"a": 25.0, "b": 20.0}, 0.01))
+    assert raw == beyond == [["a", "b"]]
+    raw, beyond = rank_flips(figs({"a": 20.0, "b": 25.0}, 0.2), figs({"a": 25.0, "b": 20.0}, 0.01))
+    assert raw == [["a", "b"]] and beyond == []

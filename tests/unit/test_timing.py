@@ -1,0 +1,215 @@
+"""Timing on the tiny model and synthetic numbers: the one-time warm-up, the quiet re-timing pass, noise-aware
+best marks and the busy-machine note. Behaviour only: no test asserts how long anything took."""
+
+import threading
+
+import pytest
+import torch
+
+from kvlab.cli import build_parser, resolve_compare
+from kvlab.events import ColumnResult, RunDone, RunPhase
+from kvlab.generation import GenerationSettings
+from kvlab.report import best_marks, best_sets, summary_rows
+from kvlab.runner import collect, run_compare
+from kvlab.strategies import Strategy, make_strategy
+from kvlab.strategies.dynamic import Dynamic
+from kvlab.timing import RETIME_MAX_TOKENS, TTFT_REPEATS, run_timing, timing_noise
+from kvlab.ui.compare_view import BEST_MARK, RunView
+
+PROMPT = torch.tensor([[1, 400, 401, 402, 403, 404]])
+GREEDY = GenerationSettings(max_new_tokens=12, stop_at_eos=False, fidelity=False)
+
+
+class Recording(Dynamic):
+    """A dynamic cache that records every sequence its forward is given, and its warm-ups, in one log."""
+
+    def __init__(self, log, key="recording"):
+        super().__init__()
+        self.log, self.key = log, key
+
+    def warm_up_key(self):
+        return (self.key,)
+
+    def warm_up(self, loaded, **kwargs):
+        self.log.append(("warm_up", threading.current_thread().name, kwargs.get("input_tokens")))
+
+    def forward(self, loaded, cache, sequence, new_tokens):
+        self.log.append(("forward", tuple(sequence[0].tolist())))
+        return super().forward(loaded, cache, sequence, new_tokens)
+
+
+def test_quiet_retiming_feeds_the_live_tokens_and_replaces_the_summary_figures(tiny):
+    log = []
+    done = collect(run_compare(tiny, PROMPT, [Recording(log, "retime-a"), {"strategy": "static"}], GREEDY))
+    result = done.results[0]
+    fed = [entry[1] for entry in log if entry[0] == "forward"]
+    live, extra_prefills, quiet = fed[:12], fed[12:12 + TTFT_REPEATS - 1], fed[12 + TTFT_REPEATS - 1:]
+    assert quiet == live  # the same ids, step by step: the same tokens and the same cache contents
+    assert extra_prefills == [live[0]] * (TTFT_REPEATS - 1)
+    assert result.timing == "quiet" and result.quiet_tokens == len(result.token_ids) == 12
+    assert len(result.quiet_per_token_s) == 12 and len(result.ttft_samples_s) == TTFT_REPEATS
+    decode = result.quiet_per_token_s[1:]
+    assert result.decode_tok_s == pytest.approx(len(decode) / sum(decode))
+    assert result.ttft_s == sorted(result.ttft_samples_s)[1]
+    live_decode = result.per_token_s[1:]
+    assert result.live_decode_tok_s == pytest.approx(len(live_decode) / sum(live_decode))
+    assert result.live_ttft_s == result.per_token_s[0]
+    row = summary_rows(done.results)[0]
+    assert row["timing"] == "quiet" and row["decode_tok_s"] == round(result.decode_tok_s, 2)
+    assert set(row["noise"]) == {"ttft_s", "decode_tok_s", "itl_ms_p50", "itl_ms_p99"}
+    assert done.timing["retimed"] is True and done.results[1].timing == "quiet"
+    assert "live_decode_tok_s" in result.to_json()
+
+
+@pytest.mark.parametrize("settings, mode", [(GenerationSettings(max_new_tokens=6, stop_at_eos=False, fidelity=False,
+                                                                  retime=False), "fair"), (GREEDY, "parallel")])
+def test_no_retiming_when_switched_off_or_not_fair(tiny, settings, mode):
+    events = list(run_compare(tiny, PROMPT, [{"strategy": "dynamic"}], settings, mode))
+    result = events[-1].results[0]
+    assert result.timing == "live" and result.live_decode_tok_s is None and result.quiet_per_token_s == []
+    assert "retiming" not in [e.phase for e in events if isinstance(e, RunPhase)]
+    assert events[-1].timing["retimed"] is False
+    assert result.timing_noise  # live figures still carry their noise for the best marks
+
+
+def test_retiming_covers_at_most_the_cap(tiny):
+    settings = GenerationSettings(max_new_tokens=RETIME_MAX_TOKENS + 6, stop_at_eos=False, fidelity=False)
+    result = collect(run_compare(tiny, PROMPT, [{"strategy": "dynamic"}], settings)).results[0]
+    assert len(result.token_ids) == RETIME_MAX_TOKENS + 6
+    assert result.quiet_tokens == RETIME_MAX_TOKENS and len(result.per_token_s) == RETIME_MAX_TOKENS + 6
+
+
+def test_warm_up_runs_once_per_process_on_the_compute_thread_before_any_step(tiny):
+    log = []
+    first = collect(run_compare(tiny, PROMPT, [Recording(log, "warm-once"), Recording(log, "warm-once")], GREEDY))
+    second = collect(run_compare(tiny, PROMPT, [Recording(log, "warm-once")], GREEDY))
+    warm_ups = [entry for entry in log if entry[0] == "warm_up"]
+    assert len(warm_ups) == 1 and log[0][0] == "warm_up"
+    assert warm_ups[0][1].startswith("kvlab-compute")
+    assert warm_ups[0][2] == PROMPT.shape[1]  # the run's prompt length: the shapes the run will use
+    assert first.results[0].warm_up_s is not None and first.results[1].warm_up_s == 0.0
+    assert second.results[0].warm_up_s == 0.0
+    assert first.results[0].ttft_s is not None
+
+
+def test_a_warm_up_phase_is_announced_only_when_something_is_cold(tiny):
+    events = list(run_compare(tiny, PROMPT, [Recording([], "announce")], GREEDY))
+    phases = [e for e in events if isinstance(e, RunPhase)]
+    assert phases[0].phase == "warm_up" and "dynamic" in phases[0].detail
+    again = list(run_compare(tiny, PROMPT, [Recording([], "announce")], GREEDY))
+    assert "warm_up" not in [e.phase for e in again if isinstance(e, RunPhase)]
+
+
+def test_default_warm_up_runs_the_registered_strategy_with_the_same_knobs(tiny, monkeypatch):
+    log = []
+    Strategy.warm_up(Recording(log), tiny)  # a subclass: the registered Dynamic runs, not its counting forward
+    assert not [entry for entry in log if entry[0] == "forward"]
+    quantized = [make_strategy({"strategy": "quantized", "residual_length": r}) for r in (16, 128)]
+    assert quantized[0].warm_up_key() == quantized[1].warm_up_key()
+    assert make_strategy({"strategy": "quantized", "nbits": 2}).warm_up_key() != quantized[0].warm_up_key()
+    warmed = []
+    monkeypatch.setattr(Strategy, "warm_up", lambda self, loaded, **kwargs: warmed.append(self.knobs()))
+    make_strategy({"strategy": "static", "compile": True}).warm_up(tiny)
+    quantized[0].warm_up(tiny)
+    assert warmed[0]["compile"] is False and warmed[1]["residual_length"] == 1
+
+
+def rows_of(values: dict, noise: dict | None = None) -> list[dict]:
+    """Summary-like rows: name -> decode tok/s, each with the given relative noise (default 2 %)."""
+    noise = noise or {}
+    return [{"column": name, "status": "ok", "decode_tok_s": value, "use_cache": True,
+             "noise": {"decode_tok_s": noise.get(name, 0.02)},
+             **{key: None for key in ("ttft_s", "itl_ms_p50", "itl_ms_p99", "peak_cache_bytes", "agreement",
+                                      "top1_agreement", "mean_kl")}} for name, value in values.items()]
+
+
+def test_best_marks_tie_within_noise_and_never_flip_outside_it():
+    within = rows_of({"dynamic": 25.0, "static": 24.4, "no_cache": 10.0})
+    assert best_sets(within)["decode_tok_s"] == {0, 1}
+    apart = rows_of({"dynamic": 25.0, "static": 20.0, "no_cache": 10.0})
+    assert best_sets(apart)["decode_tok_s"] == {0}
+    flipped = rows_of({"dynamic": 20.0, "static": 25.0, "no_cache": 10.0})
+    assert best_sets(flipped)["decode_tok_s"] == {1}
+    noisy = rows_of({"dynamic": 25.0, "static": 20.0, "no_cache": 10.0}, {"static": 0.2, "dynamic": 0.2})
+    assert best_sets(noisy)["decode_tok_s"] == {0, 1}
+    everyone = rows_of({"dynamic": 25.0, "static": 24.9})
+    assert best_sets(everyone)["decode_tok_s"] == set()
+    assert best_marks(within)["decode_tok_s"] == 0
+
+
+def test_non_timing_metrics_tie_only_when_equal():
+    rows = rows_of({"a": 1.0, "b": 1.0})
+    for row, agreement in zip(rows, (0.99, 0.98)):
+        row["agreement"] = agreement
+        row["noise"]["agreement"] = 0.5
+    assert best_sets(rows)["agreement"] == {0}
+
+
+def test_noise_ignores_a_steady_trend():
+    steady_growth = [0.1] + [0.01 * (1 + i / 100) for i in range(60)]
+    jumpy = [0.1] + [0.01 if i % 2 else 0.02 for i in range(60)]
+    assert timing_noise(steady_growth, [])["decode_tok_s"] == pytest.approx(0.01)  # the floor
+    assert timing_noise(jumpy, [])["decode_tok_s"] > 0.05
+    assert timing_noise(steady_growth, [0.1, 0.12, 0.1])["ttft_s"] == pytest.approx(0.1)
+
+
+def quiet_result(index, name, live, quiet, noise=0.01):
+    result = ColumnResult(index=index, name=name, strategy="dynamic", knobs={}, status="ok", per_token_s=live)
+    result.finish_decode_stats()
+    result.apply_quiet(quiet, quiet[:1])
+    result.timing_noise = {"decode_tok_s": noise}
+    return result
+
+
+@pytest.mark.parametrize("loads, busy", [([9.0, 8.5], True), ([1.5, None], False), ([None], False)])
+def test_busy_note_follows_the_load_average(loads, busy):
+    results = [quiet_result(0, "dynamic", [0.1, 0.08, 0.08], [0.1, 0.04, 0.04])]
+    timing = run_timing(results, True, loads, threads=2, cores=2)
+    assert timing["busy"] is busy and bool(timing["note"]) is busy
+    assert timing["live_vs_quiet"] == pytest.approx(0.5)
+    if busy:
+        assert "too busy for a fair comparison" in timing["note"] and "load average 9.0 on 2 cores" in timing["note"]
+
+
+def test_busy_note_follows_the_noise():
+    results = [quiet_result(0, "dynamic", [0.1, 0.04, 0.04], [0.1, 0.04, 0.04], noise=0.2)]
+    timing = run_timing(results, True, [0.5], threads=2, cores=2)
+    assert timing["busy"] and "varied by ±20%" in timing["note"]
+
+
+def test_the_runner_and_the_page_say_when_the_machine_was_busy(tiny, monkeypatch):
+    monkeypatch.setattr("kvlab.runner.sample_load", lambda: 50.0)
+    done = collect(run_compare(tiny, PROMPT, [{"strategy": "dynamic"}], GREEDY))
+    assert done.timing["busy"] and done.timing["load_average"] == 50.0
+    view = RunView(["dynamic"])
+    view.apply(done)
+    assert "too busy for a fair comparison" in view.progress_text()
+    assert "quiet re-timing" in view.progress_text()
+    monkeypatch.setattr("kvlab.runner.sample_load", lambda: 0.0)
+    calm = collect(run_compare(tiny, PROMPT, [{"strategy": "dynamic"}], GREEDY))
+    assert calm.timing["load_average"] == 0.0 and "load average" not in calm.timing["note"]  # (noise may still)
+
+
+def test_the_page_shows_phases_quiet_rates_and_tied_marks():
+    view = RunView(["dynamic", "static"])
+    view.apply(RunPhase("warm_up", "one-time set-up (not timed) of dynamic…"))
+    assert view.progress_text().startswith("warming up: one-time set-up")
+    results = [quiet_result(0, "dynamic", [0.1, 0.08, 0.08], [0.1, 0.04, 0.0401]),
+               quiet_result(1, "static", [0.1, 0.1, 0.1], [0.1, 0.04, 0.04])]
+    for column, result in zip(view.columns, results):
+        column.status, column.per_token_s = "done", list(result.per_token_s)
+    view.apply(RunPhase("retiming", "re-timing 2 columns quietly…"))
+    assert "re-timing 2 columns quietly" in view.progress_text()
+    view.apply(RunDone(results, 1.0, False, {"retimed": True, "retime_max_tokens": 64}))
+    assert view.columns[0].readout().startswith("3 tokens · 25.0 tok/s (live 12.5)")
+    headers, table = view.summary_table()
+    rate = headers.index("decode tok/s")
+    assert [row[rate] for row in table] == ["25.0", "25.0"]  # a tie between two rows only: nothing to choose
+    assert BEST_MARK not in table[0][rate]
+
+
+def test_cli_no_retime_flag():
+    args = build_parser().parse_args(["compare", "--preset", "quickstart", "--no-retime"])
+    assert resolve_compare(args)["settings"].retime is False
+    args = build_parser().parse_args(["compare", "--preset", "quickstart"])
+    assert resolve_compare(args)["settings"].retime is True
