@@ -150,7 +150,8 @@ def encode_prompt(tokenizer, prompt: str | list[dict], system: str = "", chat: b
     `prompt` as a string with `chat=True` becomes one user message (after an
     optional system message) rendered by the tokenizer's chat template with the
     generation prompt; with `chat=False`, or for a tokenizer without a chat
-    template (a base model), it is tokenized as is. Messages given to a tokenizer
+    template (a base model), it is tokenized as is, after the system text and a
+    blank line when one is given (never dropped). Messages given to a tokenizer
     without a chat template are joined as plain text (`plain_conversation`).
 
     Raises:
@@ -165,6 +166,7 @@ def encode_prompt(tokenizer, prompt: str | list[dict], system: str = "", chat: b
             ]
         else:
             messages = None
+            prompt = f"{system.strip()}\n\n{prompt}" if system and system.strip() else prompt
     else:
         messages = list(prompt)
         if not messages or not any(str(m.get("content", "")).strip() for m in messages):

@@ -59,9 +59,9 @@ def _session(args):
     settings = GenerationSettings(max_new_tokens=args.steps, do_sample=args.sample, temperature=args.temperature,
                                   top_p=args.top_p, top_k=args.top_k, seed=args.seed,
                                   stop_at_eos=not args.ignore_eos, fidelity=False)
+    if not 1 <= args.steps <= MAX_INSPECT_STEPS:
+        raise ValueError(f"--steps must be from 1 to {MAX_INSPECT_STEPS}, got {args.steps}")
     settings.check()
-    if args.steps > MAX_INSPECT_STEPS:
-        raise ValueError(f"--steps must be at most {MAX_INSPECT_STEPS}, got {args.steps}")
     loaded = load_model(ModelSpec(args.model, args.dtype, args.device),
                         progress=lambda f, m: print(f"[model] {m}", file=sys.stderr))
     prompt_ids = encode_prompt(loaded.tokenizer, args.prompt, args.system, not args.plain)

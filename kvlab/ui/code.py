@@ -23,7 +23,8 @@ def _model_reference(source: str) -> tuple[str, str]:
 def _prompt_lines(prompt_text: str, system: str, chat: bool) -> list[str]:
     """The lines that build `inputs` from the prompt (through the chat template when `chat`)."""
     if not chat:
-        return [f"inputs = tokenizer({json.dumps(prompt_text, ensure_ascii=False)}, return_tensors=\"pt\")"]
+        text = f"{system.strip()}\n\n{prompt_text}" if system and system.strip() else prompt_text
+        return [f"inputs = tokenizer({json.dumps(text, ensure_ascii=False)}, return_tensors=\"pt\")"]
     messages = ([{"role": "system", "content": system}] if system.strip() else []) + [
         {"role": "user", "content": prompt_text}]
     return [

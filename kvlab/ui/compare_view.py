@@ -45,7 +45,7 @@ from kvlab.runner import MAX_COLUMNS, MODES, Column
 from kvlab.strategies import StrategyError
 
 from .figures import MIB
-from .knobs import NO_STRATEGY, column_budget, plan_columns
+from .knobs import NO_STRATEGY, column_budget, plan_columns, preset_overrides
 from .theme import line_html
 from .timing_text import phase_text, quiet_readout, timing_line
 
@@ -152,14 +152,17 @@ class RunPlan:
     slot_errors: dict[int, str]
     budgets: dict = field(default_factory=dict)
     """Slot -> its `kvlab.budget.Budget`, for the columns that have one."""
+    overrides: dict = field(default_factory=dict)
+    """Slot -> the preset column's own `generation:` overrides, for the slots that still hold that column."""
 
     @property
     def slots(self) -> list[int]:
         return [slot for slot, _ in self.columns]
 
     def run_columns(self) -> list[Column]:
-        """The runner's columns, in run order, each with its budget."""
-        return [Column(strategy, budget=self.budgets.get(slot)) for slot, strategy in self.columns]
+        """The runner's columns, in run order, each with its budget and its preset column's overrides."""
+        return [Column(strategy, dict(self.overrides.get(slot, {})), budget=self.budgets.get(slot))
+                for slot, strategy in self.columns]
 
     def baseline_index(self) -> int | None:
         """Run column index of the chosen baseline slot (None = auto: first dynamic)."""
@@ -205,7 +208,8 @@ def plan_run(request: RunRequest) -> RunPlan:
         raise RunRejected("no strategy picked: choose a strategy in at least one column")
     if not columns:
         raise RunRejected("no column can run: " + "; ".join(f"column {s + 1}: {m}" for s, m in errors.items()))
-    return RunPlan(request, settings, spec, columns, errors, budgets)
+    return RunPlan(request, settings, spec, columns, errors, budgets, preset_overrides(request.preset, columns))
+
 
 
 def start_preset(presets: dict) -> Preset:

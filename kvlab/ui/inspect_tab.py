@@ -44,6 +44,8 @@ from .inspect_view import (
     top_table,
 )
 from .knobs import card_form, max_knobs, strategy_choices
+from .compare_view import chat_box
+from .model_picker import model_dropdown
 from .loader import CONCURRENCY, MODEL_CONCURRENCY_ID
 from .theme import line_html
 
@@ -74,7 +76,7 @@ class InspectTab:
                     self.max_new_tokens = gr.Number(DEFAULT_STEPS, precision=0, label="new tokens (steps)",
                                                     elem_id="kvi-max-new", min_width=120)
                     self.ignore_eos = gr.Checkbox(True, label="ignore EOS", elem_id="kvi-ignore-eos")
-                    self.model_source = gr.Textbox("bundled", label="Model", elem_id="kvi-model", scale=2)
+                    self.model_source = model_dropdown("bundled", elem_id="kvi-model", scale=2)
             with gr.Column(scale=2):
                 form = card_form(DEFAULT_STRATEGY, start_knobs(DEFAULT_STRATEGY), None, self.knob_count)
                 self.card = build_card(form, strategy_choices(None, none_choice=False), DEFAULT_STRATEGY,
@@ -114,6 +116,8 @@ class InspectTab:
         self.reset_button.click(zerogpu.gpu(self.on_reset, self.gpu_s_for(1)), {self.state, *self.form_inputs},
                                 self.outputs, **model_bound)
         self.stop_button.click(self.stop, self.state, None, queue=False)
+        self.model_source.change(lambda source: gr.update(**chat_box(source, None, True)), self.model_source,
+                                 self.chat, show_progress="hidden", **PRIVATE)
         self.card.strategy.input(lambda name: self.card.updates(card_form(name, start_knobs(name), None,
                                                                           self.knob_count)),
                                  self.card.strategy, self.card.form_outputs, show_progress="hidden", **PRIVATE)

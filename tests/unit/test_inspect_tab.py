@@ -179,3 +179,16 @@ def test_bad_input_is_shown_and_reset_starts_over(tab):
     assert "no step yet" in fresh[tab.strip]
     tab.stop(fresh[tab.state])
     assert fresh[tab.state].stop.is_set()
+
+
+@pytest.mark.parametrize("steps", [0, -3, MAX_INSPECT_STEPS + 1])
+def test_the_inspect_command_names_its_steps_option_and_range(steps):
+    import argparse
+
+    from kvlab.inspector_cli import _session, add_parser
+
+    parser = argparse.ArgumentParser()
+    add_parser(parser.add_subparsers())
+    args = parser.parse_args(["inspect", "--prompt", "Hi", "--steps", str(steps)])
+    with pytest.raises(ValueError, match=rf"--steps must be from 1 to {MAX_INSPECT_STEPS}, got {steps}"):
+        _session(args)

@@ -49,3 +49,15 @@ def test_the_tiny_model_stops_at_the_tokenizers_eos(tiny, tiny_tokenizer):
     assert tiny.tokenizer is tiny_tokenizer
     assert tiny.config.eos_token_id == tiny_tokenizer.eos_token_id
     assert tiny.config.vocab_size == len(tiny_tokenizer)
+
+
+def test_a_plain_prompt_keeps_the_system_text_before_it(tiny):
+    """A base model (or chat=False) has no system role: the system text goes first, a blank line, then the
+    prompt; it is never dropped."""
+    from kvlab.generation import encode_prompt
+
+    tokenizer = tiny.tokenizer
+    with_system = encode_prompt(tokenizer, "Once upon a time", system="Be brief.", chat=False)
+    assert with_system[0].tolist() == tokenizer("Be brief.\n\nOnce upon a time", return_tensors="pt")["input_ids"][0].tolist()
+    assert encode_prompt(tokenizer, "Once upon a time", system="  ", chat=False)[0].tolist() == \
+        tokenizer("Once upon a time", return_tensors="pt")["input_ids"][0].tolist()
