@@ -66,13 +66,14 @@ def tab(loaded_pool):
         return build_compare_tab(loaded_pool, preload=False)
 
 
-def run_page(tab, **fields) -> dict:
-    """Drive the Run handler like the page does; returns the last update of every component."""
+def run_page(tab, session: dict | None = None, **fields) -> dict:
+    """Drive the Run handler like the page does (`session`: the browser session's dict, which keeps the run's
+    view for the PNG export); returns the last update of every component."""
     fields.setdefault("prompt", "Name three colours.")
     fields.setdefault("max_new_tokens", SHORT)
     fields.setdefault("slots", [("dynamic", [])])
     final = {}
-    for updates in tab.stream(RunRequest(**fields), threading.Event()):
+    for updates in tab.stream(RunRequest(**fields), threading.Event(), session):
         assert set(updates) <= set(tab.run_outputs), "the run updated a component that is not its output"
         final.update(updates)
     return final
@@ -165,9 +166,11 @@ def test_static_too_small_fails_its_column_and_the_others_finish(tab):
 
 
 def test_a_page_run_exports_its_record_and_code(tab):
-    final = run_page(tab, slots=[("dynamic", []), ("static", ["", "false"])])
+    session = {}
+    final = run_page(tab, session, slots=[("dynamic", []), ("static", ["", "false"])])
     paths = final[tab.exports]
-    assert [Path(p).name for p in paths] == ["kvlab-run.json", "kvlab-summary.csv", "kvlab-plots.png"]
+    assert [Path(p).name for p in paths] == ["kvlab-run.json", "kvlab-summary.csv"], "no image work during a run"
+    paths.append(tab.plots.export(session["view"])[tab.plots.png]["value"])  # the PNG only on Export PNG
     record = json.loads(Path(paths[0]).read_text())
     assert [c["strategy"] for c in record["columns"]] == ["dynamic", "static"]
     assert record["columns"][0]["token_ids"] == record["columns"][1]["token_ids"]
