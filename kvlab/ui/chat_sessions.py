@@ -50,6 +50,10 @@ class ChatTabState:
     stop: threading.Event = field(default_factory=threading.Event)
     idle: threading.Event = field(default_factory=threading.Event)
     last_active: float = field(default_factory=time.monotonic)
+    after_stop: object = None
+    """A control that stopped the running reply and acts once it has ended (`ChatTab.clear`/`undo`): the
+    streaming turn calls it before its last page update, so the page shows the control's result whichever of
+    the two updates arrives last. Called once, then reset."""
 
     def __post_init__(self):
         self.idle.set()

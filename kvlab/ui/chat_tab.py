@@ -265,9 +265,12 @@ class ChatTab:
                 apply_event(view, event)
                 if isinstance(event, (ChatToken, ChatStatus)):
                     yield {self.chatbot: view.messages, self.turn_info: f"_{view.status}_"}
-            # The last update is sent before the turn counts as ended, so a control that waited for it (Clear,
-            # Undo) always updates the page after it.
-            if view.failed is not None:
+            # A control that stopped this reply (Clear, Undo) acts here, before the last update, so this update
+            # and the control's own show the same page whichever reaches the browser last.
+            action, state.after_stop = state.after_stop, None
+            if action is not None:
+                yield action()
+            elif view.failed is not None:
                 yield self.idle(state, f"⚠️ {note}the turn failed: {view.failed}", message=keep)
             else:
                 yield self.idle(state, note.rstrip("; "))
@@ -277,25 +280,37 @@ class ChatTab:
 
     def undo(self, state: ChatTabState | None) -> dict:
         """Remove the last turn (a running reply is stopped first and is the turn removed)."""
-        try:
-            stopped = state is not None and state.stop_reply()
-        except ChatInputError as err:
-            return self.idle(state, f"⚠️ {err}")
+        return self._after_stopping(state, self._undo)
+
+    def clear(self, state: ChatTabState | None) -> dict:
+        """Forget the conversation and its cache (a running reply is stopped first)."""
+        return self._after_stopping(state, self._clear)
+
+    def _undo(self, state: ChatTabState | None, stopped: bool) -> dict:
         first = "stopped the reply that was running, then " if stopped else ""
         if state is None or state.session is None or not state.session.undo():
             return self.idle(state, f"{first}nothing to undo")
         return self.idle(state, f"{first}removed the last turn; the next turn crops the cache to what is left")
 
-    def clear(self, state: ChatTabState | None) -> dict:
-        """Forget the conversation and its cache (a running reply is stopped first)."""
-        try:
-            stopped = state is not None and state.stop_reply()
-        except ChatInputError as err:
-            return self.idle(state, f"⚠️ {err}")
+    def _clear(self, state: ChatTabState | None, stopped: bool) -> dict:
         if state is not None and state.session is not None:
             state.session.clear()
         return self.idle(state, "stopped the reply that was running, then cleared the conversation and its cache"
                          if stopped else "")
+
+    def _after_stopping(self, state: ChatTabState | None, act) -> dict:
+        """Run `act(state, stopped)` once no reply runs. A running reply is stopped and does the act itself as
+        it ends (`ChatTabState.after_stop`), so its last update and this one agree; this returns that result."""
+        if state is None or not state.running:
+            return act(state, False)
+        done: dict = {}
+        state.after_stop = lambda: done.setdefault("updates", act(state, True))
+        try:
+            state.stop_reply()
+        except ChatInputError as err:
+            state.after_stop = None
+            return self.idle(state, f"⚠️ {err}")
+        return done["updates"] if "updates" in done else act(state, True)
 
     def stop(self, state: ChatTabState | None) -> None:
         if state is not None:
