@@ -167,8 +167,8 @@ def test_a_failed_step_can_run_again(tiny):
     (["inspect", "--prompt", " "], "the prompt is empty"),
     (["inspect", "--prompt", "hi", "--strategy", "sink:window_length=0"], "window_length must be an integer >= 1"),
     (["inspect", "--prompt", "hi", "--strategy", "mystery"], "unknown strategy 'mystery'"),
-    (["inspect", "--prompt", "hi", "--steps", str(MAX_INSPECT_STEPS + 1)], f"at most {MAX_INSPECT_STEPS}"),
-    (["inspect", "--prompt", "hi", "--steps", "0"], "max_new_tokens must be between 1"),
+    (["inspect", "--prompt", "hi", "--steps", str(MAX_INSPECT_STEPS + 1)], f"--steps must be from 1 to {MAX_INSPECT_STEPS}"),
+    (["inspect", "--prompt", "hi", "--steps", "0"], "--steps must be from 1 to"),
 ])
 def test_the_inspect_command_refuses_bad_input_before_loading_a_model(argv, message, capsys):
     from kvlab.cli import main
