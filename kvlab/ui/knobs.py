@@ -23,6 +23,7 @@ import yaml
 
 from kvlab.budget import Budget, format_chain, parse_budget, parse_chain
 from kvlab.presets import PresetError, list_presets, load_preset
+from kvlab.runner import Column
 from kvlab.strategies import STRATEGIES, Strategy, StrategyError, make_strategy
 from kvlab.strategies.base import names_with
 
@@ -254,13 +255,13 @@ def preset_overrides(name: str | None, columns: list[tuple[int, object]]) -> dic
         return {}
     found = {}
     for slot, strategy in columns:
-        spec = preset.columns[slot] if slot < len(preset.columns) else None
-        if not spec or not spec.get("generation"):
+        if slot >= len(preset.columns):
             continue
         try:
-            same = make_strategy({k: v for k, v in spec.items() if k not in ("generation", "budget_mib", "fallback")})
+            column = Column.from_spec(preset.columns[slot])
         except StrategyError:
             continue
-        if same.describe() == strategy.describe() and same.knobs() == strategy.knobs():
-            found[slot] = dict(spec["generation"])
+        same = column.strategy
+        if column.overrides and same.describe() == strategy.describe() and same.knobs() == strategy.knobs():
+            found[slot] = dict(column.overrides)
     return found
