@@ -284,21 +284,17 @@ def run_compare(
         StrategyError: a column spec names an unknown strategy or knob.
     """
     columns = checked_columns(columns, mode)
-    settings = settings or GenerationSettings()
-    stop = stop or threading.Event()
-    events: queue.Queue = queue.Queue()
-    results: list[ColumnResult | None] = [None] * len(columns)
+    settings, stop = settings or GenerationSettings(), stop or threading.Event()
+    events, results = queue.Queue(), [None] * len(columns)  # results: a ColumnResult per column, in order
     turns = FreeTurns() if mode == "parallel" else ComputeTurns()
-    started = time.perf_counter()
+    started, loads = time.perf_counter(), [sample_load()]
     sampler = _Sampler(MemoryTracker(loaded.device), started)
-    loads = [sample_load()]
 
-    def work(indices, threads: int | None):
+    def work(indices, threads: int | None):  # one worker thread's columns, each result into its slot
         if threads is not None:
             torch.set_num_threads(threads)
         for i in indices:
             results[i] = run_column(loaded, i, columns[i], prompt_ids, settings, events.put, turns, stop)
-
     workers: list[threading.Thread] = []
     try:
         # 0. Every column's one-time set-up, before any column's clock starts.
@@ -308,33 +304,50 @@ def run_compare(
             workers = _start_workers(work, len(columns), mode, share)
             yield from _relay(workers, events, sampler)
         # 2. A column whose thread died without a result is reported, never waited for.
-        for i, result in enumerate(results):
-            if result is None:
-                results[i] = new_result(i, columns[i], prompt_ids.shape[1])
-                results[i].status, results[i].message = "error", "the column's worker ended without a result"
-                yield ColumnError(i, "error", results[i].message, results[i])
-            results[i].warm_up_s = warm_up_s[i]
+        yield from _fill_missing(results, columns, prompt_ids.shape[1], warm_up_s)
         # 3. The quiet re-timing pass (fair mode): its figures replace the live ones; nothing is relayed meanwhile.
         retimed = yield from _retime(loaded, columns, results, prompt_ids, settings, mode, stop)
         loads.append(sample_load())
         # 4. Fidelity, one compute step per scored column, so other tabs' work can run in between.
         if settings.fidelity and not stop.is_set():
             yield RunPhase("fidelity")
-            scorer = threading.Thread(target=_drain_into, daemon=True, name="kvlab-fidelity", args=(
-                compute_iter(score_fidelity(loaded, prompt_ids, columns, results, baseline, stop)), events))
-            workers.append(scorer)
-            scorer.start()
-            yield from _relay([scorer], events, sampler)
+            fidelity = compute_iter(score_fidelity(loaded, prompt_ids, columns, results, baseline, stop))
+            workers.append(_start_thread(_drain_into, "kvlab-fidelity", fidelity, events))
+            yield from _relay(workers[-1:], events, sampler)
         yield sampler.sample()
         threads = compute(torch.get_num_threads) if mode != "parallel" else torch.get_num_threads()
-        timing = run_timing(results, retimed, loads, threads)
-        yield RunDone(list(results), time.perf_counter() - started, stop.is_set(), timing)
+        yield RunDone(list(results), time.perf_counter() - started, stop.is_set(),
+                      run_timing(results, retimed, loads, threads))
     finally:
-        if any(w.is_alive() for w in workers):
-            stop.set()
-        for worker in workers:
-            if worker.ident is not None:
-                worker.join(JOIN_TIMEOUT_S)
+        _end_workers(workers, stop)
+
+
+def _fill_missing(results: list, columns: list, input_tokens: int, warm_up_s: list[float]):
+    """Generator: a column whose worker ended without a result gets an error result (and a `ColumnError`
+    event); every result gets its column's warm-up seconds."""
+    for i, result in enumerate(results):
+        if result is None:
+            results[i] = new_result(i, columns[i], input_tokens)
+            results[i].status, results[i].message = "error", "the column's worker ended without a result"
+            yield ColumnError(i, "error", results[i].message, results[i])
+        results[i].warm_up_s = warm_up_s[i]
+
+
+def _end_workers(workers: list[threading.Thread], stop: threading.Event) -> None:
+    """Stop the columns when a worker still runs (the run's consumer left early), then join each started
+    worker for at most JOIN_TIMEOUT_S."""
+    if any(w.is_alive() for w in workers):
+        stop.set()
+    for worker in workers:
+        if worker.ident is not None:
+            worker.join(JOIN_TIMEOUT_S)
+
+
+def _start_thread(target, name: str, *args) -> threading.Thread:
+    """A started daemon thread running `target(*args)`."""
+    thread = threading.Thread(target=target, daemon=True, name=name, args=args)
+    thread.start()
+    return thread
 
 
 def _warm_up(loaded, columns: list[Column], input_tokens: int):

@@ -21,12 +21,13 @@ from kvlab.strategies import StrategyError
 
 from . import zerogpu
 from .compare_replay import replay_code, view_from_record
+from .compare_updates import CompareUpdates
 from .knobs import NO_STRATEGY
-from .records import run_preset, write_exports
+from .records import run_preset
 from .theme import line_html
 
 
-class CompareExtras:
+class CompareExtras(CompareUpdates):
     """Replay, the `compare` API and ZeroGPU sizing for the Compare tab (see the module docstring)."""
 
     def run_gpu_s(self, data: dict) -> int:
@@ -76,13 +77,6 @@ class CompareExtras:
             except StrategyError:
                 updates.update(self.card_updates(slot, name, {}, None))
         return updates
-
-    def _summary_updates(self, view: RunView, record: dict) -> dict:
-        """The summary table shown, the record and CSV offered for download."""
-        headers, table = view.summary_table()
-        rows, _ = view.summary()
-        return {self.summary: gr.update(value=table, headers=headers), self.results: gr.update(visible=True),
-                self.exports: write_exports(record, rows)}
 
     def api_compare(self, preset: str, prompt: str | None = None, max_new_tokens: int | None = None) -> dict:
         """Run a preset headless and return its JSON run record (what `python -m kvlab compare --json` writes).

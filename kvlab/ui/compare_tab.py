@@ -1,8 +1,9 @@
 """The Compare tab: one prompt under up to eight KV-cache strategies, streamed side by side.
 
 This module lays out the components and wires their events; nothing else.
-What the page shows comes from `kvlab.ui.compare_view` (the form -> a run plan,
-runner events -> a view model), `kvlab.ui.knobs` (the strategy cards' fields)
+What the page shows comes from `kvlab.ui.compare_form` (the form -> a run plan),
+`kvlab.ui.compare_view` (runner events -> a view model), `kvlab.ui.compare_updates` (the view model ->
+component updates), `kvlab.ui.knobs` (the strategy cards' fields)
 and `kvlab.ui.compare_plots` (native plots; the matplotlib PNG only on request); a recorded run is shown
 again through `kvlab.ui.compare_replay`; running is `kvlab.runner`'s job. Per-session state lives
 in `gr.State`; the one shared object is the `ModelPool` of loaded weights
@@ -26,29 +27,25 @@ from kvlab.presets import Preset, PresetError, list_presets, load_preset
 from kvlab.runner import MAX_COLUMNS, MODES, run_compare
 
 from .cards import StrategyCard, build_card
-from .compare_view import (
+from .compare_form import (
     INTRO,
     MODE_HELP,
-    SUMMARY_HELP,
-    SUMMARY_WIDTHS,
-    RunPlan,
     RunRejected,
     RunRequest,
-    RunView,
     chat_box,
     model_line,
     plan_run,
     slot_specs,
     start_preset,
 )
+from .compare_view import SUMMARY_HELP, SUMMARY_WIDTHS, RunView
 from . import zerogpu
 from .compare_plots import LivePlots
 from .compare_extras import CompareExtras
 from .knobs import card_form, max_knobs, strategy_choices
 from .loader import CONCURRENCY, MODEL_CONCURRENCY_ID, BackgroundLoader, device_present
 from .model_picker import model_bar
-from .records import code_text, record_for
-from .theme import line_html, status_html
+from .theme import line_html
 
 logger = logging.getLogger(__name__)
 
@@ -411,46 +408,6 @@ class CompareTab(CompareExtras):
             raise ModelLoadError(status.message or f"could not load {spec.source!r}")
         yield {self.model_status: model_line(status, spec)}
         return status.loaded
-
-    def _start_updates(self, plan: RunPlan, view: RunView, loaded) -> dict:
-        """Cleared results, every card's status, strategy choices marked for the run's (maybe new) model."""
-        choices = strategy_choices(loaded)
-        updates = {self.run_status: line_html("starting…", "busy"), **self.plots.cleared(),
-                   self.results: gr.update(visible=False), self.summary: None, self.exports: None, self.code: "",
-                   **{card.strategy: gr.update(choices=choices) for card in self.cards}}
-        for slot, card in enumerate(self.cards):
-            if slot in plan.slot_errors:
-                updates[card.status] = gr.update(value=status_html("invalid settings", "error", "",
-                                                                   plan.slot_errors[slot]), visible=True)
-                updates[card.text] = gr.update(value="", visible=True)
-            elif slot not in plan.slots:
-                updates[card.status] = gr.update(value="", visible=False)
-                updates[card.text] = gr.update(value="", visible=False)
-        updates.update(self._column_updates(view, set(range(len(view.columns)))))
-        return updates
-
-    def _column_updates(self, view: RunView, indices: set[int]) -> dict:
-        updates = {}
-        for i in sorted(indices):
-            column, card = view.columns[i], self.cards[view.slots[i]]
-            updates[card.status] = gr.update(
-                value=status_html(column.title, column.status, column.readout(), column.message, column.keeps),
-                visible=True)
-            updates[card.text] = gr.update(value=column.text, visible=True)
-        return updates
-
-    def _final_updates(self, plan: RunPlan, view: RunView, loaded) -> dict:
-        updates = self._column_updates(view, set(range(len(view.columns))))
-        updates.update(self.plots.updates(view))
-        if view.done is None:
-            updates[self.run_status] = line_html("the run ended without a result", "error")
-            return updates
-        updates.update(self._summary_updates(view, record_for(plan, loaded, view.done, view)))
-        updates[self.code] = code_text(plan, view)
-        errors = [f"column {s + 1}: {m}" for s, m in plan.slot_errors.items()]
-        status = view.progress_text() + (" — not run: " + "; ".join(errors) if errors else "")
-        updates[self.run_status] = line_html(status, "error" if errors else "ok")
-        return updates
 
 
 def build_compare_tab(pool, preload: bool = True, loader: BackgroundLoader | None = None) -> CompareTab:

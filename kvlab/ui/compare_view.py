@@ -1,16 +1,12 @@
-"""The Compare tab's pure part: the form -> a validated run plan, and the runner's events -> a view model.
+"""The Compare tab's view model, pure: the runner's events -> what the page shows.
 
-- `RunRequest` is what the page sends when Run is clicked; `plan_run` checks
-  everything that needs no model and returns a `RunPlan` (settings, model spec,
-  the valid columns by slot with their cache budgets, the slots with bad knobs)
-  or raises `RunRejected`.
 - `RunView.apply(event)` folds one `kvlab.events` event into a view model: per
   column the streamed text, a status (waiting, running, done, stopped, error,
   unavailable) with its message, a live readout (tokens, tok/s, cache size), the
   series the plots draw (with each fallback switch of a budgeted column), and
   after the run the summary table with the best value per metric marked.
-- `start_preset`, `slot_specs`, `model_line`, `chat_box` and the help texts: what
-  the form starts with and shows (the 'chat message' box follows the model). After the run, `kvlab.ui.records` writes the record,
+- The form's side (the page's values -> a validated `RunPlan`) is
+  `kvlab.ui.compare_form`; after the run, `kvlab.ui.records` writes the record,
   the exports and the code.
 
 No gradio, no threads of its own. The browser tab (`kvlab.ui.compare_tab`)
@@ -35,28 +31,13 @@ from kvlab.events import (
     StepMetrics,
     TokenEvent,
 )
-from kvlab.generation import GenerationSettings
-from kvlab.bundled import bundled_model
-from kvlab.models import ModelLoadError, ModelSpec
-from kvlab.presets import Preset, PromptSpec, load_preset
 from kvlab.report import LABELS, best_marks, best_sets, by_layer_type_text, candidates, summary_rows
-from kvlab.budget import require_cache
-from kvlab.runner import MAX_COLUMNS, MODES, Column
-from kvlab.strategies import StrategyError
 
 from .figures import MIB
-from .knobs import NO_STRATEGY, column_budget, plan_columns, preset_overrides
-from .theme import line_html
 from .timing_text import phase_text, quiet_readout, timing_line
 
 BEST_MARK = " ★"
 MISSING = "–"
-DEFAULT_PRESET = "quickstart"
-INTRO = ("Run one prompt under several KV-cache strategies at once. Each column streams its own text; the plots "
-         "follow cache memory and per-token time live; after the run the summary compares speed, memory and "
-         "fidelity to a baseline column.")
-MODE_HELP = ("fair: columns take turns, one forward pass at a time, so per-token times are comparable · "
-             "parallel: free threads, for throughput (times include contention) · sequential: one column after another")
 SUMMARY_HELP = (
     "★ marks the best value per metric among finished columns; timing figures closer than their measured noise "
     "are marked as ties (all or none). **TTFT**: prefill + first token. "
@@ -88,194 +69,6 @@ SUMMARY_WIDTHS = ["11%", "6%", "6%", "6%", "5%", "5%", "6%", "6%", "6%", "8%", "
 """Summary table column widths, in the order of DISPLAY_COLUMNS."""
 
 FINISHED = ("done", "stopped", "error", "unavailable")
-
-
-class RunRejected(ValueError):
-    """The page's input cannot start a run; the message says what to fix."""
-
-
-# ----- the form -----
-
-@dataclass
-class RunRequest:
-    """Everything the page sends when Run is clicked (the form's values, not yet validated)."""
-
-    prompt: str
-    system: str = ""
-    chat: bool = True
-    max_new_tokens: float | int | None = 64
-    decoding: str = "greedy"
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: float | int | None = 0
-    repetition_penalty: float | None = 1.0
-    seed: float | int | None = 0
-    ignore_eos: bool = False
-    fidelity: bool = True
-    retime: bool = True
-    mode: str = "fair"
-    baseline: str = "auto"
-    preset: str | None = None
-    model_source: str = "bundled"
-    dtype: str = "float32"
-    device: str = "auto"
-    slots: list[tuple[str, list[str]]] = field(default_factory=list)
-    budgets: list[tuple[str, str]] = field(default_factory=list)
-    """Per slot: the card's cache-budget (MiB) and fallback-chain fields (missing or empty: no budget)."""
-
-    def settings(self) -> GenerationSettings:
-        return GenerationSettings(
-            max_new_tokens=_as_int(self.max_new_tokens),
-            do_sample=self.decoding == "sample",
-            temperature=float(self.temperature),
-            top_p=float(self.top_p),
-            top_k=_as_int(self.top_k),
-            repetition_penalty=float(self.repetition_penalty) if self.repetition_penalty is not None else 0.0,
-            seed=_as_int(self.seed) or 0,
-            stop_at_eos=not self.ignore_eos,
-            fidelity=bool(self.fidelity),
-            retime=bool(self.retime),
-        )
-
-    def model_spec(self) -> ModelSpec:
-        return ModelSpec((self.model_source or "").strip() or "bundled", self.dtype, self.device)
-
-
-@dataclass
-class RunPlan:
-    """A validated request: settings, the valid columns by slot, and the slots with bad knobs."""
-
-    request: RunRequest
-    settings: GenerationSettings
-    spec: ModelSpec
-    columns: list[tuple[int, object]]
-    slot_errors: dict[int, str]
-    budgets: dict = field(default_factory=dict)
-    """Slot -> its `kvlab.budget.Budget`, for the columns that have one."""
-    overrides: dict = field(default_factory=dict)
-    """Slot -> the preset column's own `generation:` overrides, for the slots that still hold that column."""
-
-    @property
-    def slots(self) -> list[int]:
-        return [slot for slot, _ in self.columns]
-
-    def run_columns(self) -> list[Column]:
-        """The runner's columns, in run order, each with its budget and its preset column's overrides."""
-        return [Column(strategy, dict(self.overrides.get(slot, {})), budget=self.budgets.get(slot))
-                for slot, strategy in self.columns]
-
-    def baseline_index(self) -> int | None:
-        """Run column index of the chosen baseline slot (None = auto: first dynamic)."""
-        if not self.request.baseline or self.request.baseline == "auto":
-            return None
-        slot = int(self.request.baseline.split()[-1]) - 1
-        return self.slots.index(slot) if slot in self.slots else None
-
-
-def _as_int(value):
-    """Form numbers arrive as floats (or None when emptied); keep integral values as int."""
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    return value
-
-
-def plan_run(request: RunRequest) -> RunPlan:
-    """Check everything that needs no model. Raises RunRejected with a message for the status line."""
-    settings = request.settings()
-    problems = settings.problems()
-    if request.mode not in MODES:
-        problems.append(f"mode must be one of {list(MODES)}, got {request.mode!r}")
-    if problems:
-        raise RunRejected("; ".join(problems))
-    if not (request.prompt or "").strip():
-        raise RunRejected("the prompt is empty: type something to generate from")
-    try:
-        spec = request.model_spec()
-    except ValueError as err:
-        raise RunRejected(str(err)) from None
-    columns, errors = plan_columns(request.slots)
-    budgets = {}
-    for slot, strategy in list(columns):
-        texts = request.budgets[slot] if slot < len(request.budgets) else ("", "")
-        try:
-            budget = require_cache(strategy, column_budget(*texts))
-            if budget is not None:
-                budgets[slot] = budget
-        except StrategyError as err:
-            errors[slot] = str(err)
-            columns.remove((slot, strategy))
-    if not columns and not errors:
-        raise RunRejected("no strategy picked: choose a strategy in at least one column")
-    if not columns:
-        raise RunRejected("no column can run: " + "; ".join(f"column {s + 1}: {m}" for s, m in errors.items()))
-    return RunPlan(request, settings, spec, columns, errors, budgets, preset_overrides(request.preset, columns))
-
-
-
-def start_preset(presets: dict) -> Preset:
-    """The preset the page opens with: DEFAULT_PRESET, else an empty form with one dynamic column."""
-    if DEFAULT_PRESET in presets:
-        return load_preset(presets[DEFAULT_PRESET])
-    return Preset.model_construct(name="", prompt=PromptSpec.model_construct(text="", system="", chat=True),
-                                  columns=[{"strategy": "dynamic"}])
-
-
-def slot_specs(columns: list[dict]) -> list[tuple[str, dict]]:
-    """(strategy name, knobs) for each of the MAX_COLUMNS slots from a preset's columns."""
-    specs = []
-    for slot in range(MAX_COLUMNS):
-        spec = columns[slot] if slot < len(columns) else {"strategy": NO_STRATEGY}
-        specs.append((spec["strategy"], {k: v for k, v in spec.items() if k not in ("strategy", "generation")}))
-    return specs
-
-
-CHAT_INFO = "use the chat template"
-BASE_INFO = "base model: no chat template, the prompt is plain text"
-
-
-def chat_box(source: str, loaded, reset: bool) -> dict:
-    """What the 'chat message' checkbox becomes for a model: on for a chat model when `reset` (the model was
-    just picked), off and locked for a base model (no chat template), as is for a source not known yet.
-
-    `loaded` (a LoadedModel or None) decides when given, else the bundled list; returns `gr.update` fields."""
-    model = None
-    try:
-        model = bundled_model(source)
-    except ModelLoadError:
-        pass
-    chat = loaded.has_chat_template if loaded is not None else (model.chat if model is not None else None)
-    if chat is None:
-        return {}
-    if not chat:
-        return {"value": False, "interactive": False, "info": BASE_INFO}
-    return {"interactive": True, "info": CHAT_INFO, **({"value": True} if reset else {})}
-
-
-def layer_text(info: dict) -> str:
-    """`30 layers` or, on a hybrid model, `18 layers (sliding_attention window 512, full_attention)`."""
-    types = info["layer_types"]
-    if len(types) < 2:
-        return f"{info['num_hidden_layers']} layers"
-    window = f" window {info['sliding_window']}" if info.get("sliding_window") else ""
-    return f"{info['num_hidden_layers']} layers ({', '.join(t + (window if t != 'full_attention' else '') for t in types)})"
-
-
-def model_line(status, spec: ModelSpec) -> str:
-    """The model status line for a `kvlab.ui.loader.LoadStatus` (with the licence of a bundled model)."""
-    if status.state == "ready":
-        info = status.loaded.info()
-        kind = "" if info["chat_template"] else ", base model (plain-text prompts)"
-        terms = f" · licence: {info['license']}" if info.get("license") else ""
-        return line_html(
-            f"✔ {info['name']} ready: {layer_text(info)}, {info['num_key_value_heads']} KV heads × "
-            f"{info['head_dim']} dims{kind}, {info['dtype']} on {info['device']} (loaded in {info['load_s']:.1f} s)"
-            f"{terms}", "ok")
-    if status.state == "loading":
-        return line_html(f"{status.message} ({100 * status.fraction:.0f}%) — the page stays usable meanwhile",
-                         "busy")
-    if status.state == "error":
-        return line_html(f"✖ {status.message}", "error")
-    return line_html(f"{spec.source} is not loaded yet: click Load (or Run, which loads it first)", "info")
 
 
 # ----- the view model -----

@@ -44,7 +44,7 @@ from .inspect_view import (
     top_table,
 )
 from .knobs import card_form, max_knobs, strategy_choices
-from .compare_view import chat_box
+from .compare_form import chat_box
 from .model_picker import model_dropdown
 from .loader import CONCURRENCY, MODEL_CONCURRENCY_ID
 from .theme import line_html

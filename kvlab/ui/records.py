@@ -27,7 +27,8 @@ from kvlab.report import rows_to_csv, run_record
 from kvlab.runner import collect, run_compare
 
 from .code import code_snippet
-from .compare_view import RunPlan, RunView
+from .compare_form import RunPlan
+from .compare_view import RunView
 
 EXPORTS_DIR = Path(tempfile.gettempdir()) / "kvlab-exports"
 EXPORTS_KEEP_S = 3600

@@ -13,7 +13,7 @@ from kvlab.strategies.dynamic import Dynamic  # noqa: E402
 from kvlab.ui.chat_tab import ChatTab  # noqa: E402
 from kvlab.ui.chat_view import ChatForm  # noqa: E402
 from kvlab.ui.compare_tab import CompareTab  # noqa: E402
-from kvlab.ui.compare_view import RunRequest  # noqa: E402
+from kvlab.ui.compare_form import RunRequest  # noqa: E402
 from kvlab.ui.perplexity_tab import PerplexityTab  # noqa: E402
 from kvlab.ui.perplexity_view import PerplexityRequest  # noqa: E402
 

@@ -26,7 +26,7 @@ from kvlab.generation import MAX_NEW_TOKENS_CAP
 from kvlab.models import ModelSpec, converted_bundled_folder
 from kvlab.ui.code import code_snippet
 from kvlab.ui.compare_tab import build_compare_tab
-from kvlab.ui.compare_view import RunRequest
+from kvlab.ui.compare_form import RunRequest
 from kvlab.ui.knobs import NO_STRATEGY
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

@@ -4,7 +4,8 @@ budget. No model, no gradio."""
 
 from kvlab.events import ColumnStarted, FallbackSwitched, StepMetrics, TokenEvent
 from kvlab.presets import parse_preset
-from kvlab.ui.compare_view import RunRequest, RunView, plan_run, slot_specs
+from kvlab.ui.compare_form import RunRequest, plan_run, slot_specs
+from kvlab.ui.compare_view import RunView
 from kvlab.ui.figures import render_figure
 from kvlab.ui.knobs import card_form, column_budget, max_knobs
 

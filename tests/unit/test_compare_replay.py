@@ -11,7 +11,7 @@ gr = pytest.importorskip("gradio")
 
 from kvlab.models import ModelPool  # noqa: E402
 from kvlab.ui.compare_tab import CompareTab  # noqa: E402
-from kvlab.ui.compare_view import RunRequest  # noqa: E402
+from kvlab.ui.compare_form import RunRequest  # noqa: E402
 from kvlab.ui.knobs import NO_STRATEGY  # noqa: E402
 
 pytestmark = pytest.mark.unit

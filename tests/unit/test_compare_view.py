@@ -319,7 +319,7 @@ def test_a_preset_columns_own_generation_settings_reach_its_slot_until_the_user_
     """hybrid_sliding gives its no_cache column 8 tokens whatever the run's max; a slot changed by hand runs with
     the run's settings."""
     from kvlab.presets import list_presets, load_preset
-    from kvlab.ui.compare_view import RunRequest, plan_run, slot_specs
+    from kvlab.ui.compare_form import RunRequest, plan_run, slot_specs
 
     preset = load_preset(list_presets()["hybrid_sliding"])
     slots = [(name, [str(knobs[key]) if key in knobs else "" for key in sorted(knobs)])

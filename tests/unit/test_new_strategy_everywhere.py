@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from kvlab.strategies import STRATEGIES, register
 from kvlab.strategies.dynamic import Dynamic
 from kvlab.ui.chat_view import ChatForm, chat_strategy_choices
-from kvlab.ui.compare_view import RunRequest, plan_run
+from kvlab.ui.compare_form import RunRequest, plan_run
 from kvlab.ui.knobs import card_form, max_knobs, strategy_choices
 from kvlab.ui.perplexity_view import PerplexityRequest, perplexity_choices
 from kvlab.ui.plan_view import PlanForm, plan_request
