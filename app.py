@@ -35,6 +35,35 @@ def log_to_stderr() -> None:
     logger.addHandler(handler)
 
 
+QUEUE_MAX_SIZE_ENV = "KVLAB_QUEUE_MAX_SIZE"
+DEFAULT_QUEUE_MAX_SIZE = 16
+"""Events that may wait in the queue at once; more are refused with "queue is full" (0 = no limit)."""
+
+
+def queue_max_size() -> int | None:
+    """The queue's `max_size` from KVLAB_QUEUE_MAX_SIZE (default DEFAULT_QUEUE_MAX_SIZE; 0 means no limit: None).
+
+    Raises:
+        ValueError: the setting is not a whole number >= 0; the message names it and its value.
+    """
+    text = os.environ.get(QUEUE_MAX_SIZE_ENV, "").strip()
+    if not text:
+        return DEFAULT_QUEUE_MAX_SIZE
+    try:
+        size = int(text)
+    except ValueError:
+        size = -1
+    if size < 0:
+        raise ValueError(f"{QUEUE_MAX_SIZE_ENV} must be a whole number >= 0 (0 = no limit), got {text!r}")
+    return size or None
+
+
+if __name__ == "__main__":
+    try:
+        queue_max_size()  # a bad setting is said before anything loads
+    except ValueError as bad:
+        sys.exit(f"kvlab: {bad}")
+
 try:
     if __name__ == "__main__" and os.environ.get("KVLAB_EARLY_LOAD", "1") != "0":
         from kvlab.models import ModelPool, ModelSpec
@@ -62,29 +91,6 @@ COMPARE_TAB = "compare"
 """The Compare tab's id: the Plan tab's "measure it for real" switches to it."""
 CACHE_CLEANUP = (3600, 3600)
 """Every hour, delete gradio's cached copies of served files (exports) older than an hour."""
-QUEUE_MAX_SIZE_ENV = "KVLAB_QUEUE_MAX_SIZE"
-DEFAULT_QUEUE_MAX_SIZE = 16
-"""Events that may wait in the queue at once; more are refused with "queue is full" (0 = no limit)."""
-
-
-def queue_max_size() -> int | None:
-    """The queue's `max_size` from KVLAB_QUEUE_MAX_SIZE (default DEFAULT_QUEUE_MAX_SIZE; 0 means no limit: None).
-
-    Raises:
-        ValueError: the setting is not a whole number >= 0; the message names it and its value.
-    """
-    text = os.environ.get(QUEUE_MAX_SIZE_ENV, "").strip()
-    if not text:
-        return DEFAULT_QUEUE_MAX_SIZE
-    try:
-        size = int(text)
-    except ValueError:
-        size = -1
-    if size < 0:
-        raise ValueError(f"{QUEUE_MAX_SIZE_ENV} must be a whole number >= 0 (0 = no limit), got {text!r}")
-    return size or None
-
-
 def on_space() -> bool:
     """Whether the app runs on a Hugging Face Space (Spaces set SYSTEM=spaces and SPACE_ID)."""
     return os.environ.get("SYSTEM") == "spaces" and bool(os.environ.get("SPACE_ID"))

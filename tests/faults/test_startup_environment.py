@@ -1,5 +1,5 @@
-"""Fault catalogue: the environment at start-up — a port already taken, a required package missing. Right: one
-line naming what is wrong and the setting or command that fixes it, no traceback."""
+"""Fault catalogue: the environment at start-up — a port already taken, a required package missing, a bad
+KVLAB_QUEUE_MAX_SIZE. Right: one line naming what is wrong and the setting or command that fixes it, no traceback."""
 
 import os
 import socket
@@ -42,3 +42,14 @@ def test_a_missing_package_is_named_with_the_setup_command():
     assert proc.returncode == 2
     line = one_kvlab_line(proc.stderr)
     assert "the package transformers is not installed here" in line and "scripts/setup.sh" in line
+
+
+@pytest.mark.parametrize("bad", ["lots", "-1", "2.5"])
+def test_a_bad_queue_size_is_said_before_anything_loads(bad, tmp_path):
+    env = {**os.environ, "KVLAB_QUEUE_MAX_SIZE": bad, "PYTHONPATH": str(REPO),
+           "KVLAB_CACHE_DIR": str(tmp_path / "cache")}
+    proc = subprocess.run([sys.executable, "app.py"], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1
+    line = one_kvlab_line(proc.stderr)
+    assert "KVLAB_QUEUE_MAX_SIZE must be a whole number >= 0" in line and repr(bad) in line
+    assert "model ready" not in proc.stderr and "Loading weights" not in proc.stderr
