@@ -20,15 +20,30 @@ from .figures import figure_png, render_figure
 from .records import EXPORTS_DIR
 
 PLOT_HEIGHT_PX = 300
+LEGEND_ROW_PX = 17
+"""Height of one legend entry in vega's default legend; a plot grows so that every entry shows."""
+LEGEND_MARGIN_PX = 90
 BUTTONS = ["fullscreen", "export"]
 
 
 def line_plot(spec: frames.PlotSpec, elem_id: str, visible: bool = True, color_map: dict | None = None,
               **more) -> gr.LinePlot:
-    """A `gr.LinePlot` for a `plot_frames.PlotSpec`: series by colour, value-with-unit in the tooltip."""
+    """A `gr.LinePlot` for a `plot_frames.PlotSpec`: series by colour, the full series name (the legend may
+    shorten a long one) and the value with its unit in the tooltip."""
     return gr.LinePlot(None, x=spec.x, y=spec.y, color="series", title=spec.title, x_title=spec.x_title,
-                       y_title=spec.y_title, color_title="", tooltip=["value"], height=PLOT_HEIGHT_PX,
+                       y_title=spec.y_title, color_title="", tooltip=["series", "value"], height=PLOT_HEIGHT_PX,
                        color_map=color_map, buttons=BUTTONS, elem_id=elem_id, visible=visible, **more)
+
+
+def plot_height(frame) -> int:
+    """Pixels a plot of `frame` needs so that its legend lists every series (at least PLOT_HEIGHT_PX)."""
+    series = 0 if frame is None or frame.empty else frame["series"].nunique()
+    return max(PLOT_HEIGHT_PX, LEGEND_MARGIN_PX + LEGEND_ROW_PX * series)
+
+
+def sized(frame, **more) -> dict:
+    """`gr.update` of a plot to `frame`, tall enough for its legend (`plot_height`)."""
+    return gr.update(value=frame, height=plot_height(frame), **more)
 
 
 class LivePlots:
@@ -65,10 +80,10 @@ class LivePlots:
         by_type = frames.layer_type_frame(view)
         return {
             self.box: gr.update(visible=True),
-            self.cache: gr.update(value=frames.cache_frame(view), color_map=colors),
-            self.latency: gr.update(value=frames.latency_frame(view), color_map=colors),
+            self.cache: sized(frames.cache_frame(view), color_map=colors),
+            self.latency: sized(frames.latency_frame(view), color_map=colors),
             self.memory: frames.memory_frame(view.memory),
-            self.by_type: gr.update(value=by_type, color_map=colors, visible=not by_type.empty),
+            self.by_type: sized(by_type, color_map=colors, visible=not by_type.empty),
             self.notes: frames.switch_notes(view),
         }
 

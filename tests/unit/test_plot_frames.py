@@ -85,3 +85,22 @@ def test_empty_views_give_empty_frames_with_their_columns():
     assert frames.cache_frame(view).empty and list(frames.cache_frame(view).columns) == ["token", "MiB", "series",
                                                                                          "value"]
     assert frames.latency_frame(view).empty and frames.memory_frame(view.memory).empty
+
+
+def test_a_plot_grows_so_that_its_legend_lists_every_column():
+    from kvlab.ui import compare_plots
+
+    titles = [f"quantized (quanto, nbits=4, q_group_size={32 * (i + 1)})" for i in range(8)]
+    view = RunView(titles, slots=list(range(8)))
+    for column in range(8):
+        view.apply(ColumnStarted(column, view.columns[column].title, 5))
+        view.apply(StepMetrics(column, 0, 0.02, MIB, MIB, 5))
+    frame = frames.cache_frame(view)
+    assert frame["series"].nunique() == 16  # measured and predicted per column
+    assert compare_plots.plot_height(frame) >= 16 * compare_plots.LEGEND_ROW_PX
+    assert compare_plots.plot_height(frames.cache_frame(two_columns())) == compare_plots.PLOT_HEIGHT_PX
+    assert compare_plots.plot_height(None) == compare_plots.PLOT_HEIGHT_PX
+    update = compare_plots.sized(frame, color_map={})
+    assert update["height"] == compare_plots.plot_height(frame) and update["value"] is frame
+    plot = compare_plots.line_plot(frames.CACHE, "kv-test")
+    assert plot.tooltip == ["series", "value"]  # a legend-shortened name reads in full on hover
