@@ -190,6 +190,27 @@ def default_chain(loaded, strategy: Strategy, budget_bytes: int | None) -> list[
     return [member for name in CHAIN_ORDER[start:] for member in members.get(name, [])]
 
 
+def usable_chain(loaded, strategy: Strategy, budget: Budget) -> tuple[list[Strategy], list[str]]:
+    """The fallback chain a column under `budget` can use on `loaded` (the budget's own chain, else
+    `default_chain`), and a note per member left out because it cannot run here. When none is left, the last
+    note says so: a column that outgrows its budget then has nowhere to go.
+
+    Known before the column runs, so the page shows it from the column's start.
+    """
+    chain = list(budget.fallback) if budget.fallback is not None else default_chain(
+        loaded, strategy, budget.budget_bytes)
+    usable, notes = [], []
+    for member in chain:
+        reason = member.unavailable_reason(loaded)
+        if reason:
+            notes.append(f"{member.describe()} left out of the fallback chain: {reason}")
+        else:
+            usable.append(member)
+    if chain and not usable:
+        notes.append("no fallback can run on this model: over the budget the column keeps its cache and says so")
+    return usable, notes
+
+
 @dataclass
 class Fallback:
     """One switch: before step `at_token` the run moved from cache `from_strategy` to `to`.
@@ -235,16 +256,7 @@ class ResilientSteps:
 
     def __init__(self, loaded, decoder, budget: Budget, max_total_tokens: int):
         self.loaded, self.decoder, self.budget, self.max_total = loaded, decoder, budget, max_total_tokens
-        chain = list(budget.fallback) if budget.fallback is not None else default_chain(
-            loaded, decoder.strategy, budget.budget_bytes)
-        self.notes: list[str] = []
-        self.chain: list[Strategy] = []
-        for strategy in chain:
-            reason = strategy.unavailable_reason(loaded)
-            if reason:
-                self.notes.append(f"{strategy.describe()} left out of the fallback chain: {reason}")
-            else:
-                self.chain.append(strategy)
+        self.chain, self.notes = usable_chain(loaded, decoder.strategy, budget)
         self.fallbacks: list[Fallback] = []
         self._pending: Fallback | None = None
         self._over_noted = False

@@ -147,12 +147,14 @@ def latency_summary_ms(latencies_s: list[float]) -> dict[str, float]:
 
 @dataclass(frozen=True)
 class ColumnStarted:
-    """A column began. keeps: what its cache keeps on this model ('' when the model has no sliding layers)."""
+    """A column began. keeps: what its cache keeps on this model ('' when the model has no sliding layers).
+    note: what is known before its first token, e.g. fallback-chain members that cannot run on this model."""
 
     column: int
     name: str
     prompt_tokens: int
     keeps: str = ""
+    note: str = ""
 
 
 @dataclass(frozen=True)

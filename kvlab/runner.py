@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .accounting import cache_bytes_by_device, predicted_cache_bytes_by_layer_type
-from .budget import Budget, ResilientSteps, parse_budget, require_cache
+from .budget import Budget, ResilientSteps, parse_budget, require_cache, usable_chain
 from .compute import compute, compute_iter
 from .turns import ComputeTurns, FreeTurns, parallel_threads, shared_threads  # noqa: F401 (re-exported)
 from .fidelity import score_fidelity
@@ -178,8 +178,8 @@ def run_column(
     prompt_tokens = prompt_ids.shape[1]
     result = new_result(index, column, prompt_tokens)
     result.keeps, result.keeps_everything = strategy.keeps_on(loaded), strategy.keeps_everything_on(loaded)
-    emit(ColumnStarted(index, result.name, prompt_tokens, result.keeps))
     reason = strategy.unavailable_reason(loaded)
+    emit(ColumnStarted(index, result.name, prompt_tokens, result.keeps, "" if reason else _chain_note(loaded, column)))
     if reason:
         result.status, result.message = "unavailable", reason
         emit(ColumnError(index, "unavailable", reason, result))
@@ -202,6 +202,11 @@ def run_column(
     result.finish_decode_stats()
     emit(ColumnDone(index, result))
     return result
+
+
+def _chain_note(loaded, column: Column) -> str:
+    """For a budgeted column, the fallback-chain members that cannot run on `loaded` ('' when all can)."""
+    return "; ".join(usable_chain(loaded, column.strategy, column.budget)[1]) if column.budget is not None else ""
 
 
 def _decode(loaded, index, column, prompt_ids, settings, emit, turns, stop, result) -> None:

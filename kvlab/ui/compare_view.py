@@ -197,7 +197,7 @@ class RunView:
     def _apply_to_column(column: ColumnView, event: Event) -> None:
         if isinstance(event, ColumnStarted):
             column.title, column.prompt_tokens, column.status = event.name, event.prompt_tokens, "running"
-            column.keeps = event.keeps
+            column.keeps, column.message = event.keeps, event.note
         elif isinstance(event, TokenEvent):
             column.text += event.text
         elif isinstance(event, StepMetrics):

@@ -185,3 +185,22 @@ def test_the_budget_check_predicts_every_step_of_a_hybrid_cache_to_the_byte(hybr
     assert predicted == measured
     growth = [b - a for a, b in zip(measured, measured[1:])]
     assert growth[-1] < growth[1], "past the window only the full layers grow"
+
+
+def test_a_budget_whose_fallbacks_cannot_run_here_says_so_when_the_column_starts(hybrid):
+    """On a hybrid model the default chain's quantized and sink caches are refused: the page learns it from the
+    column's first event, not only from the summary."""
+    from kvlab.events import ColumnStarted
+    from kvlab.ui.compare_view import RunView
+
+    events = list(run_compare(hybrid, torch.tensor([[1, 400, 401]]),
+                              [{"strategy": "dynamic", "budget_mib": 1}, {"strategy": "dynamic"}], SETTINGS))
+    started = {e.column: e for e in events if isinstance(e, ColumnStarted)}
+    assert "quantized" in started[0].note and "left out of the fallback chain" in started[0].note
+    assert "sink" in started[0].note and "no fallback can run on this model" in started[0].note
+    assert started[1].note == ""  # no budget: nothing to say
+    view = RunView(["dynamic budget", "dynamic"])
+    view.apply(started[0])
+    assert view.columns[0].status == "running" and "no fallback can run on this model" in view.columns[0].status_text()
+    done = events[-1]
+    assert done.results[0].status == "ok" and "no fallback can run on this model" in done.results[0].message
