@@ -158,6 +158,27 @@ def cmd_replay(args) -> int:
     return 0
 
 
+def progress(events, out=None):
+    """Pass a run's events through, writing one progress line per column start and end and per phase to
+    `out` (stderr): `[column 2] quantized hqq int4: done, 64 tokens`. The summary table stays on stdout."""
+    from .events import ColumnDone, ColumnError, ColumnStarted, RunPhase
+
+    out = out or sys.stderr
+    for event in events:
+        line = None
+        if isinstance(event, ColumnStarted):
+            line = f"[column {event.column + 1}] {event.name}: running" + (f" ({event.note})" if event.note else "")
+        elif isinstance(event, ColumnDone):
+            line = f"[column {event.column + 1}] {event.result.name}: done, {len(event.result.token_ids)} tokens"
+        elif isinstance(event, ColumnError):
+            line = f"[column {event.column + 1}] {event.result.name}: {event.status}: {event.message}"
+        elif isinstance(event, RunPhase):
+            line = f"[run] {event.phase.replace('_', ' ')}" + (f": {event.detail}" if event.detail else "")
+        if line:
+            print(line, file=out, flush=True)
+        yield event
+
+
 def cmd_compare(args) -> int:
     from .models import ModelLoadError, load_model
     from .runner import run_compare, collect
@@ -176,8 +197,8 @@ def cmd_compare(args) -> int:
     except (ModelLoadError, ValueError) as err:
         print(f"kvlab compare: {err}", file=sys.stderr)
         return 2
-    done = collect(run_compare(loaded, prompt_ids, plan["columns"], plan["settings"], preset.mode,
-                               threading.Event(), preset.baseline))
+    done = collect(progress(run_compare(loaded, prompt_ids, plan["columns"], plan["settings"], preset.mode,
+                                        threading.Event(), preset.baseline)))
     print(format_table(summary_rows(done.results)))
     if done.timing.get("note"):
         print(f"kvlab compare: {done.timing['note']}", file=sys.stderr)
