@@ -144,7 +144,7 @@ def step_markdown(record: StepRecord | None, session: InspectSession | None) -> 
         return NO_STEP
     total = session.settings.max_new_tokens
     kind = "prefill + first token" if record.index == 0 else "decode"
-    lines = [f"**Step {record.index}** of at most {total - 1} ({kind})"
+    lines = [f"**Step {record.index + 1}** of at most {total} ({kind})"
              f" · fed `input_ids` {record.input_shape} ending {_fed_text(record)} · chose **{record.token_text!r}** "
              f"(id {record.token_id}) · {1000 * record.per_token_s:.1f} ms"]
     for i, forward in enumerate(record.forwards):
@@ -168,7 +168,7 @@ def loop_values(record: StepRecord) -> dict[str, str]:
     last = record.last
     chunks = f" (chunk {len(record.forwards)} of {len(record.forwards)})" if len(record.forwards) > 1 else ""
     return {
-        "input_ids": f"step {record.index}: shape {record.input_shape}, ending {_fed_text(record)}",
+        "input_ids": f"step {record.index + 1}: shape {record.input_shape}, ending {_fed_text(record)}",
         "past": str(last.past_tokens) + chunks,
         "cache_position": _span(*last.cache_position),
         "position_ids": f"[{_span(*last.position_ids)}]",
