@@ -73,6 +73,7 @@ project_installed() {
     "$py" -I - "$repo_root" <<'PY'
 import json
 import sys
+import sysconfig
 from importlib.metadata import PackageNotFoundError, distribution
 from pathlib import Path
 
@@ -81,7 +82,8 @@ try:
 except PackageNotFoundError:
     sys.exit(1)
 editable = info.get("dir_info", {}).get("editable", False)
-sys.exit(0 if editable and info.get("url") == Path(sys.argv[1]).as_uri() else 1)
+command = Path(sysconfig.get_path("scripts")) / "kvlab"  # an install from before the command existed lacks it
+sys.exit(0 if editable and info.get("url") == Path(sys.argv[1]).as_uri() and command.exists() else 1)
 PY
 }
 

@@ -1,9 +1,11 @@
 """Checks of the install plumbing: scripts/setup.sh, pyproject.toml, the Makefile, .ci/run, the Dockerfile.
 
-The fresh-venv test runs the real setup script into an empty virtual
-environment (about a minute here: torch comes from a local wheel, the rest
-from the package index) and checks what it installed, the `kvlab` command
-included. The regular-install test builds kvlab from a copy of its sources
+The install test checks what the real setup script installed, the `kvlab`
+command included, and that running it again installs nothing: in the
+project's own `.venv` when the tests run there (`make test` has just run the
+script on it; on CI's clean clone that is a fresh install), else in a new
+virtual environment built from an empty folder (about a minute here: torch
+comes from a local wheel, the rest from the package index). The regular-install test builds kvlab from a copy of its sources
 into a bare virtual environment (setuptools comes from the package index) and
 checks that the installed copy finds its presets. The other tests only read
 files. The Dockerfile is checked by reading it, not by building it.
@@ -71,20 +73,35 @@ def requirement_names(path: Path) -> dict[str, Requirement]:
     return {req.name.lower().replace("_", "-"): req for req in requirements}
 
 
+PROJECT_VENV = REPO_ROOT / ".venv"
+
+
+def running_in_project_venv() -> bool:
+    """Whether these tests run in the project's own `.venv` (as `make test` and CI run them, right after the
+    setup script built or refreshed it)."""
+    return Path(sys.prefix).resolve() == PROJECT_VENV.resolve()
+
+
 @pytest.fixture
-def fresh_venv_dir(tmp_path: Path):
+def installed_venv(tmp_path: Path):
+    """A virtual environment the setup script installed: the project's own `.venv` when the tests run in it
+    (`make test` has just run the script on it: on CI's clean clone that is a fresh install), else a new one
+    built here into an empty folder (about a minute)."""
+    if running_in_project_venv():
+        yield PROJECT_VENV, ("--test",)  # as `make setup-test` ran it
+        return
     venv_dir = tmp_path / "venv"
-    yield venv_dir
+    first = run_setup("--venv", str(venv_dir), timeout_s=INSTALL_TIMEOUT_S)
+    assert first.returncode == 0, first.stdout[-4000:] + first.stderr[-4000:]
+    assert "creating virtual environment" in first.stdout
+    yield venv_dir, ()
     shutil.rmtree(venv_dir, ignore_errors=True)
 
 
-def test_setup_installs_everything_into_a_fresh_venv(fresh_venv_dir: Path) -> None:
-    first = run_setup("--venv", str(fresh_venv_dir), timeout_s=INSTALL_TIMEOUT_S)
-    assert first.returncode == 0, first.stdout[-4000:] + first.stderr[-4000:]
-    assert "creating virtual environment" in first.stdout
-
+def test_setup_installs_everything_into_a_venv(installed_venv) -> None:
+    installed_venv, setup_args = installed_venv
     check = subprocess.run(
-        [str(fresh_venv_dir / "bin" / "python"), "-c", IMPORT_CHECK],
+        [str(installed_venv / "bin" / "python"), "-c", IMPORT_CHECK],
         capture_output=True,
         text=True,
         timeout=300,
@@ -94,23 +111,23 @@ def test_setup_installs_everything_into_a_fresh_venv(fresh_venv_dir: Path) -> No
     assert torch_version.startswith(TORCH_VERSION), torch_version
     assert torch_cuda == "None", f"expected the CPU build of torch, got CUDA {torch_cuda}"
 
-    kvlab_command = fresh_venv_dir / "bin" / "kvlab"
-    help_text = subprocess.run([str(kvlab_command), "--help"], cwd=fresh_venv_dir, capture_output=True, text=True,
+    kvlab_command = installed_venv / "bin" / "kvlab"
+    help_text = subprocess.run([str(kvlab_command), "--help"], cwd=installed_venv, capture_output=True, text=True,
                                timeout=300)
     assert help_text.returncode == 0, help_text.stderr[-4000:]
     assert help_text.stdout.startswith("usage: kvlab ") and "compare" in help_text.stdout
 
-    where = subprocess.run([str(fresh_venv_dir / "bin" / "python"), "-I", "-c", INSTALLED_PRESETS_CHECK],
-                           cwd=fresh_venv_dir, capture_output=True, text=True, timeout=300)
+    where = subprocess.run([str(installed_venv / "bin" / "python"), "-I", "-c", INSTALLED_PRESETS_CHECK],
+                           cwd=installed_venv, capture_output=True, text=True, timeout=300)
     assert where.returncode == 0, where.stderr[-4000:]
     package_init, presets_folder = where.stdout.splitlines()[:2]
     assert Path(package_init) == REPO_ROOT / "kvlab" / "__init__.py", "kvlab is not installed editable from here"
     assert Path(presets_folder) == REPO_ROOT / "presets"
 
-    second = run_setup("--venv", str(fresh_venv_dir), timeout_s=SKIP_TIMEOUT_S)
-    assert second.returncode == 0, second.stderr
-    assert "skipping pip" in second.stdout and "kvlab already installed" in second.stdout
-    assert "installing" not in second.stdout
+    again = run_setup(*setup_args, "--venv", str(installed_venv), timeout_s=SKIP_TIMEOUT_S)
+    assert again.returncode == 0, again.stderr
+    assert "skipping pip" in again.stdout and "kvlab already installed" in again.stdout
+    assert "installing" not in again.stdout
 
 
 def test_a_regular_install_finds_its_presets_under_its_prefix(tmp_path: Path) -> None:
