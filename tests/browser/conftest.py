@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import time
+import types
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -46,8 +47,9 @@ def wait_until_serving(url: str, process: subprocess.Popen, log_path: Path) -> N
 
 
 @pytest.fixture(scope="session")
-def app_url():
-    """Start `python app.py` on a free port (GRADIO_SERVER_PORT), wait for it, yield its URL, stop it."""
+def app():
+    """Start `python app.py` on a free port (GRADIO_SERVER_PORT), wait for it, yield its `url` and the `log`
+    file its output goes to, stop it. One app for the whole browser tier, as one server would be."""
     ARTIFACTS.mkdir(exist_ok=True)
     port = free_port()
     env = {**os.environ, "GRADIO_SERVER_PORT": str(port), "GRADIO_ANALYTICS_ENABLED": "False",
@@ -59,7 +61,7 @@ def app_url():
     url = f"http://127.0.0.1:{port}/"
     try:
         wait_until_serving(url, process, log_path)
-        yield url
+        yield types.SimpleNamespace(url=url, log=log_path)
     finally:
         process.terminate()
         try:
@@ -67,6 +69,12 @@ def app_url():
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait(APP_STOP_TIMEOUT_S)
+
+
+@pytest.fixture(scope="session")
+def app_url(app):
+    """The running app's URL."""
+    return app.url
 
 
 @pytest.fixture(scope="module")

@@ -1,113 +1,16 @@
-"""The chat tab in headless Chromium: two browser sessions chatting at once never see each other's history.
+"""The chat tab in headless Chromium against the real app (the browser tier's one app, started by conftest):
+two browser sessions chatting at once never see each other's history, bad input is refused where the user
+looks, every control works while a reply streams, and closing a tab frees its chat cache.
 
-The app runs as a subprocess on a free port (GRADIO_SERVER_PORT). When app.py
-wires the chat tab it is used as is; until then a small `gr.Blocks` around
-`build_chat_tab` stands in for it. Debian's /usr/bin/chromium is driven by
-Playwright; no browser is downloaded.
+Debian's /usr/bin/chromium is driven by Playwright; no browser is downloaded.
 """
 
-import os
 import re
-import socket
-import subprocess
-import sys
-import textwrap
 import time
-import types
-import urllib.request
-from pathlib import Path
 
-import pytest
-
-ROOT = Path(__file__).resolve().parents[2]
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
-START_TIMEOUT_S = 180
 TURN_TIMEOUT_MS = 180_000
 PAGE_TIMEOUT_S = 60
 NEW_TOKENS = "12"
-STANDALONE = textwrap.dedent("""
-    import os
-    import gradio as gr
-    from kvlab.models import ModelPool
-    from kvlab.ui.chat_tab import build_chat_tab
-
-    with gr.Blocks(title="kvlab chat") as demo:
-        with gr.Tab("Chat"):
-            build_chat_tab(ModelPool())
-    demo.queue().launch(server_name="127.0.0.1", server_port=int(os.environ["GRADIO_SERVER_PORT"]))
-""")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def app_command(tmp_path: Path) -> list[str]:
-    """app.py when it wires the chat tab, else a stand-in Blocks around `build_chat_tab`."""
-    app = ROOT / "app.py"
-    if app.is_file() and "build_chat_tab" in app.read_text():
-        return [sys.executable, str(app)]
-    script = tmp_path / "chat_app.py"
-    script.write_text(STANDALONE)
-    return [sys.executable, str(script)]
-
-
-@pytest.fixture(scope="module")
-def app(tmp_path_factory):
-    """The running app: its `url` and the `log` file its output goes to."""
-    if not os.access(CHROMIUM, os.X_OK):
-        pytest.skip(f"no chromium at {CHROMIUM}")
-    pytest.importorskip("playwright.sync_api")
-    tmp_path = tmp_path_factory.mktemp("chat_app")
-    port = free_port()
-    env = {**os.environ, "GRADIO_SERVER_PORT": str(port), "GRADIO_SERVER_NAME": "127.0.0.1",
-           "GRADIO_ANALYTICS_ENABLED": "False", "PYTHONPATH": str(ROOT)}
-    log_path = tmp_path / "app.log"
-    with open(log_path, "wb") as log:
-        process = subprocess.Popen(app_command(tmp_path), cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}/"
-    try:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while True:
-            if process.poll() is not None:
-                pytest.fail(f"the app exited with {process.returncode}:\n{log_path.read_text()[-3000:]}")
-            try:
-                with urllib.request.urlopen(url, timeout=2) as response:
-                    if response.status == 200:
-                        break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"the app did not answer within {START_TIMEOUT_S} s:\n{log_path.read_text()[-3000:]}")
-            time.sleep(0.5)
-        yield types.SimpleNamespace(url=url, log=log_path)
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-
-
-@pytest.fixture(scope="module")
-def app_url(app):
-    return app.url
-
-
-@pytest.fixture(scope="module")
-def browser():
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as playwright:
-        chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        try:
-            yield chromium
-        finally:
-            chromium.close()
 
 
 def open_chat(browser, url):
