@@ -2,7 +2,7 @@
 through the Compare tab's own handlers, and the "view code" snippet reproducing a column.
 
 - `/compare` for the quickstart preset returns the same per-column token ids as
-  `python -m kvlab compare --preset quickstart --json` (greedy, fp32: deterministic).
+  `python -m kvlab compare --preset quickstart --json` (greedy, fp32: deterministic; 24 tokens).
 - Bad input (empty prompt, max_new_tokens 0 / above the cap / emptied, no strategy,
   invalid knobs, a static cache too small, an unknown hub id, a folder that is not
   a model) gives a clear message where the user looks; nothing crashes and the
@@ -32,6 +32,8 @@ from kvlab.ui.knobs import NO_STRATEGY
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CLI_TIMEOUT_S = 1800
 SHORT = 4
+MATCH_TOKENS = 24
+"""Tokens the API and the CLI must agree on, every column (greedy, fp32)."""
 
 
 def free_port() -> int:
@@ -86,11 +88,12 @@ def value(update) -> str:
 # ----- the compare API -----
 
 def test_compare_api_matches_the_cli(client, tmp_path):
-    record = client.predict("quickstart", api_name="/compare")
+    record = client.predict("quickstart", None, MATCH_TOKENS, api_name="/compare")
     cli_json = tmp_path / "cli.json"
-    # Fidelity scoring runs after generation and does not change token ids; skipping it saves minutes.
+    # Fidelity scoring and the quiet re-timing run after generation and do not change token ids.
     subprocess.run([sys.executable, "-m", "kvlab", "compare", "--preset", "quickstart", "--json", str(cli_json),
-                    "--no-fidelity"], cwd=REPO_ROOT, check=True, timeout=CLI_TIMEOUT_S, capture_output=True)
+                    "--max-new-tokens", str(MATCH_TOKENS), "--no-fidelity", "--no-retime"], cwd=REPO_ROOT, check=True,
+                   timeout=CLI_TIMEOUT_S, capture_output=True)
     cli = json.loads(cli_json.read_text())
     assert record["preset"] == "quickstart"
     assert [c["name"] for c in record["columns"]] == [c["name"] for c in cli["columns"]]

@@ -17,7 +17,7 @@ from kvlab.perplexity import ppl_by_segment, stream_nll
 from kvlab.sink_cache import SinkCache
 from kvlab.strategies import make_strategy
 
-PPL_TOKENS = 640
+PPL_TOKENS = 320
 PPL_WINDOW = 64
 SINKS = 4
 
@@ -62,7 +62,7 @@ def test_sink_equals_dynamic_while_under_window(real):
 @torch.inference_mode()
 def test_long_generation_keeps_cache_bytes_constant(real):
     model, tokenizer = real
-    window, new_tokens = 64, 400
+    window, new_tokens = 64, 200
     prompt = prompt_ids(tokenizer, "Write a long story about a lighthouse keeper.")
     cache = SinkCache.from_model(model, window, SINKS)
     sizes = []
