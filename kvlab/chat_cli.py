@@ -252,11 +252,11 @@ def _chat_turns(session, turns: list[str], args, record: dict) -> int:
             return 1
         stats = next(e.stats for e in events if isinstance(e, ChatTurnDone))
         match = "-" if stats.match is None else str(stats.match).lower()
+        record["turns"].append(stats.to_json())
+        _write_json(args.json, record, quiet=True)  # saved before it is shown: a turn on screen is on disk
         print(f"{stats.turn:>4} {stats.action:>8} {stats.reused_tokens:>6} {stats.prefilled_tokens:>9} "
               f"{_seconds(stats.ttft_s):>7} {_seconds(stats.no_reuse_ttft_s):>10} {match:>5}  "
               f"{stats.reply[:60]!r}", flush=True)
-        record["turns"].append(stats.to_json())
-        _write_json(args.json, record, quiet=True)
     return 0
 
 
