@@ -139,11 +139,35 @@ def predicted_cache_bytes(config, dtype: torch.dtype, tokens: int) -> int:
     return bytes_per_token(config, dtype) * max(int(tokens), 0)
 
 
+_LAYOUTS: dict[tuple, tuple] = {}
+"""`layer_types_and_windows` per config (read every decode step by the prediction; about half a millisecond)."""
+MAX_LAYOUTS = 32
+
+
+def _layout_key(config) -> tuple:
+    """The config object and the attributes its layer layout comes from (a changed one reads it again)."""
+    text = getattr(config, "text_config", None)
+    parts = [config] + ([text] if text is not None else [])
+    return tuple((id(part), repr(getattr(part, "layer_types", None)), getattr(part, "sliding_window", None),
+                  getattr(part, "num_hidden_layers", None)) for part in parts)
+
+
 def layer_types_and_windows(config) -> tuple[list[str], list[int | None]]:
     """Per decoder layer of `config`: its type (transformers' names: `full_attention`, `sliding_attention`, ...)
     and its sliding window in tokens (None for a full-attention layer), as transformers' caches read them
     (`get_layer_types_and_kwargs`: a config with `sliding_window` and no `layer_types` is sliding throughout).
-    An inconsistent config counts as all full attention."""
+    An inconsistent config counts as all full attention. Remembered per config (its layout attributes are part
+    of the key); the lists returned are copies."""
+    key = _layout_key(config)
+    hit = _LAYOUTS.get(key)
+    if hit is None or hit[0] is not config:
+        if len(_LAYOUTS) >= MAX_LAYOUTS:
+            _LAYOUTS.pop(next(iter(_LAYOUTS)))
+        hit = _LAYOUTS[key] = (config, *_read_layout(config))
+    return list(hit[1]), list(hit[2])
+
+
+def _read_layout(config) -> tuple[list[str], list[int | None]]:
     from transformers.cache_utils import get_layer_types_and_kwargs
 
     cfg = config.get_text_config(decoder=True)
