@@ -4,11 +4,9 @@
 port `GRADIO_SERVER_PORT`, else `PORT`, else 7860. Everything a tab does lives
 in its `kvlab.ui` modules; this file only assembles them.
 
-With `KVLAB_EARLY_LOAD=1`, started as a script, the app begins loading the
-bundled model on a background thread *before* importing gradio, so the two
-overlap. It is off by default: on 2 cores the two compete and the page and the
-model both came later with it (page 7.4 s vs 6.6 s, model ready 10.6 s vs
-9.7 s, medians of 3 alternating starts); it may pay on more cores. The queue holds at most
+Started as a script, the app begins loading the bundled model on a background
+thread *before* importing gradio (which takes seconds), so the two overlap
+(`KVLAB_EARLY_LOAD=0` turns that off). The queue holds at most
 `KVLAB_QUEUE_MAX_SIZE` waiting events (default 16; 0 = no limit). On a Hugging
 Face Space a "Duplicate Space" button shows in the header; on ZeroGPU the
 GPU-bound handlers are wrapped by `kvlab.ui.zerogpu`.
@@ -67,7 +65,7 @@ if __name__ == "__main__":
         sys.exit(f"kvlab: {bad}")
 
 try:
-    if __name__ == "__main__" and os.environ.get("KVLAB_EARLY_LOAD", "0") == "1":
+    if __name__ == "__main__" and os.environ.get("KVLAB_EARLY_LOAD", "1") != "0":
         from kvlab.models import ModelPool, ModelSpec
         from kvlab.ui.loader import BackgroundLoader
 
