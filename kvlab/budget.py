@@ -245,6 +245,7 @@ class ResilientSteps:
         decoder: a fresh `kvlab.engine.Decoder`.
         budget: the column's `Budget`.
         max_total_tokens: input + max_new_tokens (sizes the fallback caches and the prediction).
+        usable: `usable_chain(loaded, decoder.strategy, budget)` when the caller has it already (None: read here).
 
     Attributes:
         fallbacks: every finished switch, in order. notes: chain members left out (cannot run here) and the
@@ -254,9 +255,11 @@ class ResilientSteps:
         torch.OutOfMemoryError: out of memory with no strategy left in the chain.
     """
 
-    def __init__(self, loaded, decoder, budget: Budget, max_total_tokens: int):
+    def __init__(self, loaded, decoder, budget: Budget, max_total_tokens: int,
+                 usable: tuple[list[Strategy], list[str]] | None = None):
         self.loaded, self.decoder, self.budget, self.max_total = loaded, decoder, budget, max_total_tokens
-        self.chain, self.notes = usable_chain(loaded, decoder.strategy, budget)
+        chain, notes = usable or usable_chain(loaded, decoder.strategy, budget)
+        self.chain, self.notes = list(chain), list(notes)
         self.fallbacks: list[Fallback] = []
         self._pending: Fallback | None = None
         self._over_noted = False

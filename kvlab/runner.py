@@ -179,7 +179,8 @@ def run_column(
     result = new_result(index, column, prompt_tokens)
     result.keeps, result.keeps_everything = strategy.keeps_on(loaded), strategy.keeps_everything_on(loaded)
     reason = strategy.unavailable_reason(loaded)
-    emit(ColumnStarted(index, result.name, prompt_tokens, result.keeps, "" if reason else _chain_note(loaded, column)))
+    usable = usable_chain(loaded, strategy, column.budget) if column.budget is not None and not reason else None
+    emit(ColumnStarted(index, result.name, prompt_tokens, result.keeps, "; ".join(usable[1]) if usable else ""))
     if reason:
         result.status, result.message = "unavailable", reason
         emit(ColumnError(index, "unavailable", reason, result))
@@ -188,7 +189,7 @@ def run_column(
         run_settings = settings.with_overrides(column.overrides)
         run_settings.check()
         strategy.check_fits(prompt_tokens, run_settings.max_new_tokens)
-        _decode(loaded, index, column, prompt_ids, run_settings, emit, turns, stop, result)
+        _decode(loaded, index, column, prompt_ids, run_settings, emit, turns, stop, result, usable)
     except RunStopped:
         result.stopped = True
     except Exception as err:  # noqa: BLE001 - any failure ends this column only
@@ -204,21 +205,17 @@ def run_column(
     return result
 
 
-def _chain_note(loaded, column: Column) -> str:
-    """For a budgeted column, the fallback-chain members that cannot run on `loaded` ('' when all can)."""
-    return "; ".join(usable_chain(loaded, column.strategy, column.budget)[1]) if column.budget is not None else ""
-
-
-def _decode(loaded, index, column, prompt_ids, settings, emit, turns, stop, result) -> None:
+def _decode(loaded, index, column, prompt_ids, settings, emit, turns, stop, result, usable=None) -> None:
     """Build the column's cache, then stream the engine's steps (and any fallback switches) into `result` and
-    events."""
+    events. `usable`: the budgeted column's `usable_chain`, read once when it started."""
     strategy = column.strategy
     max_total = prompt_ids.shape[1] + settings.max_new_tokens
     cache = turns.run(lambda: strategy.build_cache(loaded, max_total))
     result.message = strategy.runtime_note()
     decoder = Decoder(loaded, strategy, cache, prompt_ids, settings, stop=stop, measure_bytes=True)
     del cache  # the decoder holds it; a fallback switch must be able to free it
-    steps = decoder if column.budget is None else ResilientSteps(loaded, decoder, column.budget, max_total)
+    steps = decoder if column.budget is None else ResilientSteps(loaded, decoder, column.budget, max_total,
+                                                                        usable)
     switches = getattr(steps, "fallbacks", [])
     detok = IncrementalDetokenizer(loaded.tokenizer)
     for step in turns.iterate(steps):
