@@ -1,6 +1,7 @@
 """The native plots' data (kvlab.ui.plot_frames): long DataFrames with one series per column in its colour,
 the prediction as its own lighter series, the value with its unit for the tooltip, thinning of long series."""
 
+import pandas as pd
 import pytest
 
 from kvlab.events import ColumnStarted, FallbackSwitched, MemorySample, StepMetrics, TokenEvent
@@ -87,7 +88,7 @@ def test_empty_views_give_empty_frames_with_their_columns():
     assert frames.latency_frame(view).empty and frames.memory_frame(view.memory).empty
 
 
-def test_a_plot_grows_so_that_its_legend_lists_every_column():
+def test_one_wrapping_legend_names_every_column_in_full_in_its_colour():
     from kvlab.ui import compare_plots
 
     titles = [f"quantized (quanto, nbits=4, q_group_size={32 * (i + 1)})" for i in range(8)]
@@ -97,10 +98,16 @@ def test_a_plot_grows_so_that_its_legend_lists_every_column():
         view.apply(StepMetrics(column, 0, 0.02, MIB, MIB, 5))
     frame = frames.cache_frame(view)
     assert frame["series"].nunique() == 16  # measured and predicted per column
-    assert compare_plots.plot_height(frame) >= 16 * compare_plots.LEGEND_ROW_PX
-    assert compare_plots.plot_height(frames.cache_frame(two_columns())) == compare_plots.PLOT_HEIGHT_PX
-    assert compare_plots.plot_height(None) == compare_plots.PLOT_HEIGHT_PX
-    update = compare_plots.sized(frame, color_map={})
-    assert update["height"] == compare_plots.plot_height(frame) and update["value"] is frame
-    plot = compare_plots.line_plot(frames.CACHE, "kv-test")
+    colors = frames.compare_colors(view)
+    legend = compare_plots.legend_html([frame, frames.latency_frame(view)], colors)
+    assert legend.count('class="kv-leg"') == 16  # every series once, though both frames hold the measured ones
+    assert "8: quantized (quanto, nbits=4, q_group_size=256) predicted" in legend
+    assert f'class="kv-sw" style="--c:{COLORS[7]}"' in legend
+    assert f'class="kv-sw-pred" style="--c:{frames.lighter(COLORS[7])}"' in legend
+    assert legend.index("1: quantized") < legend.index("2: quantized")
+    assert compare_plots.legend_html([frames.cache_frame(RunView(["dynamic"]))], colors) == ""
+    odd = pd.DataFrame({"series": ["1: a<b>"]})
+    assert "1: a&lt;b&gt;" in compare_plots.legend_html([odd], {}) and "#888888" in compare_plots.legend_html([odd], {})
+    plot = compare_plots.line_plot(frames.CACHE, "kv-test", colors_in_legend=compare_plots.NO_LEGEND)
+    assert plot.colors_in_legend == []  # no vega legend: it is one row and cuts off long ones
     assert plot.tooltip == ["series", "value"]  # a legend-shortened name reads in full on hover
