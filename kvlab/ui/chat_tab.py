@@ -45,7 +45,7 @@ from .chat_view import (
     turns_frame,
 )
 from . import zerogpu
-from .compare_plots import line_plot
+from .compare_plots import line_plot, plot_update
 from .knobs import card_form, knob_index, max_knobs, strategy_choices
 from .model_picker import model_dropdown
 from .plot_frames import TURN_COLORS, TURN_TOKENS, TURN_TTFT, turns_tokens_frame, turns_ttft_frame
@@ -203,7 +203,8 @@ class ChatTab:
         turns = session.turns if session else []
         updates = {self.chatbot: history, self.notice: note, self.capacity_row: gr.update(visible=capacity),
                    self.turn_info: turn_markdown(turns[-1] if turns else None), self.turn_table: turns_frame(turns),
-                   self.ttft_plot: turns_ttft_frame(turns), self.tokens_plot: turns_tokens_frame(turns),
+                   self.ttft_plot: plot_update(turns_ttft_frame(turns), TURN_COLORS),
+                   self.tokens_plot: plot_update(turns_tokens_frame(turns), TURN_COLORS),
                    self.state: state}
         if message is not None:
             updates[self.message] = message

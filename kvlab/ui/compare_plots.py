@@ -24,8 +24,9 @@ from .records import EXPORTS_DIR
 
 PLOT_HEIGHT_PX = 300
 BUTTONS = ["fullscreen", "export"]
-NO_LEGEND: list = []
-"""`colors_in_legend=[]`: gradio draws no vega legend for the plot (the shared HTML legend names its series)."""
+SHARED_LEGEND = "kv-shared-legend"
+"""Class of the plots whose series the shared HTML legend names; the theme hides their own vega legend (one
+row under the plot, cut off from six columns on)."""
 
 
 def line_plot(spec: frames.PlotSpec, elem_id: str, visible: bool = True, color_map: dict | None = None,
@@ -35,6 +36,28 @@ def line_plot(spec: frames.PlotSpec, elem_id: str, visible: bool = True, color_m
     return gr.LinePlot(None, x=spec.x, y=spec.y, color="series", title=spec.title, x_title=spec.x_title,
                        y_title=spec.y_title, color_title="", tooltip=["series", "value"], height=PLOT_HEIGHT_PX,
                        color_map=color_map, buttons=BUTTONS, elem_id=elem_id, visible=visible, **more)
+
+
+def plot_update(frame, colors: dict[str, str], domain: list[str] | None = None, **more) -> dict:
+    """`gr.update` of a native plot to `frame`, robust to how gradio's LinePlot redraws.
+
+    The plot builds its vega spec (axis types from the frame's dtypes, the colour domain from its series)
+    on its first value and again only when a prop such as `color_map` changes, and then from the value it
+    held before this update's; a new value alone only swaps the data. So an empty first frame (object dtypes:
+    nominal axes, no lines) or a series that appears later (outside the colour domain: drawn in no colour)
+    stayed broken for the rest of a run. Here an empty frame is sent as None, and `color_map` holds exactly
+    the series of `domain` (default: `frame`'s), so that passing the series of the previously sent frame
+    rebuilds the spec, from that frame, one update after the series changed (`LivePlots.settle` sends the
+    last one)."""
+    if frame is None or frame.empty:
+        return gr.update(value=None, color_map={}, **more)
+    names = domain if domain is not None else list(dict.fromkeys(frame["series"]))
+    return gr.update(value=frame, color_map={name: colors.get(name, "#888888") for name in names}, **more)
+
+
+def series_of(frame) -> list[str]:
+    """The series of `frame` in order of first appearance ([] for None or an empty frame)."""
+    return [] if frame is None or frame.empty else list(dict.fromkeys(frame["series"]))
 
 
 def legend_html(frames_: list, colors: dict[str, str]) -> str:
@@ -58,11 +81,11 @@ class LivePlots:
         with gr.Column(visible=False, elem_id="kv-plots") as self.box:
             self.legend = gr.HTML("", elem_id="kv-plot-legend")
             with gr.Row(equal_height=True):
-                self.cache = line_plot(frames.CACHE, "kv-plot-cache", colors_in_legend=NO_LEGEND)
-                self.latency = line_plot(frames.LATENCY, "kv-plot-latency", colors_in_legend=NO_LEGEND)
+                self.cache = line_plot(frames.CACHE, "kv-plot-cache", elem_classes=[SHARED_LEGEND])
+                self.latency = line_plot(frames.LATENCY, "kv-plot-latency", elem_classes=[SHARED_LEGEND])
                 self.memory = line_plot(frames.MEMORY, "kv-plot-memory", color_map=frames.MEMORY_COLORS)
             self.by_type = line_plot(frames.BY_LAYER_TYPE, "kv-plot-by-type", visible=False,
-                                     colors_in_legend=NO_LEGEND)
+                                     elem_classes=[SHARED_LEGEND])
             with gr.Row(equal_height=True):
                 self.notes = gr.Markdown("", elem_classes=["kv-small"], elem_id="kv-plot-notes")
                 self.png_button = gr.Button("Export PNG", size="sm", scale=0, min_width=140, elem_id="kv-export-png")
@@ -83,18 +106,28 @@ class LivePlots:
                 self.png: gr.update(value=None, visible=False)}
 
     def updates(self, view) -> dict:
-        """Every plot redrawn from `view` (a `kvlab.ui.compare_view.RunView`), each series in its colour."""
+        """Every plot redrawn from `view` (a `kvlab.ui.compare_view.RunView`), each series in its colour; each
+        plot's colour domain is the series it was last sent (`plot_update`), kept on `view.plot_series`."""
         colors = frames.compare_colors(view)
         cache, latency, by_type = frames.cache_frame(view), frames.latency_frame(view), frames.layer_type_frame(view)
+        memory = frames.memory_frame(view.memory)
+        sent = getattr(view, "plot_series", None) or {}
+        view.plot_series = {"cache": series_of(cache), "latency": series_of(latency), "memory": series_of(memory),
+                            "by_type": series_of(by_type)}
         return {
             self.box: gr.update(visible=True),
             self.legend: legend_html([cache, latency, by_type], colors),
-            self.cache: gr.update(value=cache, color_map=colors),
-            self.latency: gr.update(value=latency, color_map=colors),
-            self.memory: frames.memory_frame(view.memory),
-            self.by_type: gr.update(value=by_type, color_map=colors, visible=not by_type.empty),
+            self.cache: plot_update(cache, colors, sent.get("cache") or None),
+            self.latency: plot_update(latency, colors, sent.get("latency") or None),
+            self.memory: plot_update(memory, frames.MEMORY_COLORS, sent.get("memory") or None),
+            self.by_type: plot_update(by_type, colors, sent.get("by_type") or None, visible=not by_type.empty),
             self.notes: frames.switch_notes(view),
         }
+
+    def settle(self, view) -> dict:
+        """The plots once more after the last `updates`: their colour domains become the series they show."""
+        return {plot: update for plot, update in self.updates(view).items()
+                if plot in (self.cache, self.latency, self.memory, self.by_type)}
 
     def export(self, view) -> dict:
         """The "Export PNG" click: the matplotlib figure of `view` as a PNG file (None: nothing to draw yet)."""

@@ -373,6 +373,7 @@ class CompareTab(CompareExtras):
             stop.set()
             events.close()
         yield self._final_updates(plan, view, loaded)
+        yield self.plots.settle(view)
 
     def _throttled(self, view: RunView, events, stop: threading.Event):
         """Fold every event into `view`; yield column updates at most every TEXT_EVERY_S and plots less often."""

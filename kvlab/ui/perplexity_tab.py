@@ -23,7 +23,7 @@ from kvlab.perplexity import DEFAULT_SINKS, DEFAULT_WINDOW, stream_many
 from kvlab.strategies import StrategyError
 
 from . import zerogpu
-from .compare_plots import line_plot
+from .compare_plots import line_plot, plot_update
 from .loader import CONCURRENCY, MODEL_CONCURRENCY_ID
 from .model_picker import model_dropdown
 from .plot_frames import PPL, PPL_BYTES
@@ -129,8 +129,8 @@ class PerplexityTab:
         """Both native plots redrawn from `view`, each cache in its colour."""
         ppl, nbytes = view.frames()
         colors = view.colors()
-        return {self.ppl_plot: gr.update(value=ppl, color_map=colors, caption=view.caption()),
-                self.bytes_plot: gr.update(value=nbytes, color_map=colors)}
+        return {self.ppl_plot: plot_update(ppl, colors, caption=view.caption()),
+                self.bytes_plot: plot_update(nbytes, colors)}
 
     def _on_run(self, data: dict):
         yield from self.stream(self.request_from(data), data[self.session].get("stop") or threading.Event())

@@ -81,6 +81,7 @@ CSS = """
 .kv-st-none { background: transparent; }
 .kv-strip-legend { display: flex; flex-wrap: wrap; gap: 14px; margin-top: 4px; color: var(--body-text-color-subdued); }
 .kv-strip-legend .kv-tok { margin-right: 4px; vertical-align: middle; }
+.kv-shared-legend .role-legend { display: none; }
 .kv-legend { display: flex; flex-wrap: wrap; gap: 4px 16px; font-size: 0.85em; padding: 2px 4px; }
 .kv-leg { white-space: nowrap; display: inline-flex; align-items: center; gap: 5px; }
 .kv-sw, .kv-sw-pred { display: inline-block; width: 18px; height: 4px; border-radius: 2px; background: var(--c); }

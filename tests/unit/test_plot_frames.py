@@ -1,6 +1,7 @@
 """The native plots' data (kvlab.ui.plot_frames): long DataFrames with one series per column in its colour,
 the prediction as its own lighter series, the value with its unit for the tooltip, thinning of long series."""
 
+import gradio as gr
 import pandas as pd
 import pytest
 
@@ -108,6 +109,46 @@ def test_one_wrapping_legend_names_every_column_in_full_in_its_colour():
     assert compare_plots.legend_html([frames.cache_frame(RunView(["dynamic"]))], colors) == ""
     odd = pd.DataFrame({"series": ["1: a<b>"]})
     assert "1: a&lt;b&gt;" in compare_plots.legend_html([odd], {}) and "#888888" in compare_plots.legend_html([odd], {})
-    plot = compare_plots.line_plot(frames.CACHE, "kv-test", colors_in_legend=compare_plots.NO_LEGEND)
-    assert plot.colors_in_legend == []  # no vega legend: it is one row and cuts off long ones
+    plot = compare_plots.line_plot(frames.CACHE, "kv-test", elem_classes=[compare_plots.SHARED_LEGEND])
+    assert compare_plots.SHARED_LEGEND in plot.elem_classes
+    from kvlab.ui.theme import CSS
+    assert f".{compare_plots.SHARED_LEGEND} .role-legend {{ display: none; }}" in CSS  # vega's own row is hidden
     assert plot.tooltip == ["series", "value"]  # a legend-shortened name reads in full on hover
+
+
+def test_a_plot_update_never_sends_an_empty_frame_and_its_colours_name_only_the_series_sent():
+    """gradio's LinePlot builds its spec from the value it held when a prop changed: an empty first frame
+    gave nominal axes and a later series no colour for the rest of the run (seen in the browser)."""
+    from kvlab.ui import compare_plots
+
+    colors = {"1: dynamic": "#111111", "2: static": "#222222", "3: sink": "#333333"}
+    empty = frames.cache_frame(RunView(["dynamic"]))
+    assert compare_plots.plot_update(empty, colors) == {"__type__": "update", "value": None, "color_map": {}}
+    view = two_columns()
+    frame = frames.latency_frame(view)
+    update = compare_plots.plot_update(frame, {**colors, "1: dynamic": "#aa0000"})
+    assert update["value"] is frame and list(update["color_map"]) == compare_plots.series_of(frame)
+    assert update["color_map"]["1: dynamic"] == "#aa0000"
+    lagging = compare_plots.plot_update(frame, colors, domain=["1: dynamic"])  # the series sent last time
+    assert lagging["color_map"] == {"1: dynamic": "#111111"}
+    assert compare_plots.series_of(None) == [] and compare_plots.series_of(empty) == []
+
+
+def test_live_plot_updates_rebuild_one_update_after_a_series_appears_and_settle_names_every_series():
+    from kvlab.ui import compare_plots
+
+    with gr.Blocks():
+        plots = compare_plots.LivePlots().build()
+    view = RunView(["dynamic", "static"], slots=[0, 1])
+    view.apply(ColumnStarted(0, view.columns[0].title, 5))
+    view.apply(StepMetrics(0, 0, 0.02, MIB, MIB, 5))
+    first = plots.updates(view)
+    assert list(first[plots.latency]["color_map"]) == ["1: dynamic"]
+    view.apply(ColumnStarted(1, view.columns[1].title, 5))
+    view.apply(StepMetrics(1, 0, 0.02, MIB, MIB, 5))
+    second = plots.updates(view)
+    assert list(second[plots.latency]["color_map"]) == ["1: dynamic"]  # the domain of the frame sent before
+    assert set(second[plots.latency]["value"]["series"]) == {"1: dynamic", "2: static"}
+    settled = plots.settle(view)
+    assert list(settled[plots.latency]["color_map"]) == ["1: dynamic", "2: static"]
+    assert plots.legend not in settled and plots.cache in settled
