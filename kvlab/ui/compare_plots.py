@@ -24,6 +24,8 @@ from .records import EXPORTS_DIR
 
 PLOT_HEIGHT_PX = 300
 BUTTONS = ["fullscreen", "export"]
+NO_COLOR = "#888888"
+"""Colour of a series missing from the colour map given."""
 SHARED_LEGEND = "kv-shared-legend"
 """Class of the plots whose series the shared HTML legend names; the theme hides their own vega legend (one
 row under the plot, cut off from six columns on)."""
@@ -51,8 +53,8 @@ def plot_update(frame, colors: dict[str, str], domain: list[str] | None = None, 
     last one)."""
     if frame is None or frame.empty:
         return gr.update(value=None, color_map={}, **more)
-    names = domain if domain is not None else list(dict.fromkeys(frame["series"]))
-    return gr.update(value=frame, color_map={name: colors.get(name, "#888888") for name in names}, **more)
+    names = domain if domain is not None else series_of(frame)
+    return gr.update(value=frame, color_map={name: colors.get(name, NO_COLOR) for name in names}, **more)
 
 
 def series_of(frame) -> list[str]:
@@ -64,11 +66,10 @@ def legend_html(frames_: list, colors: dict[str, str]) -> str:
     """One wrapping row of legend entries (a colour swatch and the full series name) for every series in
     `frames_` (DataFrames with a `series` column), in order of first appearance; '' when there is none.
     A prediction's swatch is its lighter colour, drawn hollow."""
-    names = list(dict.fromkeys(name for frame in frames_ if frame is not None and not frame.empty
-                               for name in frame["series"]))
+    names = list(dict.fromkeys(name for frame in frames_ for name in series_of(frame)))
     entries = []
     for name in names:
-        color = colors.get(name, "#888888")
+        color = colors.get(name, NO_COLOR)
         kind = "kv-sw-pred" if name.endswith(" " + frames.PREDICTED) else "kv-sw"
         entries.append(f'<span class="kv-leg"><i class="{kind}" style="--c:{color}"></i>{html.escape(name)}</span>')
     return f'<div class="kv-legend">{"".join(entries)}</div>' if entries else ""
@@ -101,8 +102,7 @@ class LivePlots:
     def cleared(self) -> dict:
         """Shown and emptied, for a run that starts."""
         return {self.box: gr.update(visible=True), self.legend: "", self.cache: None, self.latency: None,
-                self.memory: None,
-                self.by_type: gr.update(value=None, visible=False), self.notes: "",
+                self.memory: None, self.by_type: gr.update(value=None, visible=False), self.notes: "",
                 self.png: gr.update(value=None, visible=False)}
 
     def updates(self, view) -> dict:
@@ -111,7 +111,7 @@ class LivePlots:
         colors = frames.compare_colors(view)
         cache, latency, by_type = frames.cache_frame(view), frames.latency_frame(view), frames.layer_type_frame(view)
         memory = frames.memory_frame(view.memory)
-        sent = getattr(view, "plot_series", None) or {}
+        sent = view.plot_series
         view.plot_series = {"cache": series_of(cache), "latency": series_of(latency), "memory": series_of(memory),
                             "by_type": series_of(by_type)}
         return {

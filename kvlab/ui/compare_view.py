@@ -171,6 +171,8 @@ class RunView:
         self.done: RunDone | None = None
         self.stop_requested = False
         self.run_phase: RunPhase | None = None
+        self.plot_series: dict[str, list[str]] = {}
+        """Per native plot, the series the page was last sent (`kvlab.ui.compare_plots.LivePlots.updates`)."""
 
     def apply(self, event: Event) -> set[int]:
         """Fold one event in; returns the run column indices whose text or status changed."""
