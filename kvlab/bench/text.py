@@ -135,11 +135,13 @@ def _ratio_text(value: float | None) -> str:
 def app_lines(s: dict) -> list[str]:
     """Per path and run, one line per column: app / CLI of decode tok/s and TTFT (summary figures), live decode."""
     tokens = s["new_tokens"] or "the preset's"
-    lines = [f"app ({s['preset']}, {tokens} new tokens; app / CLI fair, CLI = mean of "
-             f"{len(s['cli_timing'])} runs; {s['browser_here']}):"]
+    around = "the mean of the 2 CLI runs around each path" if len(s["cli_timing"]) >= 3 else \
+        f"the mean of {len(s['cli_timing'])} CLI runs"
+    lines = [f"app ({s['preset']}, {tokens} new tokens; app / CLI fair, CLI = {around}; {s['browser_here']}):"]
     repeat = s.get("cli_repeat_decode_ratio") or []
     if repeat:
-        lines.append(f"  CLI run 2 / run 1 decode tok/s: {min(repeat):.2f}–{max(repeat):.2f} (the noise floor)")
+        lines.append(f"  CLI run / the CLI run before it, decode tok/s: {min(repeat):.2f}–{max(repeat):.2f} "
+                     "(the noise floor)")
     for path, runs in s["paths"].items():
         if "skipped" in runs:
             lines.append(f"  {path}: skipped: {runs['skipped']}")

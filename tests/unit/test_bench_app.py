@@ -53,6 +53,19 @@ def test_a_missing_browser_is_not_judged():
     assert "browser: skipped: Playwright is not installed" in "\n".join(app_lines(s))
 
 
+def test_with_three_cli_runs_each_path_is_judged_against_the_two_around_it():
+    ctx = Context(None, SIZES["smoke"], None, lambda message: None, None)
+    slower = {name: rate * 0.8 for name, rate in CLI.items()}  # the machine slowed down after the API runs
+    s = app_section(ctx, [record(CLI), record(CLI), record(slower)], [record(CLI)] * 2, [record(slower)] * 2)
+    api = {c["column"]: c for c in s["paths"]["api"]["first"]["columns"]}
+    browser = {c["column"]: c for c in s["paths"]["browser"]["later"]["columns"]}
+    assert api["dynamic"]["cli_decode_tok_s"] == 25.0 and api["dynamic"]["decode_ratio"] == 1.0
+    assert browser["dynamic"]["cli_decode_tok_s"] == 0.9 * 25.0
+    assert round(browser["dynamic"]["decode_ratio"], 4) == round(0.8 / 0.9, 4)
+    assert sorted(round(r, 2) for r in s["cli_repeat_decode_ratio"]) == [0.8] * 3 + [1.0] * 3
+    assert "the mean of the 2 CLI runs around each path" in "\n".join(app_lines(s))
+
+
 def test_rank_flips_need_both_sides_beyond_noise():
     def figs(rates, noise):
         return {name: {"decode_tok_s": rate, "noise": {"decode_tok_s": noise}} for name, rate in rates.items()}
