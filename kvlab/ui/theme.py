@@ -37,6 +37,9 @@ def line_html(text: str, kind: str = "info") -> str:
 
 CSS = """
 .kv-header h1 { margin-bottom: 0; }
+/* gradio pulses the border of a streaming output for as long as it streams (an endless opacity animation: the
+   browser draws a frame 60 times a second, on the cores a same-machine run is timed on); the border stays, still */
+.wrap.generating { animation: none !important; }
 .kv-intro p { margin: 0; color: var(--body-text-color-subdued); }
 .kv-small, .kv-small p { font-size: 0.9em; color: var(--body-text-color-subdued); }
 .kv-keeps { font-size: 0.85em; color: var(--body-text-color-subdued); margin-bottom: 2px; }

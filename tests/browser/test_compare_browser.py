@@ -43,6 +43,11 @@ def snapshot(page) -> dict:
     return page.evaluate(SNAPSHOT_JS)
 
 
+ENDLESS_ANIMATIONS = """() => document.getAnimations()
+    .filter(a => a.playState === 'running' && a.effect && a.effect.getComputedTiming().iterations === Infinity)
+    .map(a => (a.animationName || 'animation') + ' on .' + String((a.effect.target || {}).className || '?').split(' ').join('.'))"""
+
+
 def wait_for_model(page) -> None:
     page.wait_for_function("document.querySelector('#kv-model-status').innerText.includes('ready')",
                            timeout=MODEL_TIMEOUT_MS)
@@ -81,10 +86,11 @@ def test_quickstart_streams_into_columns_then_summarizes(page):
         page.locator("#kv-max-new input").fill("32")
 
     page.click("#kv-run")
-    running = []
+    running, endless = [], set()
     deadline = time.monotonic() + RUN_TIMEOUT_S
     while time.monotonic() < deadline:
         snap = snapshot(page)
+        endless.update(page.evaluate(ENDLESS_ANIMATIONS))
         if snap["status"].startswith("running"):
             running.append(snap["texts"])
         elif snap["status"].startswith(("finished", "stopped", "✖", "columns finished")):
@@ -96,6 +102,9 @@ def test_quickstart_streams_into_columns_then_summarizes(page):
         if any(later.startswith(earlier) and len(later) > len(earlier) for earlier in seen for later in seen):
             grew.add(column)
     assert len(grew) >= 3, f"text grew while running in columns {sorted(grew)} only ({len(running)} samples)"
+
+    # Nothing animates forever while the run is timed (gradio's pulse on the streaming status is switched off).
+    assert not endless, f"endless animations during the run: {sorted(endless)}"
 
     snap = wait_for_status(page, "finished", "stopped", "✖")
     assert snap["status"].startswith("finished"), snap["status"]
