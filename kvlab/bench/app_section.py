@@ -60,7 +60,7 @@ def cli_run(ctx: Context, folder: Path, label: str) -> dict:
     from ..models import cache_dir
 
     env, root = child_env(cache_dir())
-    out = folder / f"cli-{label}.json"
+    out = folder / f"cli-{len(list(folder.glob('cli-*.json')))}.json"
     tokens = new_tokens_for(ctx)
     command = [sys.executable, "-m", "kvlab", "compare", "--preset", PRESET, "--json", str(out)]
     command += ["--max-new-tokens", str(tokens)] if tokens else []
@@ -183,10 +183,13 @@ def compare_to_cli(record: dict, cli: dict[str, dict]) -> dict:
     """One app run against the CLI reference: per column ratios (decode tok/s, TTFT, live decode), the flips,
     and the app run's own timing record."""
     app = figures(record)
+    statuses = {c["name"]: c.get("status") for c in record["columns"]}
     columns = []
     for name, ref in cli.items():
         mine = app.get(name)
-        if mine is None:
+        if mine is None:  # the CLI timed it, the app did not: judged as a miss (`app_checks`)
+            columns.append({"column": name, "app_status": statuses.get(name, "missing"), "decode_ratio": None,
+                            "cli_decode_tok_s": ref["decode_tok_s"]})
             continue
         columns.append({"column": name, "app_decode_tok_s": mine["decode_tok_s"], "cli_decode_tok_s": ref["decode_tok_s"],
                         "decode_ratio": _ratio(mine["decode_tok_s"], ref["decode_tok_s"]),
@@ -207,7 +210,8 @@ def bench_app(ctx: Context) -> dict:
         api = api_runs(ctx)
         cli_records.append(cli_run(ctx, folder, "between the API and browser runs"))
         browser = browser_runs(ctx)
-        cli_records.append(cli_run(ctx, folder, "after the browser runs"))
+        if not isinstance(browser, str):  # a skipped browser path needs no reference of its own
+            cli_records.append(cli_run(ctx, folder, "after the browser runs"))
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     return app_section(ctx, cli_records, api, browser)
@@ -215,10 +219,9 @@ def bench_app(ctx: Context) -> dict:
 
 def app_section(ctx: Context, cli_records: list[dict], api: list[dict], browser: list[dict] | str) -> dict:
     """The record from the runs' JSON records (a string for `browser`: why it did not run). `cli_records`: the
-    CLI runs in the order they ran; with three, the API path is judged against the mean of the first two and
-    the browser path against the mean of the last two (the runs around each), with fewer, both against the
-    mean of all."""
-    cli = mean_figures(cli_records)
+    CLI runs in the order they ran; with three, the API path is judged against the mean of runs 1 and 2 and
+    the browser path against the mean of runs 2 and 3 (the runs around each), with fewer, both against the
+    mean of all. The record's `cli` holds each path's reference."""
     around = {"api": cli_records[:2], "browser": cli_records[1:3]} if len(cli_records) >= 3 else \
         {"api": cli_records, "browser": cli_records}
     repeat = [_ratio(b[name]["decode_tok_s"], a[name]["decode_tok_s"])
@@ -228,14 +231,16 @@ def app_section(ctx: Context, cli_records: list[dict], api: list[dict], browser:
     paths["browser"] = {"skipped": browser} if isinstance(browser, str) else {
         run: compare_to_cli(record, reference["browser"]) for run, record in zip(RUNS, browser)}
     return {"preset": PRESET, "new_tokens": new_tokens_for(ctx), "browser_here": BROWSER_HERE,
-            "cli": {name: {k: v for k, v in figs.items() if k != "noise"} for name, figs in cli.items()},
+            "cli": {path: {name: {k: v for k, v in figs.items() if k != "noise"} for name, figs in ref.items()}
+                    for path, ref in reference.items()},
             "cli_repeat_decode_ratio": [r for r in repeat if r is not None],
             "cli_timing": [record.get("timing") or {} for record in cli_records],
             "paths": paths, "checks": app_checks(paths)}
 
 
 def app_checks(paths: dict) -> list[dict]:
-    """Per path and run: the lowest column's app / CLI decode tok/s against RATIO_TARGET; then rank flips."""
+    """Per path and run: the lowest column's app / CLI decode tok/s against RATIO_TARGET (a column the CLI timed
+    but the app run has no figures for counts as 0: a miss); then rank flips."""
     checks, flips = [], 0
     for path, runs in paths.items():
         for run in RUNS:
@@ -246,12 +251,16 @@ def app_checks(paths: dict) -> list[dict]:
             comparison = runs[run]
             ratios = [c["decode_ratio"] for c in comparison["columns"] if c["decode_ratio"] is not None]
             flips += len(comparison["flips"])
+            missing = [c for c in comparison["columns"] if c["decode_ratio"] is None]
             lowest = min(comparison["columns"], key=lambda c: c["decode_ratio"] or 0.0, default=None)
-            reason = (f"{lowest['column']}: {lowest['decode_ratio']:.2f}" if lowest and lowest["decode_ratio"] else
-                      "no column to compare") + (f"; {comparison['timing']['note']}" if comparison["timing"].get(
-                          "note") else "")
+            if missing:
+                reason = "; ".join(f"{c['column']}: no figures in the app run ({c['app_status']})" for c in missing)
+            else:
+                reason = f"{lowest['column']}: {lowest['decode_ratio']:.2f}" if lowest else "no column to compare"
+            reason += f"; {comparison['timing']['note']}" if comparison["timing"].get("note") else ""
+            value = 0.0 if missing else (min(ratios) if ratios else None)
             checks.append(make_check("app", name, ratios, f"≥ {RATIO_TARGET}", lambda v: v >= RATIO_TARGET,
-                                     reason, value=min(ratios) if ratios else None))
+                                     reason, value=value))
     checks.append(make_check("app", "rank flips beyond noise (decode tok/s, every app run)", [], "0",
                              lambda v: v == 0, "columns ordered against the CLI", unit="count", value=flips))
     return checks

@@ -136,7 +136,7 @@ def app_lines(s: dict) -> list[str]:
     """Per path and run, one line per column: app / CLI of decode tok/s and TTFT (summary figures), live decode."""
     tokens = s["new_tokens"] or "the preset's"
     around = "the mean of the 2 CLI runs around each path" if len(s["cli_timing"]) >= 3 else \
-        f"the mean of {len(s['cli_timing'])} CLI runs"
+        f"the mean of {len(s['cli_timing'])} CLI run{'s' if len(s['cli_timing']) != 1 else ''}"
     lines = [f"app ({s['preset']}, {tokens} new tokens; app / CLI fair, CLI = {around}; {s['browser_here']}):"]
     repeat = s.get("cli_repeat_decode_ratio") or []
     if repeat:
@@ -152,6 +152,9 @@ def app_lines(s: dict) -> list[str]:
             lines.append(f"  {path}, {run} run after start (load average {_num(load)}"
                          f"{', busy' if timing.get('busy') else ''}):")
             for c in comparison["columns"]:
+                if c["decode_ratio"] is None and "app_decode_tok_s" not in c:
+                    lines.append(f"    {c['column']:<{VARIANT_WIDTH}} no figures in the app run ({c['app_status']})")
+                    continue
                 lines.append(f"    {c['column']:<{VARIANT_WIDTH}} decode {_num(c['app_decode_tok_s'])} / "
                              f"{_num(c['cli_decode_tok_s'])} tok/s = {_ratio_text(c['decode_ratio'])}  "
                              f"TTFT {_ratio_text(c['ttft_ratio'])}  live decode {_ratio_text(c['live_decode_ratio'])}")

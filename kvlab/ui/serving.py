@@ -11,9 +11,10 @@ API. On a machine whose cores are all busy with torch's OpenMP team, every
 wake-up preempts one of its threads and the others wait for it: on the
 bundled model with 2 cores, a decode step took 67.8 ms (median of 192) with
 gradio's Linux intervals against 60.6 ms with its Windows ones and 61.3 ms
-with no polling, measured interleaved in one process (the figures of the
-note that resolved the in-app timing issue; `python -m kvlab bench --only
-app` measures the app as a whole).
+with no polling: one process, an asyncio loop thread sleeping at each
+interval beside decode steps on kvlab's compute thread, the three conditions
+interleaved in windows of 16 steps (`python -m kvlab bench --only app`
+measures the app as a whole against the CLI).
 
 `calm_queue_polling` sets gradio's own Windows intervals. The cost: an event
 waits up to 50 ms longer to start, and `gr.Progress` updates go out at most

@@ -66,6 +66,20 @@ def test_with_three_cli_runs_each_path_is_judged_against_the_two_around_it():
     assert "the mean of the 2 CLI runs around each path" in "\n".join(app_lines(s))
 
 
+def test_a_column_the_app_did_not_time_is_a_miss_and_each_path_keeps_its_own_reference():
+    ctx = Context(None, SIZES["smoke"], None, lambda message: None, None)
+    failed = record({"dynamic": 25.0, "no_cache": 10.0})
+    failed["columns"].insert(1, {"name": "static", "status": "error", "decode_tok_s": None})
+    s = app_section(ctx, [record(CLI)] * 3, [failed, record(CLI)], [record(CLI)] * 2)
+    checks = {c["name"]: c for c in s["checks"]}
+    first = checks["api, first run after start: app / CLI decode tok/s (lowest column)"]
+    assert first["met"] is False and first["value"] == 0.0
+    assert "static: no figures in the app run (error)" in first["reason"]
+    assert checks["api, later run after start: app / CLI decode tok/s (lowest column)"]["met"] is True
+    assert set(s["cli"]) == {"api", "browser"} and s["cli"]["api"]["static"]["decode_tok_s"] == 24.8
+    assert "static                       no figures in the app run (error)" in "\n".join(app_lines(s))
+
+
 def test_rank_flips_need_both_sides_beyond_noise():
     def figs(rates, noise):
         return {name: {"decode_tok_s": rate, "noise": {"decode_tok_s": noise}} for name, rate in rates.items()}

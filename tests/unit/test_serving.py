@@ -2,6 +2,7 @@
 attributes exist and `create_app` sets them; on a queue without them the app says so in the log and goes on."""
 
 import logging
+import platform
 import types
 
 import pytest
@@ -18,9 +19,9 @@ def test_a_plain_gradio_queue_polls_every_millisecond_here_and_create_app_calms_
     with gr.Blocks() as plain:
         gr.Markdown("x")
     plain.queue()
-    # What gradio does by itself on this platform: the busy polling this module exists for.
-    assert plain._queue.sleep_when_free < EVENT_POLL_S
-    assert plain._queue.progress_update_sleep_when_free < PROGRESS_POLL_S
+    if platform.system() != "Windows":  # what gradio does by itself here: the busy polling this module exists for
+        assert plain._queue.sleep_when_free < EVENT_POLL_S
+        assert plain._queue.progress_update_sleep_when_free < PROGRESS_POLL_S
     demo = app.create_app(preload=False)
     assert demo._queue.sleep_when_free == EVENT_POLL_S
     assert demo._queue.progress_update_sleep_when_free == PROGRESS_POLL_S
