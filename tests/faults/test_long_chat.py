@@ -46,8 +46,11 @@ def test_no_reuse_measurement_is_sampled(tmp_path, every, measured):
 
 def test_an_interrupt_keeps_the_finished_turns(tmp_path):
     argv, out = run_chat(tmp_path, [f"Count to {n}." for n in range(1, 200)], "--no-reuse-every", "0")
+    # A user's Ctrl-C, whatever this test runs under: a job started in the background by a shell without job
+    # control inherits SIGINT ignored, and a Python started that way never raises KeyboardInterrupt.
     proc = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         rows = 0
         deadline = time.monotonic() + 300
