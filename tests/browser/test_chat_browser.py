@@ -85,7 +85,10 @@ def test_a_static_cache_too_small_is_refused_with_a_way_on(app_url, browser):
         page.get_by_label("Cache strategy").click()
         page.get_by_role("option", name="static", exact=True).click()
         size = page.locator("#kvlab-chat-knob-0 input")
-        size.wait_for()  # the card shows static's knob fields, generated from its dataclass
+        # The card shows static's knob fields, generated from its dataclass. The first field is already there
+        # for dynamic (layer_types), so wait for static's own (max_cache_len): a value typed before the card's
+        # update lands is replaced by the update.
+        page.locator("#kvlab-chat-knob-0").get_by_text("max_cache_len", exact=True).wait_for()
         size.fill("16")
         size.press("Enter")
         send(page, "What is the capital of France?")
