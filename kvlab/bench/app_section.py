@@ -187,7 +187,7 @@ def compare_to_cli(record: dict, cli: dict[str, dict]) -> dict:
     columns = []
     for name, ref in cli.items():
         mine = app.get(name)
-        if mine is None:  # the CLI timed it, the app did not: judged as a miss (`app_checks`)
+        if mine is None:  # the CLI timed it, the app did not: `app_status` marks it, judged a miss (`app_checks`)
             columns.append({"column": name, "app_status": statuses.get(name, "missing"), "decode_ratio": None,
                             "cli_decode_tok_s": ref["decode_tok_s"]})
             continue
@@ -251,11 +251,11 @@ def app_checks(paths: dict) -> list[dict]:
             comparison = runs[run]
             ratios = [c["decode_ratio"] for c in comparison["columns"] if c["decode_ratio"] is not None]
             flips += len(comparison["flips"])
-            missing = [c for c in comparison["columns"] if c["decode_ratio"] is None]
-            lowest = min(comparison["columns"], key=lambda c: c["decode_ratio"] or 0.0, default=None)
+            missing = [c for c in comparison["columns"] if "app_status" in c]
             if missing:
                 reason = "; ".join(f"{c['column']}: no figures in the app run ({c['app_status']})" for c in missing)
             else:
+                lowest = min(comparison["columns"], key=lambda c: c["decode_ratio"], default=None)
                 reason = f"{lowest['column']}: {lowest['decode_ratio']:.2f}" if lowest else "no column to compare"
             reason += f"; {comparison['timing']['note']}" if comparison["timing"].get("note") else ""
             value = 0.0 if missing else (min(ratios) if ratios else None)

@@ -152,7 +152,7 @@ def app_lines(s: dict) -> list[str]:
             lines.append(f"  {path}, {run} run after start (load average {_num(load)}"
                          f"{', busy' if timing.get('busy') else ''}):")
             for c in comparison["columns"]:
-                if c["decode_ratio"] is None and "app_decode_tok_s" not in c:
+                if "app_status" in c:
                     lines.append(f"    {c['column']:<{VARIANT_WIDTH}} no figures in the app run ({c['app_status']})")
                     continue
                 lines.append(f"    {c['column']:<{VARIANT_WIDTH}} decode {_num(c['app_decode_tok_s'])} / "
