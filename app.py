@@ -81,7 +81,7 @@ try:
     from kvlab.ui.inspect_tab import build_inspect_tab
     from kvlab.ui.perplexity_tab import build_perplexity_tab
     from kvlab.ui.plan_tab import build_plan_tab
-    from kvlab.ui.serving import calm_queue_polling
+    from kvlab.ui.serving import calm_queue_polling, launch_kwargs
     from kvlab.ui.theme import CSS
 except ImportError as missing:
     sys.exit(f"kvlab: the package {missing.name or missing} is not installed here: {SETUP_HINT}")
@@ -144,7 +144,7 @@ def launch() -> None:
     except ValueError as err:
         sys.exit(f"kvlab: {err}")
     try:
-        demo.launch(server_name="0.0.0.0", server_port=port, css=CSS, show_error=True)
+        demo.launch(server_name="0.0.0.0", server_port=port, css=CSS, show_error=True, **launch_kwargs())
     except OSError as err:
         sys.exit(f"kvlab: cannot serve on port {port} ({str(err).splitlines()[0]}): set GRADIO_SERVER_PORT "
                  "(or PORT) to a free port")

@@ -1,4 +1,5 @@
-"""How the app's gradio queue waits for work, so that serving the page does not slow the columns it times.
+"""Serving the app so that the page does not slow the columns it times: the server's queue polling and the
+browser's idle frames.
 
 gradio 6's queue (`gradio.queueing.Queue`) runs two polling loops on the
 server's event loop for as long as the app is up: one looks for a new event
@@ -20,11 +21,20 @@ measures the app as a whole against the CLI).
 waits up to 50 ms longer to start, and `gr.Progress` updates go out at most
 10 times a second; kvlab streams its own updates from its generators, which
 these loops do not pace.
+
+`IdleFramesMiddleware` puts a small script first in the page that slows the
+animation frames a gradio page asks for while nothing on it changes (a
+browser on the same machine as the app competes with the decode steps for
+the same cores); see its docstring.
 """
 
 from __future__ import annotations
 
 import logging
+import re
+
+from starlette.datastructures import Headers, MutableHeaders
+from starlette.middleware import Middleware
 
 logger = logging.getLogger(__name__)
 
@@ -49,3 +59,143 @@ def calm_queue_polling(demo) -> bool:
     for name, seconds in _INTERVALS.items():
         setattr(queue, name, seconds)
     return True
+
+
+# --- The page's idle frames -------------------------------------------------------------------------------
+
+IDLE_FRAMES = 30
+"""Animation frames in a row in which the page changed nothing (about half a second) before the page's
+`requestAnimationFrame` callbacks are slowed to one batch every IDLE_FRAME_MS."""
+IDLE_FRAME_MS = 250
+"""Milliseconds between batches of `requestAnimationFrame` callbacks while the page changes nothing."""
+
+_IDLE_FRAME_JS = """
+(() => {
+  // kvlab: run the page's requestAnimationFrame callbacks at full rate while they change the page, and one
+  // batch every __IDLE_FRAME_MS__ ms once __IDLE_FRAMES__ frames in a row changed nothing (gradio's status tracker
+  // keeps a frame loop going after its element is gone). Any change to the page goes back to full rate.
+  if (window.__kvlabIdleFrames || typeof window.requestAnimationFrame !== "function" ||
+      typeof MutationObserver !== "function") return;
+  const stats = window.__kvlabIdleFrames = { frames: 0, slowed: 0 };
+  const nativeRaf = window.requestAnimationFrame.bind(window);
+  let callbacks = new Map(), nextId = 1, scheduled = false, timer = null, quiet = 0, changed = true;
+  const frame = (now) => {
+    scheduled = false; timer = null; stats.frames++;
+    quiet = changed ? 0 : quiet + 1; changed = false;
+    const due = callbacks; callbacks = new Map();
+    for (const cb of due.values()) {
+      try { cb(now); } catch (err) { setTimeout(() => { throw err; }); }
+    }
+  };
+  const schedule = () => {
+    if (scheduled) return;
+    scheduled = true;
+    if (quiet >= __IDLE_FRAMES__) {
+      stats.slowed++;
+      timer = setTimeout(() => { timer = null; nativeRaf(frame); }, __IDLE_FRAME_MS__);
+    } else nativeRaf(frame);
+  };
+  new MutationObserver(() => {
+    changed = true; quiet = 0;
+    if (timer !== null) { clearTimeout(timer); timer = null; nativeRaf(frame); }
+  }).observe(document, { subtree: true, childList: true, attributes: true, characterData: true });
+  window.requestAnimationFrame = (cb) => {
+    if (typeof cb !== "function") return nativeRaf(cb);  // the browser's own TypeError
+    const id = nextId++; callbacks.set(id, cb); schedule(); return id;
+  };
+  window.cancelAnimationFrame = (id) => { callbacks.delete(id); };
+})();
+"""
+
+
+def idle_frame_script(idle_frames: int = IDLE_FRAMES, idle_ms: int = IDLE_FRAME_MS) -> str:
+    """The page script (JavaScript source) that slows the page's `requestAnimationFrame` callbacks to one
+    batch every `idle_ms` milliseconds once `idle_frames` frames in a row changed nothing in the page (no DOM
+    mutation seen by a `MutationObserver` on the document); the next change runs the waiting callbacks at
+    once and goes back to full rate. Callbacks keep their order, their frame timestamp and
+    `cancelAnimationFrame`; a callback that throws is reported without stopping the others. CSS animations
+    and transitions do not go through `requestAnimationFrame` and are not touched. `window.__kvlabIdleFrames`
+    counts the frames run (`frames`) and the batches delayed (`slowed`).
+
+    Raises:
+        ValueError: idle_frames or idle_ms is not a positive whole number.
+    """
+    if not all(isinstance(v, int) and v > 0 for v in (idle_frames, idle_ms)):
+        raise ValueError(f"idle_frames and idle_ms must be positive whole numbers, got {idle_frames!r}, {idle_ms!r}")
+    return _IDLE_FRAME_JS.replace("__IDLE_FRAMES__", str(idle_frames)).replace("__IDLE_FRAME_MS__", str(idle_ms))
+
+
+IDLE_FRAME_SCRIPT = idle_frame_script()
+"""The page script `IdleFramesMiddleware` puts first in the app's HTML. It must run before gradio's own
+modules: gradio's status tracker takes `window.requestAnimationFrame` when its module loads, so a script
+added later (gradio's `head=`, `js=`) cannot reach its loop."""
+
+_HEAD = re.compile(rb"<head(\s[^>]*)?>", re.IGNORECASE)
+
+
+def with_early_script(html: bytes, script: str = IDLE_FRAME_SCRIPT) -> bytes:
+    """`html` with `<script>script</script>` right after its `<head>` tag; `html` unchanged when it has no
+    `<head>` tag. Raises nothing."""
+    match = _HEAD.search(html)
+    if match is None:
+        return html
+    tag = b"<script>" + script.encode() + b"</script>"
+    return html[:match.end()] + tag + html[match.end():]
+
+
+class IdleFramesMiddleware:
+    """ASGI middleware: every uncompressed `text/html` answer to a GET gets IDLE_FRAME_SCRIPT first in its
+    `<head>`; everything else passes untouched.
+
+    Why: a gradio 6 page asks the browser for an animation frame 60 to 80 times a second for as long as it
+    is open, even an empty `gr.Blocks()`: the status tracker's elapsed-time loop (`statustracker-*.js`)
+    keeps running once the app's loading tracker is gone, and so does the spring of its loader. Each frame
+    costs the browser's renderer a little CPU; on a machine whose cores run kvlab's timed decode steps, a
+    browser on the same machine took about 0.15 of a core during a quiet re-timing (headless Chromium,
+    2 cores), and every decode step paid for it. With the script, frames that change nothing come 4 times a
+    second: about 0.06 of a core, the rest of it the page's own network traffic.
+
+    Pass it through gradio: `demo.launch(app_kwargs={"middleware": [Middleware(IdleFramesMiddleware)]})`
+    (`launch_kwargs` builds that). Gradio's own middlewares (CORS, Brotli) sit outside this one, so it sees
+    the page before compression.
+    """
+
+    def __init__(self, app, script: str = IDLE_FRAME_SCRIPT):
+        self.app = app
+        self.script = script
+
+    async def __call__(self, scope, receive, send):
+        if scope.get("type") != "http" or scope.get("method") != "GET":
+            await self.app(scope, receive, send)
+            return
+        start: dict | None = None
+        body: list[bytes] = []
+
+        async def send_page(message):
+            nonlocal start
+            if message["type"] == "http.response.start":
+                headers = Headers(raw=message.get("headers") or [])
+                html = headers.get("content-type", "").startswith("text/html")
+                if html and "content-encoding" not in headers:
+                    start = message  # held until the whole page is here
+                    return
+                await send(message)
+            elif message["type"] == "http.response.body" and start is not None:
+                body.append(message.get("body", b""))
+                if message.get("more_body", False):
+                    return
+                page = with_early_script(b"".join(body), self.script)
+                headers = MutableHeaders(raw=list(start.get("headers") or []))
+                headers["content-length"] = str(len(page))
+                await send({**start, "headers": headers.raw})
+                await send({"type": "http.response.body", "body": page, "more_body": False})
+            else:
+                await send(message)
+
+        await self.app(scope, receive, send_page)
+
+
+def launch_kwargs() -> dict:
+    """Keyword arguments for `gr.Blocks.launch` that serve the app's pages with IDLE_FRAME_SCRIPT
+    (`app_kwargs` goes to gradio's FastAPI app)."""
+    return {"app_kwargs": {"middleware": [Middleware(IdleFramesMiddleware)]}}
