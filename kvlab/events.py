@@ -32,8 +32,9 @@ class ColumnResult:
 
     Timing (see `kvlab.timing`): `timing` is `quiet` when the figures above (ttft_s, decode_tok_s, itl_ms_*,
     e2e_latency_s) come from the quiet re-timing pass after the live run (no page updates or memory sampling
-    during it; `quiet_per_token_s` its steps, over the first `quiet_tokens` tokens, `ttft_samples_s` its
-    prefills), else `live`. `per_token_s` is always the live run's steps (what the plots drew) and
+    during it; `quiet_per_token_s` its steps, over the first `quiet_tokens` tokens, `quiet_replaced_steps`
+    the indices of those steps that were slow once, not when timed again, and took their second timing
+    (`kvlab.timing.spike_steps`), `ttft_samples_s` its prefills), else `live`. `per_token_s` is always the live run's steps (what the plots drew) and
     `live_ttft_s`, `live_decode_tok_s`, `live_itl_ms_p50`, `live_itl_ms_p99` its figures (None when not
     re-timed). `timing_noise`: relative noise of each timing figure (fractions, e.g. 0.02), which
     `kvlab.report.best_sets` uses to call two columns tied. `warm_up_s`: seconds this run spent on the
@@ -83,6 +84,7 @@ class ColumnResult:
     timing: str = "live"
     quiet_tokens: int = 0
     quiet_per_token_s: list[float] = field(default_factory=list)
+    quiet_replaced_steps: list[int] = field(default_factory=list)
     ttft_samples_s: list[float] = field(default_factory=list)
     live_ttft_s: float | None = None
     live_decode_tok_s: float | None = None

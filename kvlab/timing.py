@@ -8,9 +8,15 @@
   its own live token ids (teacher-forced, so the tokens and the cache contents
   are the same), over its first `RETIME_MAX_TOKENS` tokens, one step per column
   in turn, with no page updates and no memory sampling in between. Its prefill
-  is timed `TTFT_REPEATS` times (fresh caches) and the median kept. These
-  figures replace the live ones in the summary; the live ones are kept
-  (`ColumnResult.live_*`).
+  is timed `TTFT_REPEATS` times (fresh caches) and the median kept. A decode
+  step more than `SPIKE_RATIO` times the median of its `SPIKE_WINDOW`
+  neighbours on each side is timed again (`spike_steps`): the column is
+  replayed once more up to its last such step, and a step that is not slow
+  the second time was an interruption (another process, the browser drawing
+  the page, the garbage collector) and takes its second time; one slow both
+  times is the strategy's own work (a quantized cache flushing its residual)
+  and stays. These figures replace the live ones in the summary; the live
+  ones are kept (`ColumnResult.live_*`).
 - `timing_noise`: each figure's relative noise from the step times themselves,
   which `kvlab.report.best_sets` uses to call two columns tied.
 - `run_timing`: the run's timing record (load average against the cores, noise,
@@ -47,6 +53,11 @@ BUSY_EXCESS_PER_CORE = 0.5
 """Busy: the 1-minute load average exceeds this run's own torch threads by more than this many per core."""
 BUSY_NOISE = 0.05
 """Busy: the median column's decode tok/s is noisier than this fraction."""
+
+SPIKE_RATIO = 1.5
+"""A decode step slower than this many times the median of its neighbours is timed again in the quiet pass."""
+SPIKE_WINDOW = 3
+"""Neighbours on each side of a decode step whose median it is judged against."""
 
 WARM_UP_MAX_INPUT_TOKENS = 512
 """The warm-up prefills the run's prompt length up to this many tokens."""
@@ -121,6 +132,39 @@ class _QuietRun:
     times: list[float] = field(default_factory=list)
     ttft: list[float] = field(default_factory=list)
     failed: str = ""
+    spikes: dict[int, float] = field(default_factory=dict)
+    """Step index -> the neighbours' median it was judged against, for the steps timed again."""
+    first_times: list[float] = field(default_factory=list)
+    """The first timing of every step, while the column is replayed to time its spikes again."""
+
+    def start_recheck(self) -> bool:
+        """Find this column's spikes; when there are any, keep its times in `first_times` and start a fresh
+        replay (the next `step` calls time it again, up to the last spike). Returns whether it has spikes."""
+        self.spikes = spike_steps(self.times)
+        if not self.spikes:
+            return False
+        self.first_times, self.times, self.decoder = self.times, [], None
+        return True
+
+    def rechecking(self) -> bool:
+        """Whether the replay still has to reach the column's last spike."""
+        return bool(self.spikes) and not self.failed and len(self.times) <= max(self.spikes)
+
+    def finish_recheck(self) -> list[int]:
+        """Put the first timings back, with each spike that was not slow the second time replaced by its second
+        timing; returns the indices replaced. A replay that failed replaces nothing, and the column keeps its
+        first timings (its failure is forgotten)."""
+        if not self.spikes:
+            return []
+        second, self.times = self.times, self.first_times
+        if self.failed:
+            self.failed = ""
+            return []
+        replaced = [i for i, median in sorted(self.spikes.items())
+                    if i < len(second) and second[i] <= SPIKE_RATIO * median]
+        for i in replaced:
+            self.times[i] = second[i]
+        return replaced
 
     def prefill_s(self, loaded) -> float:
         """One extra prefill on a fresh cache, seconds (the first token forced)."""
@@ -170,12 +214,31 @@ def quiet_steps(loaded, columns: list, results: list, prompt_ids, settings, stop
     """The quiet re-timing pass, one timed step per `next()` (run each on kvlab's compute thread with
     `kvlab.compute.compute_iter`); yields the index of the column that just stepped.
 
-    First `TTFT_REPEATS - 1` extra prefills per column, then every column's steps in turns. When every column
-    is done, each result gets its quiet figures (`ColumnResult.apply_quiet`) and `timing_noise`; a column
+    First `TTFT_REPEATS - 1` extra prefills per column, then every column's steps in turns, then the columns
+    with spikes (`spike_steps`) replayed in turns up to their last spike, each spike that is not slow again
+    taking its second timing (`ColumnResult.quiet_replaced_steps`). When every column is done, each result gets its quiet figures (`ColumnResult.apply_quiet`) and `timing_noise`; a column
     whose quiet run failed keeps its live figures and says why in its message. Nothing is applied when `stop`
     is set before the end.
     """
     runs = quiet_runs(loaded, columns, results, prompt_ids, settings)
+    yield from _ttft_repeats(loaded, runs, stop)
+    if stop.is_set():
+        return
+    yield from _in_turns(loaded, [run for run in runs if not run.failed], stop, lambda run: True)
+    if stop.is_set():
+        return
+    rechecks = [run for run in runs if not run.failed and run.start_recheck()]
+    yield from _in_turns(loaded, rechecks, stop, _QuietRun.rechecking)
+    if stop.is_set():
+        return
+    for run in rechecks:
+        run.result.quiet_replaced_steps = run.finish_recheck()
+    for run in runs:
+        _apply(run)
+
+
+def _ttft_repeats(loaded, runs: list[_QuietRun], stop: threading.Event) -> Iterator[int]:
+    """`TTFT_REPEATS - 1` extra prefills per column, in turns; yields each column's index after its prefill."""
     for _ in range(TTFT_REPEATS - 1):
         for run in runs:
             if stop.is_set():
@@ -186,17 +249,34 @@ def quiet_steps(loaded, columns: list, results: list, prompt_ids, settings, stop
                 except Exception as err:  # noqa: BLE001 - the column keeps its live figures
                     run.failed = f"{type(err).__name__}: {err}"
             yield run.result.index
-    active = [run for run in runs if not run.failed]
+
+
+def _in_turns(loaded, runs: list[_QuietRun], stop: threading.Event, going) -> Iterator[int]:
+    """One step of each run in turn while `going(run)` and its decoder has steps left; yields the index of the
+    column that just stepped."""
+    active = list(runs)
     while active:
         for run in list(active):
             if stop.is_set():
                 return
-            if not run.step(loaded):
+            if not going(run) or not run.step(loaded):
                 active.remove(run)
                 continue
             yield run.result.index
-    for run in runs:
-        _apply(run)
+
+
+def spike_steps(times: list[float], ratio: float = SPIKE_RATIO, window: int = SPIKE_WINDOW) -> dict[int, float]:
+    """The decode steps of `times` (seconds per step, index 0 the prefill, never judged) slower than `ratio`
+    times the median of the up to `window` decode steps on each side (at least 2 neighbours needed): step index
+    -> that median, in seconds. A local median, so a cost that grows with the sequence (no_cache) is no spike."""
+    spikes = {}
+    for i in range(1, len(times)):
+        neighbours = times[max(1, i - window):i] + times[i + 1:i + 1 + window]
+        if len(neighbours) >= 2:
+            median = statistics.median(neighbours)
+            if times[i] > ratio * median:
+                spikes[i] = median
+    return spikes
 
 
 def _apply(run: _QuietRun) -> None:
@@ -251,9 +331,10 @@ def run_timing(results: list, retimed: bool, loads: list, threads: int, cores: i
         cores: CPU cores this process may use (default: `kvlab.environment.cores_available()`).
 
     Returns {retimed, retime_max_tokens, load_average, cores, torch_threads, decode_noise, live_vs_quiet,
-    warm_up_s, busy, note}: decode_noise is the median column's relative noise, live_vs_quiet the median of
-    live / quiet decode tok/s, warm_up_s the one-time set-up this run did (seconds), note the sentence the
-    page shows ('' when not busy).
+    warm_up_s, replaced_steps, busy, note}: decode_noise is the median column's relative noise, live_vs_quiet
+    the median of live / quiet decode tok/s, warm_up_s the one-time set-up this run did (seconds),
+    replaced_steps the quiet steps, over all columns, that were interrupted once and took their second timing,
+    note the sentence the page shows ('' when not busy).
     """
     cores = cores or cores_available()
     load = max((value for value in loads if value is not None), default=None)
@@ -274,7 +355,8 @@ def run_timing(results: list, retimed: bool, loads: list, threads: int, cores: i
     return {"retimed": retimed, "retime_max_tokens": RETIME_MAX_TOKENS, "load_average": load, "cores": cores,
             "torch_threads": threads, "decode_noise": noise,
             "live_vs_quiet": statistics.median(ratios) if ratios else None,
-            "warm_up_s": sum(r.warm_up_s or 0.0 for r in ok), "busy": bool(reasons), "note": note}
+            "warm_up_s": sum(r.warm_up_s or 0.0 for r in ok),
+            "replaced_steps": sum(len(r.quiet_replaced_steps) for r in ok), "busy": bool(reasons), "note": note}
 
 
 def sample_load() -> float | None:

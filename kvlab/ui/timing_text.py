@@ -33,6 +33,9 @@ def timing_line(timing: dict) -> str:
     parts = []
     if timing.get("retimed"):
         parts.append(f"timing: quiet re-timing of up to {timing.get('retime_max_tokens')} tokens per column")
+    if timing.get("replaced_steps"):
+        n = timing["replaced_steps"]
+        parts.append(f"{n} interrupted step{'s' if n != 1 else ''} timed again")
     if timing.get("warm_up_s"):
         parts.append(f"one-time warm-up {timing['warm_up_s']:.1f} s, not timed")
     if timing.get("note"):

@@ -2,6 +2,7 @@
 best marks and the busy-machine note. Behaviour only: no test asserts how long anything took."""
 
 import threading
+import time
 
 import pytest
 import torch
@@ -13,7 +14,7 @@ from kvlab.report import best_marks, best_sets, summary_rows
 from kvlab.runner import collect, run_compare
 from kvlab.strategies import Strategy, make_strategy
 from kvlab.strategies.dynamic import Dynamic
-from kvlab.timing import RETIME_MAX_TOKENS, TTFT_REPEATS, run_timing, timing_noise
+from kvlab.timing import RETIME_MAX_TOKENS, SPIKE_RATIO, TTFT_REPEATS, run_timing, spike_steps, timing_noise
 from kvlab.ui.compare_view import BEST_MARK, RunView
 
 PROMPT = torch.tensor([[1, 400, 401, 402, 403, 404]])
@@ -43,8 +44,10 @@ def test_quiet_retiming_feeds_the_live_tokens_and_replaces_the_summary_figures(t
     done = collect(run_compare(tiny, PROMPT, [Recording(log, "retime-a"), {"strategy": "static"}], GREEDY))
     result = done.results[0]
     fed = [entry[1] for entry in log if entry[0] == "forward"]
-    live, extra_prefills, quiet = fed[:12], fed[12:12 + TTFT_REPEATS - 1], fed[12 + TTFT_REPEATS - 1:]
+    live, extra_prefills = fed[:12], fed[12:12 + TTFT_REPEATS - 1]
+    quiet, replay = fed[12 + TTFT_REPEATS - 1:24 + TTFT_REPEATS - 1], fed[24 + TTFT_REPEATS - 1:]
     assert quiet == live  # the same ids, step by step: the same tokens and the same cache contents
+    assert replay == live[:len(replay)]  # a step slow by chance on this tiny model is timed again on a replay
     assert extra_prefills == [live[0]] * (TTFT_REPEATS - 1)
     assert result.timing == "quiet" and result.quiet_tokens == len(result.token_ids) == 12
     assert len(result.quiet_per_token_s) == 12 and len(result.ttft_samples_s) == TTFT_REPEATS
@@ -70,6 +73,52 @@ def test_no_retiming_when_switched_off_or_not_fair(tiny, settings, mode):
     assert "retiming" not in [e.phase for e in events if isinstance(e, RunPhase)]
     assert events[-1].timing["retimed"] is False
     assert result.timing_noise  # live figures still carry their noise for the best marks
+
+
+def test_spikes_are_judged_against_their_neighbours_median_never_the_prefill_or_a_trend():
+    steady = [0.5] + [0.05] * 10
+    assert spike_steps(steady) == {}
+    one = list(steady)
+    one[4] = 0.2
+    assert spike_steps(one) == {4: 0.05}
+    assert spike_steps([9.0, 0.05, 0.05, 0.05]) == {}  # the prefill (index 0) is never a spike
+    growing = [0.1] + [0.05 * (1 + 0.1 * i) for i in range(30)]  # no_cache: each step longer than the last
+    assert spike_steps(growing) == {}
+    assert spike_steps([0.1, 0.05, 0.2]) == {}  # fewer than 2 neighbours: not judged
+    edge = [0.1, 0.05, 0.05, 0.05, 0.05 * SPIKE_RATIO * 1.01]
+    assert list(spike_steps(edge)) == [4]
+
+
+class Spiking(Dynamic):
+    """A dynamic cache whose decode step SLOW_STEP sleeps SLOW_S: in every pass (`always`), or only in the quiet
+    pass's first timing (the fourth prefill: live run, two extra prefills, quiet pass)."""
+
+    SLOW_STEP, SLOW_S = 5, 0.2
+
+    def __init__(self, always: bool):
+        super().__init__()
+        self.always, self.prefills, self.step = always, 0, 0
+
+    def forward(self, loaded, cache, sequence, new_tokens):
+        if new_tokens > 1:  # the prompt: a new pass starts
+            self.prefills, self.step = self.prefills + 1, 0
+        else:
+            self.step += 1
+            if self.step == self.SLOW_STEP and (self.always or self.prefills == 1 + TTFT_REPEATS):
+                time.sleep(self.SLOW_S)
+        return super().forward(loaded, cache, sequence, new_tokens)
+
+
+def test_an_interrupted_step_takes_its_second_timing_and_a_step_slow_every_time_stays(tiny):
+    interrupted, genuine = Spiking(always=False), Spiking(always=True)
+    done = collect(run_compare(tiny, PROMPT, [interrupted, genuine], GREEDY))
+    first, second = done.results
+    step = Spiking.SLOW_STEP
+    assert step in first.quiet_replaced_steps and first.quiet_per_token_s[step] < Spiking.SLOW_S
+    assert step not in second.quiet_replaced_steps and second.quiet_per_token_s[step] >= Spiking.SLOW_S
+    assert interrupted.prefills == genuine.prefills == 2 + TTFT_REPEATS  # live, extra prefills, quiet, one replay
+    assert done.timing["replaced_steps"] == len(first.quiet_replaced_steps) + len(second.quiet_replaced_steps) >= 1
+    assert first.to_json()["quiet_replaced_steps"] == first.quiet_replaced_steps
 
 
 def test_retiming_covers_at_most_the_cap(tiny):
@@ -213,3 +262,12 @@ def test_cli_no_retime_flag():
     assert resolve_compare(args)["settings"].retime is False
     args = build_parser().parse_args(["compare", "--preset", "quickstart"])
     assert resolve_compare(args)["settings"].retime is True
+
+
+def test_the_status_line_says_how_many_interrupted_steps_were_timed_again():
+    from kvlab.ui.timing_text import timing_line
+
+    base = {"retimed": True, "retime_max_tokens": 64}
+    assert "interrupted" not in timing_line({**base, "replaced_steps": 0})
+    assert " · 1 interrupted step timed again" in timing_line({**base, "replaced_steps": 1})
+    assert " · 3 interrupted steps timed again" in timing_line({**base, "replaced_steps": 3})
