@@ -40,9 +40,10 @@ def browser_problem() -> str | None:
     return None
 
 
-def run_in_browser(url: str, runs: int, new_tokens: int | None, say) -> list[dict]:
+def run_in_browser(url: str, runs: int, new_tokens: int | None, say, mark=lambda run: None) -> list[dict]:
     """Open the app at `url`, press Run `runs` times on the start preset (with `new_tokens` typed into max new
-    tokens when given) and return each run's JSON record, fetched from its export link.
+    tokens when given) and return each run's JSON record, fetched from its export link. `mark(i)` is called
+    just before run i's click (0-based).
 
     Raises:
         RuntimeError: a run ended with an error line instead of a summary.
@@ -61,15 +62,16 @@ def run_in_browser(url: str, runs: int, new_tokens: int | None, say) -> list[dic
                                    polling=POLL_MS)
             if new_tokens:
                 page.locator("#kv-max-new input").fill(str(new_tokens))
-            return [_one_run(page, url, run, say) for run in range(runs)]
+            return [_one_run(page, url, run, say, mark) for run in range(runs)]
         finally:
             browser.close()
 
 
-def _one_run(page, url: str, run: int, say) -> dict:
+def _one_run(page, url: str, run: int, say, mark) -> dict:
     say(f"app: browser run {run + 1} after start")
     before = page.evaluate(EXPORT_LINKS_JS)
     page.locator("#kv-run:not([disabled])").wait_for()
+    mark(run)
     page.click("#kv-run")
     page.wait_for_function(FINISHED_JS, arg=before, timeout=RUN_TIMEOUT_MS, polling=POLL_MS)
     status = page.locator("#kv-run-status").inner_text()

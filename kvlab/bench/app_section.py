@@ -10,7 +10,8 @@ one), CLI, then a second fresh app run twice from headless Chromium
 reference is the mean of the two CLI runs around it, per column, so a machine
 whose speed drifts over minutes (another tenant's load) moves the reference
 with the app runs it judges; the CLI runs' own spread (`cli_repeat_decode_ratio`)
-is the run's noise floor. Per column and per run it reports app / CLI of decode
+is the run's noise floor (`kvlab.bench.cpu_share` records who used the cores during each app run: the
+app, the browser, the bench, the rest of the machine). Per column and per run it reports app / CLI of decode
 tok/s and of TTFT (the summary's figures: quiet re-timing in fair mode), the
 live figures beside them, and rank flips (two columns ordered oppositely by
 decode tok/s although both the app and the CLI tell them apart beyond their
@@ -34,6 +35,7 @@ from pathlib import Path
 
 from ..readiness import READY_FILE_ENV
 from ..report import within_noise
+from .cpu_share import CpuShares
 from .harness import Context, make_check
 from .startup import _keep_tail, _stop, _wait_for_app, child_env, free_port
 
@@ -108,22 +110,28 @@ class RunningApp:
         shutil.rmtree(self.folder, ignore_errors=True)
 
 
-def api_runs(ctx: Context) -> list[dict]:
-    """The preset through a fresh app's `/compare` API, twice (first run after start, later run); the records."""
+def api_runs(ctx: Context, cpu: CpuShares) -> list[dict]:
+    """The preset through a fresh app's `/compare` API, twice (first run after start, later run); the records.
+    `cpu` counts each run under `api <run>`."""
     from gradio_client import Client
 
     with RunningApp(ctx.say) as app:
+        cpu.app_pid = app.proc.pid
         client = Client(app.url, verbose=False)
         records = []
-        for run in RUNS:
-            ctx.say(f"app: API run ({run} after start)")
-            records.append(client.predict(PRESET, None, new_tokens_for(ctx), api_name="/compare"))
+        try:
+            for run in RUNS:
+                ctx.say(f"app: API run ({run} after start)")
+                cpu.mark(f"api {run}")
+                records.append(client.predict(PRESET, None, new_tokens_for(ctx), api_name="/compare"))
+        finally:
+            cpu.mark(None)
         return records
 
 
-def browser_runs(ctx: Context) -> list[dict] | str:
+def browser_runs(ctx: Context, cpu: CpuShares) -> list[dict] | str:
     """The preset run twice from headless Chromium on a fresh app; the JSON records it exported, or why the
-    browser could not run here or failed (a string)."""
+    browser could not run here or failed (a string). `cpu` counts each run under `browser <run>`."""
     from .app_browser import browser_problem, run_in_browser
 
     problem = browser_problem()
@@ -131,7 +139,12 @@ def browser_runs(ctx: Context) -> list[dict] | str:
         return problem
     try:
         with RunningApp(ctx.say) as app:
-            return run_in_browser(app.url, len(RUNS), new_tokens_for(ctx), ctx.say)
+            cpu.app_pid = app.proc.pid
+            try:
+                return run_in_browser(app.url, len(RUNS), new_tokens_for(ctx), ctx.say,
+                                      mark=lambda i: cpu.mark(f"browser {RUNS[i]}"))
+            finally:
+                cpu.mark(None)
     except Exception as err:  # noqa: BLE001 - the API path's figures stay; the browser's failure is its reason
         return f"the browser path failed: {type(err).__name__}: {str(err).splitlines()[0][:200]}"
 
@@ -206,22 +219,25 @@ def bench_app(ctx: Context) -> dict:
     """The app section's record: the CLI runs, each path's first and later run against them, the checks."""
     folder = Path(tempfile.mkdtemp(prefix="kvlab-bench-"))
     try:
-        cli_records = [cli_run(ctx, folder, "before the API runs")]
-        api = api_runs(ctx)
-        cli_records.append(cli_run(ctx, folder, "between the API and browser runs"))
-        browser = browser_runs(ctx)
-        if not isinstance(browser, str):  # a skipped browser path needs no reference of its own
-            cli_records.append(cli_run(ctx, folder, "after the browser runs"))
+        with CpuShares() as cpu:
+            cli_records = [cli_run(ctx, folder, "before the API runs")]
+            api = api_runs(ctx, cpu)
+            cli_records.append(cli_run(ctx, folder, "between the API and browser runs"))
+            browser = browser_runs(ctx, cpu)
+            if not isinstance(browser, str):  # a skipped browser path needs no reference of its own
+                cli_records.append(cli_run(ctx, folder, "after the browser runs"))
     finally:
         shutil.rmtree(folder, ignore_errors=True)
-    return app_section(ctx, cli_records, api, browser)
+    return app_section(ctx, cli_records, api, browser, cpu.shares)
 
 
-def app_section(ctx: Context, cli_records: list[dict], api: list[dict], browser: list[dict] | str) -> dict:
+def app_section(ctx: Context, cli_records: list[dict], api: list[dict], browser: list[dict] | str,
+                cpu: dict[str, dict] | None = None) -> dict:
     """The record from the runs' JSON records (a string for `browser`: why it did not run). `cli_records`: the
     CLI runs in the order they ran; with three, the API path is judged against the mean of runs 1 and 2 and
     the browser path against the mean of runs 2 and 3 (the runs around each), with fewer, both against the
-    mean of all. The record's `cli` holds each path's reference."""
+    mean of all. The record's `cli` holds each path's reference. `cpu` (`CpuShares.shares`, labels
+    `<path> <run>`) goes to each run's `cpu`: who used the cores while it ran."""
     around = {"api": cli_records[:2], "browser": cli_records[1:3]} if len(cli_records) >= 3 else \
         {"api": cli_records, "browser": cli_records}
     repeat = [_ratio(b[name]["decode_tok_s"], a[name]["decode_tok_s"])
@@ -230,6 +246,10 @@ def app_section(ctx: Context, cli_records: list[dict], api: list[dict], browser:
     paths = {"api": {run: compare_to_cli(record, reference["api"]) for run, record in zip(RUNS, api)}}
     paths["browser"] = {"skipped": browser} if isinstance(browser, str) else {
         run: compare_to_cli(record, reference["browser"]) for run, record in zip(RUNS, browser)}
+    for path, runs in paths.items():
+        for run, comparison in runs.items():
+            if run in RUNS and (cpu or {}).get(f"{path} {run}"):
+                comparison["cpu"] = cpu[f"{path} {run}"]
     return {"preset": PRESET, "new_tokens": new_tokens_for(ctx), "browser_here": BROWSER_HERE,
             "cli": {path: {name: {k: v for k, v in figs.items() if k != "noise"} for name, figs in ref.items()}
                     for path, ref in reference.items()},

@@ -160,6 +160,10 @@ def app_lines(s: dict) -> list[str]:
                              f"TTFT {_ratio_text(c['ttft_ratio'])}  live decode {_ratio_text(c['live_decode_ratio'])}")
             flips = "; ".join(" vs ".join(pair) for pair in comparison["raw_flips"]) or "none"
             lines.append(f"    rank flips: {flips} ({len(comparison['flips'])} beyond noise)")
+            cpu = comparison.get("cpu")
+            if cpu:
+                lines.append(f"    cores used during the run ({cpu['wall_s']:.0f} s): app {_num(cpu['app'])}, browser "
+                             f"{_num(cpu['browser'])}, bench {_num(cpu['bench'])}, rest of the machine {_num(cpu['rest'])}")
     return lines
 
 

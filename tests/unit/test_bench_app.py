@@ -88,3 +88,41 @@ def test_rank_flips_need_both_sides_beyond_noise():
     assert raw == beyond == [["a", "b"]]
     raw, beyond = rank_flips(figs({"a": 20.0, "b": 25.0}, 0.2), figs({"a": 25.0, "b": 20.0}, 0.01))
     assert raw == [["a", "b"]] and beyond == []
+
+
+def test_each_run_carries_who_used_the_cores_and_the_report_says_it():
+    ctx = Context(None, SIZES["smoke"], None, lambda message: None, None)
+    cpu = {"api first": {"app": 1.9, "browser": 0.0, "bench": 0.01, "rest": 0.02, "wall_s": 30.0},
+           "browser later": {"app": 1.8, "browser": 0.05, "bench": 0.01, "rest": 0.1, "wall_s": 31.0}}
+    s = app_section(ctx, [record(CLI)] * 3, [record(CLI)] * 2, [record(CLI)] * 2, cpu)
+    assert s["paths"]["api"]["first"]["cpu"] == cpu["api first"]
+    assert s["paths"]["browser"]["later"]["cpu"] == cpu["browser later"]
+    assert "cpu" not in s["paths"]["api"]["later"]  # not sampled: nothing made up
+    text = "\n".join(app_lines(s))
+    assert "cores used during the run (31 s): app 1.8, browser 0.05, bench 0.01, rest of the machine 0.1" in text
+
+
+def test_cpu_shares_count_the_app_tree_under_the_current_label_only():
+    import subprocess
+    import sys
+    import time
+
+    from kvlab.bench.cpu_share import KINDS, CpuShares
+
+    spin = "import time\nend = time.process_time() + 0.6\nwhile time.process_time() < end: pass\n"
+    with CpuShares(sample_s=0.1) as cpu:
+        app = subprocess.Popen([sys.executable, "-c", spin])
+        cpu.app_pid = app.pid
+        cpu.mark("api first")
+        app.wait()
+        time.sleep(0.3)  # a sample after the spin ended
+        cpu.mark(None)
+        idle = subprocess.Popen([sys.executable, "-c", spin])  # counted under no label
+        idle.wait()
+    shares = cpu.shares
+    assert set(shares) == {"api first"}
+    first = shares["api first"]
+    assert set(first) == {*KINDS, "wall_s"} and first["wall_s"] > 0
+    # the spinning child used about 0.6 s of CPU; a process that ends between samples loses at most its last one
+    assert first["app"] * first["wall_s"] > 0.3 and first["browser"] == 0.0
+    assert first["app"] > first["bench"]
