@@ -17,6 +17,9 @@
   times is the strategy's own work (a quantized cache flushing its residual)
   and stays. These figures replace the live ones in the summary; the live
   ones are kept (`ColumnResult.live_*`).
+- `wait_for_quiet`: before the quiet pass, wait (up to `SETTLE_MAX_S`) until
+  the rest of the machine stops using the cores (a browser on this machine
+  drawing the live run's last update).
 - `timing_noise`: each figure's relative noise from the step times themselves,
   which `kvlab.report.best_sets` uses to call two columns tied.
 - `run_timing`: the run's timing record (load average against the cores, noise,
@@ -58,6 +61,15 @@ SPIKE_RATIO = 1.5
 """A decode step slower than this many times the median of its neighbours is timed again in the quiet pass."""
 SPIKE_WINDOW = 3
 """Neighbours on each side of a decode step whose median it is judged against."""
+
+SETTLE_WINDOW_S = 0.2
+"""Length of one look at the rest of the machine before the quiet pass (seconds)."""
+SETTLE_QUIET_WINDOWS = 2
+"""Looks in a row in which the rest of the machine must stay under SETTLE_OTHERS_CORES."""
+SETTLE_OTHERS_CORES = 0.1
+"""Cores the rest of the machine (every process but this one) may use while the quiet pass waits to start."""
+SETTLE_MAX_S = 5.0
+"""Longest wait for the rest of the machine to go quiet before the quiet pass starts anyway (seconds)."""
 
 WARM_UP_MAX_INPUT_TOKENS = 512
 """The warm-up prefills the run's prompt length up to this many tokens."""
@@ -237,6 +249,47 @@ def quiet_steps(loaded, columns: list, results: list, prompt_ids, settings, stop
         _apply(run)
 
 
+def others_cpu_s() -> float | None:
+    """CPU seconds the whole machine has been busy (all but idle and iowait, every core) less this process's
+    own (every thread), cumulative; None where psutil cannot tell."""
+    try:
+        import psutil
+
+        machine = psutil.cpu_times()
+        mine = psutil.Process().cpu_times()
+    except Exception:  # noqa: BLE001 - no figure: no wait
+        return None
+    busy = sum(machine) - machine.idle - getattr(machine, "iowait", 0.0)
+    return busy - mine.user - mine.system
+
+
+def wait_for_quiet(max_s: float = SETTLE_MAX_S, window_s: float = SETTLE_WINDOW_S,
+                   quiet_windows: int = SETTLE_QUIET_WINDOWS, others_cores: float = SETTLE_OTHERS_CORES,
+                   sample=others_cpu_s, sleep=time.sleep, clock=time.perf_counter,
+                   stop: threading.Event | None = None) -> float:
+    """Wait until the rest of the machine used under `others_cores` cores in each of `quiet_windows` windows of
+    `window_s` seconds in a row, or `max_s` seconds passed, or `stop` is set; returns the seconds waited.
+
+    Why: the quiet pass's steps use every core (torch's OpenMP threads), and work another process does on the
+    same cores (a browser on this machine still drawing the live run's last update, another job) stalls them.
+    The live run's tail is waited out; what runs on regardless is left to the noise and the busy note.
+    `sample` gives the rest of the machine's cumulative CPU seconds (`others_cpu_s`; None: no wait).
+    """
+    started = clock()
+    before = sample()
+    if before is None:
+        return 0.0
+    quiet = 0
+    while quiet < quiet_windows and clock() - started < max_s and not (stop is not None and stop.is_set()):
+        sleep(window_s)
+        now = sample()
+        if now is None:
+            break
+        quiet = quiet + 1 if now - before < others_cores * window_s else 0
+        before = now
+    return clock() - started
+
+
 def _ttft_repeats(loaded, runs: list[_QuietRun], stop: threading.Event) -> Iterator[int]:
     """`TTFT_REPEATS - 1` extra prefills per column, in turns; yields each column's index after its prefill."""
     for _ in range(TTFT_REPEATS - 1):
@@ -321,7 +374,8 @@ def timing_noise(per_token_s: list[float], ttft_samples_s: list[float]) -> dict[
     return noise
 
 
-def run_timing(results: list, retimed: bool, loads: list, threads: int, cores: int | None = None) -> dict:
+def run_timing(results: list, retimed: bool, loads: list, threads: int, cores: int | None = None,
+               settle_s: float | None = None) -> dict:
     """The run's timing record (the `timing` of `RunDone` and of the JSON record).
 
     Args:
@@ -329,9 +383,10 @@ def run_timing(results: list, retimed: bool, loads: list, threads: int, cores: i
         loads: 1-minute load averages sampled during the run (None entries where the platform has none).
         threads: torch intra-op threads this run's forwards used (its own share of the load).
         cores: CPU cores this process may use (default: `kvlab.environment.cores_available()`).
+        settle_s: seconds the quiet pass waited for the rest of the machine to go quiet (`wait_for_quiet`).
 
     Returns {retimed, retime_max_tokens, load_average, cores, torch_threads, decode_noise, live_vs_quiet,
-    warm_up_s, replaced_steps, busy, note}: decode_noise is the median column's relative noise, live_vs_quiet
+    warm_up_s, replaced_steps, settle_s, busy, note}: decode_noise is the median column's relative noise, live_vs_quiet
     the median of live / quiet decode tok/s, warm_up_s the one-time set-up this run did (seconds),
     replaced_steps the quiet steps, over all columns, that were interrupted once and took their second timing,
     note the sentence the page shows ('' when not busy).
@@ -348,6 +403,8 @@ def run_timing(results: list, retimed: bool, loads: list, threads: int, cores: i
         reasons.append(f"load average {load:.1f} on {cores} cores, this run's own {threads} threads included")
     if noise is not None and noise > BUSY_NOISE:
         reasons.append(f"decode times varied by ±{100 * noise:.0f}% within a column")
+    if settle_s is not None and settle_s >= SETTLE_MAX_S:
+        reasons.append(f"other processes kept the cores busy for the {SETTLE_MAX_S:.0f} s the re-timing waited")
     note = ""
     if reasons:
         note = (f"⚠ the machine was too busy for a fair comparison ({'; '.join(reasons)}): differences within "
@@ -356,7 +413,8 @@ def run_timing(results: list, retimed: bool, loads: list, threads: int, cores: i
             "torch_threads": threads, "decode_noise": noise,
             "live_vs_quiet": statistics.median(ratios) if ratios else None,
             "warm_up_s": sum(r.warm_up_s or 0.0 for r in ok),
-            "replaced_steps": sum(len(r.quiet_replaced_steps) for r in ok), "busy": bool(reasons), "note": note}
+            "replaced_steps": sum(len(r.quiet_replaced_steps) for r in ok), "settle_s": settle_s,
+            "busy": bool(reasons), "note": note}
 
 
 def sample_load() -> float | None:

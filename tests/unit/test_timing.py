@@ -271,3 +271,56 @@ def test_the_status_line_says_how_many_interrupted_steps_were_timed_again():
     assert "interrupted" not in timing_line({**base, "replaced_steps": 0})
     assert " · 1 interrupted step timed again" in timing_line({**base, "replaced_steps": 1})
     assert " · 3 interrupted steps timed again" in timing_line({**base, "replaced_steps": 3})
+
+
+class FakeMachine:
+    """The rest of the machine's cumulative CPU seconds as `wait_for_quiet` samples it, on a fake clock: `busy`
+    lists the cores used in each successive window (the last value repeats)."""
+
+    def __init__(self, busy):
+        self.busy, self.now, self.cpu, self.windows = list(busy), 0.0, 0.0, 0
+
+    def sample(self):
+        return self.cpu
+
+    def sleep(self, seconds):
+        cores = self.busy[min(self.windows, len(self.busy) - 1)]
+        self.now, self.cpu, self.windows = self.now + seconds, self.cpu + cores * seconds, self.windows + 1
+
+    def clock(self):
+        return self.now
+
+
+def _wait(machine, **kwargs):
+    from kvlab.timing import wait_for_quiet
+
+    return wait_for_quiet(sample=machine.sample, sleep=machine.sleep, clock=machine.clock, **kwargs)
+
+
+def test_the_quiet_pass_waits_for_the_rest_of_the_machine_to_go_quiet_and_no_longer():
+    from kvlab.timing import SETTLE_MAX_S, SETTLE_QUIET_WINDOWS, SETTLE_WINDOW_S
+
+    quiet = FakeMachine([0.0])
+    assert _wait(quiet) == pytest.approx(SETTLE_QUIET_WINDOWS * SETTLE_WINDOW_S)
+    drawing = FakeMachine([0.8, 0.5, 0.3, 0.02])  # a browser finishing the live run's last update
+    assert _wait(drawing) == pytest.approx((3 + SETTLE_QUIET_WINDOWS) * SETTLE_WINDOW_S)
+    flicker = FakeMachine([0.0, 0.5, 0.0, 0.0])  # a quiet window, then a busy one: the count starts again
+    assert _wait(flicker) == pytest.approx((2 + SETTLE_QUIET_WINDOWS) * SETTLE_WINDOW_S)
+    busy = FakeMachine([1.0])
+    assert SETTLE_MAX_S <= _wait(busy) < SETTLE_MAX_S + SETTLE_WINDOW_S + 1e-9
+    stop = threading.Event()
+    stop.set()
+    assert _wait(FakeMachine([1.0]), stop=stop) == 0.0
+    from kvlab.timing import wait_for_quiet
+
+    assert wait_for_quiet(sample=lambda: None, sleep=lambda s: pytest.fail("no figure: no wait")) == 0.0
+
+
+def test_a_machine_that_never_went_quiet_is_named_busy():
+    from kvlab.timing import SETTLE_MAX_S
+
+    results = [ColumnResult(index=0, name="dynamic", strategy="dynamic", knobs={}, status="ok")]
+    calm = run_timing(results, True, [1.0], threads=2, cores=2, settle_s=0.4)
+    assert calm["settle_s"] == 0.4 and calm["busy"] is False
+    busy = run_timing(results, True, [1.0], threads=2, cores=2, settle_s=SETTLE_MAX_S + 0.1)
+    assert busy["busy"] is True and "kept the cores busy" in busy["note"]
