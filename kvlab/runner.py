@@ -309,7 +309,7 @@ def run_compare(
         # 2. A column whose thread died without a result is reported, never waited for.
         yield from _fill_missing(results, columns, prompt_ids.shape[1], warm_up_s)
         # 3. The quiet re-timing pass (fair mode): its figures replace the live ones; nothing is relayed meanwhile.
-        retimed, settle_s = yield from _retime(loaded, columns, results, prompt_ids, settings, mode, stop)
+        retimed, (settle_s, settled) = yield from _retime(loaded, columns, results, prompt_ids, settings, mode, stop)
         loads.append(sample_load())
         # 4. Fidelity, one compute step per scored column, so other tabs' work can run in between.
         if settings.fidelity and not stop.is_set():
@@ -320,7 +320,7 @@ def run_compare(
         yield sampler.sample()
         threads = compute(torch.get_num_threads) if mode != "parallel" else torch.get_num_threads()
         yield RunDone(list(results), time.perf_counter() - started, stop.is_set(),
-                      run_timing(results, retimed, loads, threads, settle_s=settle_s))
+                      run_timing(results, retimed, loads, threads, settle_s=settle_s, settled=settled))
     finally:
         _end_workers(workers, stop)
 
@@ -368,22 +368,22 @@ def _retime(loaded, columns, results, prompt_ids, settings, mode: str, stop: thr
     """Generator: in fair mode with `settings.retime`, yield a `RunPhase("retiming")` and run the quiet pass
     (`kvlab.timing.quiet_steps`) step by step on the compute thread, from this thread, with no events or
     memory samples in between, once the rest of the machine is quiet (`kvlab.timing.wait_for_quiet`); returns
-    (whether it ran to the end, the seconds it waited for quiet: None when it did not run). Every finished
-    column gets its noise."""
-    retimed, settle_s = False, None
+    (whether it ran to the end, (the seconds it waited for quiet: None when it did not run, whether the machine
+    went quiet)). Every finished column gets its noise."""
+    retimed, settle = False, (None, True)
     ok = [r for r in results if r.status == "ok" and r.token_ids]
     if mode == "fair" and settings.retime and ok and not stop.is_set():
         tokens = min(RETIME_MAX_TOKENS, max(len(r.token_ids) for r in ok))
         yield RunPhase("retiming", f"re-timing {len(ok)} column{'s' if len(ok) > 1 else ''} quietly "
                                    f"(up to {tokens} tokens each, page updates paused)…")
-        settle_s = wait_for_quiet(stop=stop)  # a browser on this machine finishes drawing the live run first
+        settle = wait_for_quiet(stop=stop)  # a browser on this machine finishes drawing the live run first
         for _ in compute_iter(quiet_steps(loaded, columns, results, prompt_ids, settings, stop)):
             pass
         retimed = not stop.is_set()
     for result in results:
         if result.status == "ok" and not result.timing_noise:
             result.timing_noise = timing_noise(result.per_token_s, [])
-    return retimed, settle_s
+    return retimed, settle
 
 
 def _start_workers(work, count: int, mode: str, share: int | None) -> list[threading.Thread]:

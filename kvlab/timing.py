@@ -9,7 +9,7 @@
   are the same), over its first `RETIME_MAX_TOKENS` tokens, one step per column
   in turn, with no page updates and no memory sampling in between. Its prefill
   is timed `TTFT_REPEATS` times (fresh caches) and the median kept. A decode
-  step more than `SPIKE_RATIO` times the median of its `SPIKE_WINDOW`
+  step more than `SPIKE_RATIO` times the fastest of its `SPIKE_WINDOW`
   neighbours on each side is timed again (`spike_steps`): the column is
   replayed once more up to its last such step, and a step that is not slow
   the second time was an interruption (another process, the browser drawing
@@ -34,6 +34,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import os
 import statistics
 import threading
 import time
@@ -58,9 +59,9 @@ BUSY_NOISE = 0.05
 """Busy: the median column's decode tok/s is noisier than this fraction."""
 
 SPIKE_RATIO = 1.5
-"""A decode step slower than this many times the median of its neighbours is timed again in the quiet pass."""
-SPIKE_WINDOW = 3
-"""Neighbours on each side of a decode step whose median it is judged against."""
+"""A decode step slower than this many times the fastest of its neighbours is timed again in the quiet pass."""
+SPIKE_WINDOW = 8
+"""Neighbours on each side of a decode step whose fastest it is judged against."""
 
 SETTLE_WINDOW_S = 0.2
 """Length of one look at the rest of the machine before the quiet pass (seconds)."""
@@ -145,7 +146,7 @@ class _QuietRun:
     ttft: list[float] = field(default_factory=list)
     failed: str = ""
     spikes: dict[int, float] = field(default_factory=dict)
-    """Step index -> the neighbours' median it was judged against, for the steps timed again."""
+    """Step index -> the fastest neighbour it was judged against, for the steps timed again."""
     first_times: list[float] = field(default_factory=list)
     """The first timing of every step, while the column is replayed to time its spikes again."""
 
@@ -172,8 +173,8 @@ class _QuietRun:
         if self.failed:
             self.failed = ""
             return []
-        replaced = [i for i, median in sorted(self.spikes.items())
-                    if i < len(second) and second[i] <= SPIKE_RATIO * median]
+        replaced = [i for i, fastest in sorted(self.spikes.items())
+                    if i < len(second) and second[i] <= SPIKE_RATIO * fastest]
         for i in replaced:
             self.times[i] = second[i]
         return replaced
@@ -249,26 +250,34 @@ def quiet_steps(loaded, columns: list, results: list, prompt_ids, settings, stop
         _apply(run)
 
 
+def busy_cpu_s(times) -> float:
+    """Busy seconds in one `psutil.cpu_times()` record: user, nice, system, irq, softirq (guest time is
+    already inside user and nice; idle, iowait and steal are not work done here)."""
+    return sum(getattr(times, name, 0.0) for name in ("user", "nice", "system", "irq", "softirq"))
+
+
 def others_cpu_s() -> float | None:
-    """CPU seconds the whole machine has been busy (all but idle and iowait, every core) less this process's
-    own (every thread), cumulative; None where psutil cannot tell."""
+    """CPU seconds the cores this process may run on (`os.sched_getaffinity` where it exists, else all) have
+    been busy, less this process's own (every thread), cumulative; None where psutil cannot tell."""
     try:
         import psutil
 
-        machine = psutil.cpu_times()
+        per_cpu = psutil.cpu_times(percpu=True)
+        allowed = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else range(len(per_cpu))
         mine = psutil.Process().cpu_times()
     except Exception:  # noqa: BLE001 - no figure: no wait
         return None
-    busy = sum(machine) - machine.idle - getattr(machine, "iowait", 0.0)
+    busy = sum(busy_cpu_s(per_cpu[i]) for i in allowed if i < len(per_cpu))
     return busy - mine.user - mine.system
 
 
 def wait_for_quiet(max_s: float = SETTLE_MAX_S, window_s: float = SETTLE_WINDOW_S,
                    quiet_windows: int = SETTLE_QUIET_WINDOWS, others_cores: float = SETTLE_OTHERS_CORES,
                    sample=others_cpu_s, sleep=time.sleep, clock=time.perf_counter,
-                   stop: threading.Event | None = None) -> float:
+                   stop: threading.Event | None = None) -> tuple[float, bool]:
     """Wait until the rest of the machine used under `others_cores` cores in each of `quiet_windows` windows of
-    `window_s` seconds in a row, or `max_s` seconds passed, or `stop` is set; returns the seconds waited.
+    `window_s` seconds in a row, or `max_s` seconds passed, or `stop` is set; returns (the seconds waited,
+    whether it went quiet: True too when there is no figure to wait on).
 
     Why: the quiet pass's steps use every core (torch's OpenMP threads), and work another process does on the
     same cores (a browser on this machine still drawing the live run's last update, another job) stalls them.
@@ -278,8 +287,8 @@ def wait_for_quiet(max_s: float = SETTLE_MAX_S, window_s: float = SETTLE_WINDOW_
     started = clock()
     before = sample()
     if before is None:
-        return 0.0
-    quiet = 0
+        return 0.0, True
+    quiet, now = 0, before
     while quiet < quiet_windows and clock() - started < max_s and not (stop is not None and stop.is_set()):
         sleep(window_s)
         now = sample()
@@ -287,7 +296,8 @@ def wait_for_quiet(max_s: float = SETTLE_MAX_S, window_s: float = SETTLE_WINDOW_
             break
         quiet = quiet + 1 if now - before < others_cores * window_s else 0
         before = now
-    return clock() - started
+    stopped = stop is not None and stop.is_set()
+    return clock() - started, quiet >= quiet_windows or now is None or stopped
 
 
 def _ttft_repeats(loaded, runs: list[_QuietRun], stop: threading.Event) -> Iterator[int]:
@@ -320,15 +330,18 @@ def _in_turns(loaded, runs: list[_QuietRun], stop: threading.Event, going) -> It
 
 def spike_steps(times: list[float], ratio: float = SPIKE_RATIO, window: int = SPIKE_WINDOW) -> dict[int, float]:
     """The decode steps of `times` (seconds per step, index 0 the prefill, never judged) slower than `ratio`
-    times the median of the up to `window` decode steps on each side (at least 2 neighbours needed): step index
-    -> that median, in seconds. A local median, so a cost that grows with the sequence (no_cache) is no spike."""
+    times the fastest of the up to `window` decode steps on each side (at least 2 neighbours needed): step
+    index -> that fastest neighbour, in seconds. The fastest of a window, not its median, so a stall of
+    several steps in a row is found too (up to `window` - 1 steps long: then the window still holds a step on
+    each side, or `window` steps at the start); a cost that grows slowly with the sequence (no_cache) is no
+    spike."""
     spikes = {}
     for i in range(1, len(times)):
         neighbours = times[max(1, i - window):i] + times[i + 1:i + 1 + window]
         if len(neighbours) >= 2:
-            median = statistics.median(neighbours)
-            if times[i] > ratio * median:
-                spikes[i] = median
+            fastest = min(neighbours)
+            if times[i] > ratio * fastest:
+                spikes[i] = fastest
     return spikes
 
 
@@ -337,6 +350,7 @@ def _apply(run: _QuietRun) -> None:
     if run.failed or len(run.times) != len(run.forced):
         reason = run.failed or f"it made {len(run.times)} of {len(run.forced)} steps"
         result.message = "; ".join(filter(None, [result.message, f"quiet re-timing failed ({reason}): live figures"]))
+        result.quiet_replaced_steps = []
         return
     result.apply_quiet(run.times, run.ttft + run.times[:1])
     result.timing_noise = timing_noise(run.times, result.ttft_samples_s)
@@ -375,7 +389,7 @@ def timing_noise(per_token_s: list[float], ttft_samples_s: list[float]) -> dict[
 
 
 def run_timing(results: list, retimed: bool, loads: list, threads: int, cores: int | None = None,
-               settle_s: float | None = None) -> dict:
+               settle_s: float | None = None, settled: bool = True) -> dict:
     """The run's timing record (the `timing` of `RunDone` and of the JSON record).
 
     Args:
@@ -383,7 +397,8 @@ def run_timing(results: list, retimed: bool, loads: list, threads: int, cores: i
         loads: 1-minute load averages sampled during the run (None entries where the platform has none).
         threads: torch intra-op threads this run's forwards used (its own share of the load).
         cores: CPU cores this process may use (default: `kvlab.environment.cores_available()`).
-        settle_s: seconds the quiet pass waited for the rest of the machine to go quiet (`wait_for_quiet`).
+        settle_s: seconds the quiet pass waited for the rest of the machine to go quiet (`wait_for_quiet`);
+        settled: whether it did.
 
     Returns {retimed, retime_max_tokens, load_average, cores, torch_threads, decode_noise, live_vs_quiet,
     warm_up_s, replaced_steps, settle_s, busy, note}: decode_noise is the median column's relative noise, live_vs_quiet
@@ -403,7 +418,7 @@ def run_timing(results: list, retimed: bool, loads: list, threads: int, cores: i
         reasons.append(f"load average {load:.1f} on {cores} cores, this run's own {threads} threads included")
     if noise is not None and noise > BUSY_NOISE:
         reasons.append(f"decode times varied by ±{100 * noise:.0f}% within a column")
-    if settle_s is not None and settle_s >= SETTLE_MAX_S:
+    if settle_s is not None and not settled:
         reasons.append(f"other processes kept the cores busy for the {SETTLE_MAX_S:.0f} s the re-timing waited")
     note = ""
     if reasons:

@@ -43,7 +43,7 @@ def browser_problem() -> str | None:
 def run_in_browser(url: str, runs: int, new_tokens: int | None, say, mark=lambda run: None) -> list[dict]:
     """Open the app at `url`, press Run `runs` times on the start preset (with `new_tokens` typed into max new
     tokens when given) and return each run's JSON record, fetched from its export link. `mark(i)` is called
-    just before run i's click (0-based).
+    just before run i's click (0-based), and `mark(None)` once the runs are over, before the browser closes.
 
     Raises:
         RuntimeError: a run ended with an error line instead of a summary.
@@ -62,7 +62,9 @@ def run_in_browser(url: str, runs: int, new_tokens: int | None, say, mark=lambda
                                    polling=POLL_MS)
             if new_tokens:
                 page.locator("#kv-max-new input").fill(str(new_tokens))
-            return [_one_run(page, url, run, say, mark) for run in range(runs)]
+            records = [_one_run(page, url, run, say, mark) for run in range(runs)]
+            mark(None)
+            return records
         finally:
             browser.close()
 

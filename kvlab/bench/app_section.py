@@ -142,7 +142,7 @@ def browser_runs(ctx: Context, cpu: CpuShares) -> list[dict] | str:
             cpu.app_pid = app.proc.pid
             try:
                 return run_in_browser(app.url, len(RUNS), new_tokens_for(ctx), ctx.say,
-                                      mark=lambda i: cpu.mark(f"browser {RUNS[i]}"))
+                                      mark=lambda i: cpu.mark(None if i is None else f"browser {RUNS[i]}"))
             finally:
                 cpu.mark(None)
     except Exception as err:  # noqa: BLE001 - the API path's figures stay; the browser's failure is its reason

@@ -4,10 +4,11 @@ the rest of the machine, per run.
 A daemon thread samples every SAMPLE_S seconds: the cumulative CPU seconds (user + system) of each
 descendant process of the bench (`psutil`), sorted into `app` (the app process and its children), `browser`
 (Chromium's processes) and `bench` (this process and its other children: Playwright's driver, gradio_client),
-and the machine's busy seconds (`psutil.cpu_times`: all but idle and iowait). `rest` is the machine's busy
-time less those three: other processes and the kernel. Each share is CPU seconds over the run's wall
-seconds, in cores (2.0 = both cores of a 2-core machine all the time). A process that ends between two
-samples loses its last SAMPLE_S seconds at most.
+and the machine's busy seconds (`psutil.cpu_times`, `kvlab.timing.busy_cpu_s`). `rest` is the machine's
+busy time less those three: other processes and the kernel, and also the last SAMPLE_S seconds at most of
+a process that ended between two samples (its time is in the machine's total but no longer in a snapshot).
+Each share is CPU seconds over the run's wall seconds, in cores (2.0 = both cores of a 2-core machine all
+the time).
 """
 
 from __future__ import annotations
@@ -22,8 +23,9 @@ KINDS = ("app", "browser", "bench", "rest")
 
 
 def _busy_s() -> float:
-    t = psutil.cpu_times()
-    return sum(t) - t.idle - getattr(t, "iowait", 0.0)
+    from ..timing import busy_cpu_s
+
+    return busy_cpu_s(psutil.cpu_times())
 
 
 def _cpu_s(proc: psutil.Process) -> float | None:

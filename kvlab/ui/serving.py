@@ -73,19 +73,21 @@ _IDLE_FRAME_JS = """
 (() => {
   // kvlab: run the page's requestAnimationFrame callbacks at full rate while they change the page, and one
   // batch every __IDLE_FRAME_MS__ ms once __IDLE_FRAMES__ frames in a row changed nothing (gradio's status tracker
-  // keeps a frame loop going after its element is gone). Any change to the page goes back to full rate.
+  // keeps a frame loop going after its element is gone). A change to the page or the user's input (resize,
+  // scroll, pointer, keys) goes back to full rate at once.
   if (window.__kvlabIdleFrames || typeof window.requestAnimationFrame !== "function" ||
       typeof MutationObserver !== "function") return;
   const stats = window.__kvlabIdleFrames = { frames: 0, slowed: 0 };
   const nativeRaf = window.requestAnimationFrame.bind(window);
-  let callbacks = new Map(), nextId = 1, scheduled = false, timer = null, quiet = 0, changed = true;
+  let callbacks = new Map(), running = null, nextId = 1, scheduled = false, timer = null, quiet = 0, changed = true;
   const frame = (now) => {
     scheduled = false; timer = null; stats.frames++;
     quiet = changed ? 0 : quiet + 1; changed = false;
-    const due = callbacks; callbacks = new Map();
-    for (const cb of due.values()) {
+    running = callbacks; callbacks = new Map();
+    for (const cb of running.values()) {  // a callback cancelled by an earlier one is skipped (Map iteration)
       try { cb(now); } catch (err) { setTimeout(() => { throw err; }); }
     }
+    running = null;
   };
   const schedule = () => {
     if (scheduled) return;
@@ -95,15 +97,19 @@ _IDLE_FRAME_JS = """
       timer = setTimeout(() => { timer = null; nativeRaf(frame); }, __IDLE_FRAME_MS__);
     } else nativeRaf(frame);
   };
-  new MutationObserver(() => {
+  const wake = () => {
     changed = true; quiet = 0;
     if (timer !== null) { clearTimeout(timer); timer = null; nativeRaf(frame); }
-  }).observe(document, { subtree: true, childList: true, attributes: true, characterData: true });
+  };
+  new MutationObserver(wake).observe(document, { subtree: true, childList: true, attributes: true, characterData: true });
+  for (const type of ["resize", "scroll", "wheel", "pointerdown", "pointermove", "keydown", "focus"]) {
+    window.addEventListener(type, wake, { capture: true, passive: true });
+  }
   window.requestAnimationFrame = (cb) => {
     if (typeof cb !== "function") return nativeRaf(cb);  // the browser's own TypeError
     const id = nextId++; callbacks.set(id, cb); schedule(); return id;
   };
-  window.cancelAnimationFrame = (id) => { callbacks.delete(id); };
+  window.cancelAnimationFrame = (id) => { callbacks.delete(id); if (running !== null) running.delete(id); };
 })();
 """
 
@@ -111,8 +117,8 @@ _IDLE_FRAME_JS = """
 def idle_frame_script(idle_frames: int = IDLE_FRAMES, idle_ms: int = IDLE_FRAME_MS) -> str:
     """The page script (JavaScript source) that slows the page's `requestAnimationFrame` callbacks to one
     batch every `idle_ms` milliseconds once `idle_frames` frames in a row changed nothing in the page (no DOM
-    mutation seen by a `MutationObserver` on the document); the next change runs the waiting callbacks at
-    once and goes back to full rate. Callbacks keep their order, their frame timestamp and
+    mutation seen by a `MutationObserver` on the document); the next change, or the user's input (resize,
+    scroll, wheel, pointer, keys, focus), runs the waiting callbacks at once and goes back to full rate. Callbacks keep their order, their frame timestamp and
     `cancelAnimationFrame`; a callback that throws is reported without stopping the others. CSS animations
     and transitions do not go through `requestAnimationFrame` and are not touched. `window.__kvlabIdleFrames`
     counts the frames run (`frames`) and the batches delayed (`slowed`).
@@ -131,21 +137,28 @@ modules: gradio's status tracker takes `window.requestAnimationFrame` when its m
 added later (gradio's `head=`, `js=`) cannot reach its loop."""
 
 _HEAD = re.compile(rb"<head(\s[^>]*)?>", re.IGNORECASE)
+_CHARSET = re.compile(rb"<meta\s[^>]*charset[^>]*>", re.IGNORECASE)
 
 
 def with_early_script(html: bytes, script: str = IDLE_FRAME_SCRIPT) -> bytes:
-    """`html` with `<script>script</script>` right after its `<head>` tag; `html` unchanged when it has no
-    `<head>` tag. Raises nothing."""
+    """`html` with `<script>script</script>` right after its `<head>` tag, or after a `<meta charset>` that
+    directly follows it (so the charset stays in the first bytes a browser looks at); `html` unchanged when
+    it has no `<head>` tag. Raises nothing."""
     match = _HEAD.search(html)
     if match is None:
         return html
+    at = match.end()
+    charset = _CHARSET.match(html, at + len(html[at:]) - len(html[at:].lstrip()))
+    if charset is not None:
+        at = charset.end()
     tag = b"<script>" + script.encode() + b"</script>"
-    return html[:match.end()] + tag + html[match.end():]
+    return html[:at] + tag + html[at:]
 
 
 class IdleFramesMiddleware:
     """ASGI middleware: every uncompressed `text/html` answer to a GET gets IDLE_FRAME_SCRIPT first in its
-    `<head>`; everything else passes untouched.
+    `<head>` (a HEAD for a page path is answered as that GET without its body, so the lengths agree);
+    everything else passes untouched.
 
     Why: a gradio 6 page asks the browser for an animation frame 60 to 80 times a second for as long as it
     is open, even an empty `gr.Blocks()`: the status tracker's elapsed-time loop (`statustracker-*.js`)
@@ -165,9 +178,12 @@ class IdleFramesMiddleware:
         self.script = script
 
     async def __call__(self, scope, receive, send):
-        if scope.get("type") != "http" or scope.get("method") != "GET":
+        head = scope.get("method") == "HEAD" and _is_page_path(scope.get("path", ""))
+        if scope.get("type") != "http" or (scope.get("method") != "GET" and not head):
             await self.app(scope, receive, send)
             return
+        if head:  # answered as a GET, so its length is the page's with the script; the body is dropped
+            scope = {**scope, "method": "GET"}
         start: dict | None = None
         body: list[bytes] = []
 
@@ -188,11 +204,19 @@ class IdleFramesMiddleware:
                 headers = MutableHeaders(raw=list(start.get("headers") or []))
                 headers["content-length"] = str(len(page))
                 await send({**start, "headers": headers.raw})
-                await send({"type": "http.response.body", "body": page, "more_body": False})
+                await send({"type": "http.response.body", "body": b"" if head else page, "more_body": False})
+            elif head and message["type"] == "http.response.body":
+                await send({**message, "body": b""})
             else:
                 await send(message)
 
         await self.app(scope, receive, send_page)
+
+
+def _is_page_path(path: str) -> bool:
+    """Whether `path` may be one of the app's pages ("/" or a page name), not an API route, file or asset."""
+    last = path.rsplit("/", 1)[-1]
+    return path == "/" or (not path.startswith("/gradio_api") and "=" not in path and "." not in last)
 
 
 def launch_kwargs() -> dict:

@@ -3,9 +3,10 @@
 - The served app page, left alone, asks the browser for a few animation frames a second, not gradio's 60
   to 80 (counted at the browser's own `requestAnimationFrame`, below kvlab's script).
 - The script itself, on a bare page: callbacks run in order with their frame's timestamp, a cancelled one
-  does not run, an error in one does not stop the others, a loop that changes the page every frame keeps
-  running at full rate, and once the page is idle a waiting callback runs as soon as the page changes
-  (with a 60 s idle interval, so a pass cannot come from the timer).
+  does not run (also when a callback of the same frame cancels it), an error in one does not stop the
+  others, a loop that changes the page every frame keeps running at full rate, and once the page is idle a
+  waiting callback runs as soon as the page changes or the user's input arrives (with a 60 s idle interval,
+  so a pass cannot come from the timer).
 
 No wall-clock time is asserted: counts over a span, and order.
 """
@@ -70,6 +71,9 @@ def test_callbacks_keep_their_order_timestamp_cancel_and_errors(bare):
       window.requestAnimationFrame(() => { throw new Error('boom'); });
       window.requestAnimationFrame((t) => seen.push(['b', typeof t]));
       window.cancelAnimationFrame(dropped);
+      let later = 0;  // cancelled by a callback of the same frame, before it ran: it must not run
+      window.requestAnimationFrame(() => window.cancelAnimationFrame(later));
+      later = window.requestAnimationFrame(() => seen.push(['cancelled in the frame', 0]));
       window.requestAnimationFrame(() => window.requestAnimationFrame(() => setTimeout(() => done({seen, errors}), 50)));
     })""")
     assert result["seen"] == [["a", "number"], ["b", "number"]]
@@ -95,4 +99,9 @@ def test_a_loop_that_changes_the_page_keeps_full_rate_and_an_idle_one_waits_for_
     assert bare.evaluate("window.__idleRuns") == runs  # waiting for its slowed batch
     # A change to the page runs the waiting callback at once (long before the 60 s), then slows again.
     bare.evaluate("document.getElementById('p').textContent = 'changed'")
+    bare.wait_for_function(f"window.__idleRuns > {runs}", polling=100)
+    # So does the user's input that changes nothing in the page (here a resize).
+    bare.wait_for_function("window.__kvlabIdleFrames.slowed > 1", polling=100)
+    runs = bare.evaluate("window.__idleRuns")
+    bare.evaluate("window.dispatchEvent(new Event('resize'))")
     bare.wait_for_function(f"window.__idleRuns > {runs}", polling=100)

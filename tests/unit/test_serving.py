@@ -59,10 +59,13 @@ PAGE = "<!doctype html><html><head lang='en'><meta charset='utf-8'><script type=
 
 def test_the_script_goes_right_after_the_head_tag_and_a_page_without_one_is_left_alone():
     out = with_early_script(PAGE.encode(), "window.x = 1;").decode()
-    assert out.startswith("<!doctype html><html><head lang='en'><script>window.x = 1;</script><meta charset")
+    # after a <meta charset> that opens the head, so the charset stays in the page's first bytes
+    assert out.startswith("<!doctype html><html><head lang='en'><meta charset='utf-8'><script>window.x = 1;</script>")
     assert out.replace("<script>window.x = 1;</script>", "") == PAGE
     assert with_early_script(b"<p>no head here</p>", "window.x = 1;") == b"<p>no head here</p>"
     assert with_early_script(b"<HEAD><title>t</title>", "y").startswith(b"<HEAD><script>y</script>")
+    assert with_early_script(b"<head>\n  <meta charset=\"utf-8\" />\n<title>", "y") == \
+        b"<head>\n  <meta charset=\"utf-8\" /><script>y</script>\n<title>"
 
 
 def test_the_script_carries_its_settings_and_refuses_bad_ones():
@@ -103,13 +106,14 @@ def test_html_pages_get_the_script_first_with_a_matching_length_and_nothing_else
     for path in ("/", "/chunked"):
         response = client.get(path)
         assert response.status_code == 200
-        assert response.text == PAGE.replace("<head lang='en'>", "<head lang='en'>" + tag)
+        assert response.text == PAGE.replace("<meta charset='utf-8'>", "<meta charset='utf-8'>" + tag)
         assert int(response.headers["content-length"]) == len(response.content)
     assert client.get("/data").json() == {"head": "<head>"}  # not HTML
     assert client.get("/packed").text == PAGE  # compressed: left as it is
     assert client.post("/").text == PAGE  # only pages fetched with GET
     head = client.head("/")
     assert head.status_code == 200 and head.content == b""
+    assert head.headers["content-length"] == client.get("/").headers["content-length"]  # HEAD agrees with GET
 
 
 def test_gradio_serves_its_page_with_the_script_before_its_own_modules():

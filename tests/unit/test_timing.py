@@ -75,18 +75,22 @@ def test_no_retiming_when_switched_off_or_not_fair(tiny, settings, mode):
     assert result.timing_noise  # live figures still carry their noise for the best marks
 
 
-def test_spikes_are_judged_against_their_neighbours_median_never_the_prefill_or_a_trend():
+def test_spikes_are_judged_against_their_fastest_neighbours_never_the_prefill_or_a_trend():
     steady = [0.5] + [0.05] * 10
     assert spike_steps(steady) == {}
     one = list(steady)
     one[4] = 0.2
     assert spike_steps(one) == {4: 0.05}
     assert spike_steps([9.0, 0.05, 0.05, 0.05]) == {}  # the prefill (index 0) is never a spike
-    growing = [0.1] + [0.05 * (1 + 0.1 * i) for i in range(30)]  # no_cache: each step longer than the last
+    growing = [0.1] + [0.05 * (1 + 0.02 * i) for i in range(64)]  # no_cache: each step ~2 % longer than the last
     assert spike_steps(growing) == {}
     assert spike_steps([0.1, 0.05, 0.2]) == {}  # fewer than 2 neighbours: not judged
     edge = [0.1, 0.05, 0.05, 0.05, 0.05 * SPIKE_RATIO * 1.01]
     assert list(spike_steps(edge)) == [4]
+    # a stall of several steps in a row, at the start or in the middle, is found step by step
+    assert list(spike_steps([0.5, 0.3, 0.3, 0.3] + [0.1] * 6)) == [1, 2, 3]
+    stall = [0.1] + [0.04] * 3 + [0.6] * 7 + [0.04] * 20
+    assert list(spike_steps(stall)) == list(range(4, 11))
 
 
 class Spiking(Dynamic):
@@ -301,19 +305,22 @@ def test_the_quiet_pass_waits_for_the_rest_of_the_machine_to_go_quiet_and_no_lon
     from kvlab.timing import SETTLE_MAX_S, SETTLE_QUIET_WINDOWS, SETTLE_WINDOW_S
 
     quiet = FakeMachine([0.0])
-    assert _wait(quiet) == pytest.approx(SETTLE_QUIET_WINDOWS * SETTLE_WINDOW_S)
+    assert _wait(quiet) == (pytest.approx(SETTLE_QUIET_WINDOWS * SETTLE_WINDOW_S), True)
     drawing = FakeMachine([0.8, 0.5, 0.3, 0.02])  # a browser finishing the live run's last update
-    assert _wait(drawing) == pytest.approx((3 + SETTLE_QUIET_WINDOWS) * SETTLE_WINDOW_S)
+    assert _wait(drawing) == (pytest.approx((3 + SETTLE_QUIET_WINDOWS) * SETTLE_WINDOW_S), True)
     flicker = FakeMachine([0.0, 0.5, 0.0, 0.0])  # a quiet window, then a busy one: the count starts again
-    assert _wait(flicker) == pytest.approx((2 + SETTLE_QUIET_WINDOWS) * SETTLE_WINDOW_S)
+    assert _wait(flicker) == (pytest.approx((2 + SETTLE_QUIET_WINDOWS) * SETTLE_WINDOW_S), True)
     busy = FakeMachine([1.0])
-    assert SETTLE_MAX_S <= _wait(busy) < SETTLE_MAX_S + SETTLE_WINDOW_S + 1e-9
+    waited, went_quiet = _wait(busy)
+    assert SETTLE_MAX_S <= waited < SETTLE_MAX_S + SETTLE_WINDOW_S + 1e-9 and went_quiet is False
+    late = FakeMachine([1.0] * (round(SETTLE_MAX_S / SETTLE_WINDOW_S) - SETTLE_QUIET_WINDOWS) + [0.0])
+    assert _wait(late)[1] is True  # quiet in the last windows before the limit: quiet
     stop = threading.Event()
     stop.set()
-    assert _wait(FakeMachine([1.0]), stop=stop) == 0.0
+    assert _wait(FakeMachine([1.0]), stop=stop) == (0.0, True)
     from kvlab.timing import wait_for_quiet
 
-    assert wait_for_quiet(sample=lambda: None, sleep=lambda s: pytest.fail("no figure: no wait")) == 0.0
+    assert wait_for_quiet(sample=lambda: None, sleep=lambda s: pytest.fail("no figure: no wait")) == (0.0, True)
 
 
 def test_a_machine_that_never_went_quiet_is_named_busy():
@@ -322,5 +329,7 @@ def test_a_machine_that_never_went_quiet_is_named_busy():
     results = [ColumnResult(index=0, name="dynamic", strategy="dynamic", knobs={}, status="ok")]
     calm = run_timing(results, True, [1.0], threads=2, cores=2, settle_s=0.4)
     assert calm["settle_s"] == 0.4 and calm["busy"] is False
-    busy = run_timing(results, True, [1.0], threads=2, cores=2, settle_s=SETTLE_MAX_S + 0.1)
+    late = run_timing(results, True, [1.0], threads=2, cores=2, settle_s=SETTLE_MAX_S, settled=True)
+    assert late["busy"] is False
+    busy = run_timing(results, True, [1.0], threads=2, cores=2, settle_s=SETTLE_MAX_S + 0.1, settled=False)
     assert busy["busy"] is True and "kept the cores busy" in busy["note"]
