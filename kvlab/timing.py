@@ -229,9 +229,9 @@ def quiet_steps(loaded, columns: list, results: list, prompt_ids, settings, stop
 
     First `TTFT_REPEATS - 1` extra prefills per column, then every column's steps in turns, then the columns
     with spikes (`spike_steps`) replayed in turns up to their last spike, each spike that is not slow again
-    taking its second timing (`ColumnResult.quiet_replaced_steps`). When every column is done, each result gets its quiet figures (`ColumnResult.apply_quiet`) and `timing_noise`; a column
-    whose quiet run failed keeps its live figures and says why in its message. Nothing is applied when `stop`
-    is set before the end.
+    taking its second timing (`ColumnResult.quiet_replaced_steps`). When every column is done, each result
+    gets its quiet figures (`ColumnResult.apply_quiet`) and `timing_noise`; a column whose quiet run failed
+    keeps its live figures and says why in its message. Nothing is applied when `stop` is set before the end.
     """
     runs = quiet_runs(loaded, columns, results, prompt_ids, settings)
     yield from _ttft_repeats(loaded, runs, stop)

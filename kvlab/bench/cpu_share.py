@@ -38,9 +38,10 @@ def _cpu_s(proc: psutil.Process) -> float | None:
 
 def _is_browser(proc: psutil.Process) -> bool:
     try:
-        return "chrom" in proc.name().lower() or "headless_shell" in proc.name().lower()
+        name = proc.name().lower()
     except psutil.Error:
         return False
+    return "chrom" in name or "headless_shell" in name
 
 
 class CpuShares:
@@ -51,7 +52,7 @@ class CpuShares:
     def __init__(self, sample_s: float = SAMPLE_S):
         self.sample_s, self.app_pid, self.label = sample_s, None, None
         self.seconds: dict[str, dict[str, float]] = {}
-        self._last: dict[int, float] = {}
+        self._last: dict[int, tuple[str, float]] = {}
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._me = psutil.Process()
