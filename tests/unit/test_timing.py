@@ -95,9 +95,11 @@ def test_spikes_are_judged_against_their_fastest_neighbours_never_the_prefill_or
 
 class Spiking(Dynamic):
     """A dynamic cache whose decode step SLOW_STEP sleeps SLOW_S: in every pass (`always`), or only in the quiet
-    pass's first timing (the fourth prefill: live run, two extra prefills, quiet pass)."""
+    pass's first timing (the fourth prefill: live run, two extra prefills, quiet pass). Every decode step
+    first sleeps STEP_S, so a step takes about that long and the tiny model's own jitter (up to ~8 ms on a busy
+    2-core machine) cannot make a replayed step look 1.5x its fastest neighbour."""
 
-    SLOW_STEP, SLOW_S = 5, 0.2
+    SLOW_STEP, SLOW_S, STEP_S = 5, 0.5, 0.05
 
     def __init__(self, always: bool):
         super().__init__()
@@ -108,6 +110,7 @@ class Spiking(Dynamic):
             self.prefills, self.step = self.prefills + 1, 0
         else:
             self.step += 1
+            time.sleep(self.STEP_S)
             if self.step == self.SLOW_STEP and (self.always or self.prefills == 1 + TTFT_REPEATS):
                 time.sleep(self.SLOW_S)
         return super().forward(loaded, cache, sequence, new_tokens)
