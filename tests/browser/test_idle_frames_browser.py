@@ -6,7 +6,8 @@
   does not run (also when a callback of the same frame cancels it), an error in one does not stop the
   others, a loop that changes the page every frame keeps running at full rate, and once the page is idle a
   waiting callback runs as soon as the page changes or the user's input arrives (with a 60 s idle interval,
-  so a pass cannot come from the timer).
+  so a pass cannot come from the timer); the wait between idle batches doubles up to its ceiling and starts
+  again from the first wait after a change (the delays the script asks `setTimeout` for).
 
 No wall-clock time is asserted: counts over a span, and order.
 """
@@ -40,7 +41,8 @@ def test_the_idle_app_page_asks_for_a_few_frames_a_second(browser, app_url):
         before = page.evaluate("window.__nativeFrames")
         time.sleep(IDLE_SPAN_S)
         per_s = (page.evaluate("window.__nativeFrames") - before) / IDLE_SPAN_S
-        # gradio alone: 60-80 a second for as long as the page is open; kvlab's script: about 1000 / IDLE_FRAME_MS.
+        # gradio alone: 60-80 a second for as long as the page is open; kvlab's script: at most 1000 / IDLE_FRAME_MS,
+        # fewer as its wait grows.
         assert per_s <= 2 * 1000 / IDLE_FRAME_MS, f"{per_s:.1f} animation frames a second on an idle page"
         assert page.evaluate("window.__kvlabIdleFrames.slowed") > 0
     finally:
@@ -55,7 +57,7 @@ def bare(browser):
     context = browser.new_context()
     page = context.new_page()
     page.set_default_timeout(30_000)
-    page.set_content(BARE_PAGE.format(script=idle_frame_script(idle_frames=5, idle_ms=60_000)))
+    page.set_content(BARE_PAGE.format(script=idle_frame_script(idle_frames=5, idle_ms=60_000, idle_max_ms=60_000)))
     try:
         yield page
     finally:
@@ -105,3 +107,24 @@ def test_a_loop_that_changes_the_page_keeps_full_rate_and_an_idle_one_waits_for_
     runs = bare.evaluate("window.__idleRuns")
     bare.evaluate("window.dispatchEvent(new Event('resize'))")
     bare.wait_for_function(f"window.__idleRuns > {runs}", polling=100)
+
+
+def test_the_idle_wait_doubles_up_to_its_ceiling_and_starts_again_after_a_change(browser):
+    context = browser.new_context()
+    try:
+        page = context.new_page()
+        page.set_default_timeout(30_000)
+        # The delays the script asks for, read at setTimeout (wrapped before the script runs; the waits of
+        # Playwright's own polling are left out: the script's callback is the one that asks for a frame).
+        spy = "window.__delays = []; const st = window.setTimeout.bind(window);" \
+              "window.setTimeout = (cb, ms, ...a) => {" \
+              " if (String(cb).includes('nativeRaf')) window.__delays.push(ms); return st(cb, ms, ...a); };"
+        page.set_content(BARE_PAGE.format(script=spy + idle_frame_script(idle_frames=3, idle_ms=10, idle_max_ms=80)))
+        page.evaluate("""() => { const spin = () => window.requestAnimationFrame(spin); spin(); }""")
+        page.wait_for_function("window.__delays.length >= 6", polling=50)
+        assert page.evaluate("window.__delays.slice(0, 6)") == [10, 20, 40, 80, 80, 80]
+        page.evaluate("window.__delays = []; document.getElementById('p').textContent = 'changed'")
+        page.wait_for_function("window.__delays.length >= 3", polling=50)
+        assert page.evaluate("window.__delays.slice(0, 3)") == [10, 20, 40]
+    finally:
+        context.close()

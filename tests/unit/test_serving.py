@@ -69,12 +69,14 @@ def test_the_script_goes_right_after_the_head_tag_and_a_page_without_one_is_left
 
 
 def test_the_script_carries_its_settings_and_refuses_bad_ones():
-    script = idle_frame_script(idle_frames=7, idle_ms=1234)
-    assert "quiet >= 7" in script and "}, 1234);" in script and "__IDLE" not in script
-    assert "__IDLE" not in IDLE_FRAME_SCRIPT
-    for bad in ({"idle_frames": 0}, {"idle_ms": -5}, {"idle_ms": 2.5}):
+    script = idle_frame_script(idle_frames=7, idle_ms=1234, idle_max_ms=5678)
+    assert "quiet >= 7" in script and "wait = 1234;" in script and "2 * wait, 5678)" in script
+    assert "__IDLE" not in script and "__IDLE" not in IDLE_FRAME_SCRIPT
+    for bad in ({"idle_frames": 0}, {"idle_ms": -5}, {"idle_ms": 2.5}, {"idle_max_ms": True}):
         with pytest.raises(ValueError, match="positive whole numbers"):
             idle_frame_script(**bad)
+    with pytest.raises(ValueError, match="must not be below"):
+        idle_frame_script(idle_ms=500, idle_max_ms=400)
 
 
 def _served(**routes):
