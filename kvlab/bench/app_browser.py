@@ -40,10 +40,12 @@ def browser_problem() -> str | None:
     return None
 
 
-def run_in_browser(url: str, runs: int, new_tokens: int | None, say, mark=lambda run: None) -> list[dict]:
+def run_in_browser(url: str, runs: int, new_tokens: int | None, say, mark=lambda run: None,
+                   between=lambda: None) -> list[dict]:
     """Open the app at `url`, press Run `runs` times on the start preset (with `new_tokens` typed into max new
     tokens when given) and return each run's JSON record, fetched from its export link. `mark(i)` is called
-    just before run i's click (0-based), and `mark(None)` once the runs are over, before the browser closes.
+    just before run i's click (0-based), and `mark(None)` once the runs are over, before the browser closes;
+    `between()` after each run but the last, with the page open and idle (the bench's CLI run goes there).
 
     Raises:
         RuntimeError: a run ended with an error line instead of a summary.
@@ -62,11 +64,44 @@ def run_in_browser(url: str, runs: int, new_tokens: int | None, say, mark=lambda
                                    polling=POLL_MS)
             if new_tokens:
                 page.locator("#kv-max-new input").fill(str(new_tokens))
-            records = [_one_run(page, url, run, say, mark) for run in range(runs)]
-            mark(None)
+            records = []
+            for run in range(runs):
+                if run:
+                    _wait_until_idle(page, say)
+                    between()
+                records.append(_one_run(page, url, run, say, mark))
+                mark(None)
             return records
         finally:
             browser.close()
+
+
+IDLE_BATCHES = 3
+"""Slowed frame batches (`kvlab.ui.serving`'s idle-frame script) the page must reach after a run before the
+CLI run between two browser runs starts: the page has changed nothing for about 30 frames and then
+250 + 500 ms, so it has finished drawing the run."""
+
+
+IDLE_TIMEOUT_MS = 60_000
+"""Longest wait for the page to go idle before the CLI run between two browser runs starts anyway."""
+IDLE_JS = """(start) => {
+  const frames = window.__kvlabIdleFrames;
+  if (!frames) return true;  // a page served without the script: nothing to wait for
+  window.requestAnimationFrame(() => {});  // a frame asked for on every poll, so the count moves on its own
+  return frames.slowed >= start + %d;
+}""" % IDLE_BATCHES
+
+
+def _wait_until_idle(page, say) -> None:
+    """Return once the page's idle-frame script has slowed IDLE_BATCHES more batches of frames (the page is
+    idle), polling every POLL_MS, or after IDLE_TIMEOUT_MS (said through `say`). Raises nothing of its own."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    start = page.evaluate("(window.__kvlabIdleFrames || {}).slowed || 0")
+    try:
+        page.wait_for_function(IDLE_JS, arg=start, polling=POLL_MS, timeout=IDLE_TIMEOUT_MS)
+    except PlaywrightTimeout:
+        say(f"app: the page did not go idle within {IDLE_TIMEOUT_MS // 1000} s; the CLI run starts anyway")
 
 
 def _one_run(page, url: str, run: int, say, mark) -> dict:

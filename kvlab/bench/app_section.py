@@ -1,16 +1,21 @@
 """App section: the quickstart preset through the running app, its API and a headless browser, against the CLI.
 
-In one bench run, each app path between two CLI fair runs of the preset
+In one bench run, every app run between two CLI fair runs of the preset
 (`python -m kvlab compare --preset quickstart --json F`, a fresh process each):
 CLI, then `python app.py` launched as a user would (free port,
-`KVLAB_READY_FILE`, see `kvlab.readiness`) and run twice through its
-`/compare` API with gradio_client (the first run after start, then a later
-one), CLI, then a second fresh app run twice from headless Chromium
-(`kvlab.bench.app_browser`: click Run, read the JSON export), CLI. Each path's
-reference is the mean of the two CLI runs around it, per column, so a machine
-whose speed drifts over minutes (another tenant's load) moves the reference
-with the app runs it judges; the CLI runs' own spread (`cli_repeat_decode_ratio`)
-is the run's noise floor (`kvlab.bench.cpu_share` records who used the cores during each app run: the
+`KVLAB_READY_FILE`, see `kvlab.readiness`) and run through its `/compare` API
+with gradio_client (the first run after start), CLI, the API again (a later
+run), and with that app stopped, CLI; then a second fresh app run from
+headless Chromium (`kvlab.bench.app_browser`: click Run, read the JSON
+export), CLI, the browser again, and with the app and browser stopped, CLI.
+Each app run's reference is the mean of the CLI runs just before and just
+after it, per column, so a machine whose speed drifts (another tenant's load:
+up to 14 % from one CLI run to the next here) moves the reference with the
+app run it judges. The CLI run between an app's two runs shares the machine
+with that app, and for the browser path with its open page, both idle; the
+record says how much of the cores they used meanwhile (`between_cpu`). The
+CLI runs' own spread (`cli_repeat_decode_ratio`) is the run's noise floor
+(`kvlab.bench.cpu_share` records who used the cores during each app run: the
 app, the browser, the bench, the rest of the machine). Per column and per run it reports app / CLI of decode
 tok/s and of TTFT (the summary's figures: quiet re-timing in fair mode), the
 live figures beside them, and rank flips (two columns ordered oppositely by
@@ -45,6 +50,8 @@ RATIO_TARGET = 0.95
 CLI_TIMEOUT_S = 1800
 API_TIMEOUT_S = 1800
 RUNS = ("first", "later")
+SEQUENCE = tuple((path, run) for path in ("api", "browser") for run in RUNS)
+"""The app runs in the order they run; the CLI runs sit before, between and after them."""
 BROWSER_HERE = "the browser ran on this machine, sharing its cores with the app (no browser elsewhere was measured)"
 
 
@@ -110,9 +117,9 @@ class RunningApp:
         shutil.rmtree(self.folder, ignore_errors=True)
 
 
-def api_runs(ctx: Context, cpu: CpuShares) -> list[dict]:
+def api_runs(ctx: Context, cpu: CpuShares, between=lambda: None) -> list[dict]:
     """The preset through a fresh app's `/compare` API, twice (first run after start, later run); the records.
-    `cpu` counts each run under `api <run>`."""
+    `cpu` counts each run under `api <run>`; `between()` runs between the two, the app up and idle."""
     from gradio_client import Client
 
     with RunningApp(ctx.say) as app:
@@ -120,18 +127,22 @@ def api_runs(ctx: Context, cpu: CpuShares) -> list[dict]:
         client = Client(app.url, verbose=False)
         records = []
         try:
-            for run in RUNS:
+            for i, run in enumerate(RUNS):
+                if i:
+                    between()
                 ctx.say(f"app: API run ({run} after start)")
                 cpu.mark(f"api {run}")
                 records.append(client.predict(PRESET, None, new_tokens_for(ctx), api_name="/compare"))
+                cpu.mark(None)
         finally:
             cpu.mark(None)
         return records
 
 
-def browser_runs(ctx: Context, cpu: CpuShares) -> list[dict] | str:
+def browser_runs(ctx: Context, cpu: CpuShares, between=lambda: None) -> list[dict] | str:
     """The preset run twice from headless Chromium on a fresh app; the JSON records it exported, or why the
-    browser could not run here or failed (a string). `cpu` counts each run under `browser <run>`."""
+    browser could not run here or failed (a string). `cpu` counts each run under `browser <run>`; `between()`
+    runs between the two, the app up and the page open, both idle."""
     from .app_browser import browser_problem, run_in_browser
 
     problem = browser_problem()
@@ -142,7 +153,8 @@ def browser_runs(ctx: Context, cpu: CpuShares) -> list[dict] | str:
             cpu.app_pid = app.proc.pid
             try:
                 return run_in_browser(app.url, len(RUNS), new_tokens_for(ctx), ctx.say,
-                                      mark=lambda i: cpu.mark(None if i is None else f"browser {RUNS[i]}"))
+                                      mark=lambda i: cpu.mark(None if i is None else f"browser {RUNS[i]}"),
+                                      between=between)
             finally:
                 cpu.mark(None)
     except Exception as err:  # noqa: BLE001 - the API path's figures stay; the browser's failure is its reason
@@ -216,43 +228,74 @@ def compare_to_cli(record: dict, cli: dict[str, dict]) -> dict:
 
 
 def bench_app(ctx: Context) -> dict:
-    """The app section's record: the CLI runs, each path's first and later run against them, the checks."""
+    """The app section's record: the CLI runs, each app run against the CLI runs around it, the checks."""
     folder = Path(tempfile.mkdtemp(prefix="kvlab-bench-"))
+    cli_records: list[dict] = []
+
+    def cli(label: str, cpu: CpuShares | None = None, share: str | None = None) -> None:
+        if cpu is not None:
+            cpu.mark(share)
+        try:
+            cli_records.append(cli_run(ctx, folder, label))
+        finally:
+            if cpu is not None:
+                cpu.mark(None)
+
     try:
         with CpuShares() as cpu:
-            cli_records = [cli_run(ctx, folder, "before the API runs")]
-            api = api_runs(ctx, cpu)
-            cli_records.append(cli_run(ctx, folder, "between the API and browser runs"))
-            browser = browser_runs(ctx, cpu)
-            if not isinstance(browser, str):  # a skipped browser path needs no reference of its own
-                cli_records.append(cli_run(ctx, folder, "after the browser runs"))
+            cli("before the API runs")
+            api = api_runs(ctx, cpu, between=lambda: cli("between the two API runs", cpu, "cli between api"))
+            cli("between the API and browser runs")
+            before_browser = len(cli_records)
+            browser = browser_runs(ctx, cpu, between=lambda: cli("between the two browser runs", cpu,
+                                                                  "cli between browser"))
+            if isinstance(browser, str):  # a skipped or failed browser path needs no reference of its own
+                del cli_records[before_browser:]
+            else:
+                cli("after the browser runs")
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     return app_section(ctx, cli_records, api, browser, cpu.shares)
 
 
+def references(cli_records: list[dict], runs: int) -> list[dict[str, dict]]:
+    """The CLI reference of each of the first `runs` app runs of SEQUENCE: app run k ran between CLI runs k
+    and k + 1, so its reference is their mean; when there are not that many CLI runs (a record built from
+    fewer), every app run's reference is the mean of all of them."""
+    if len(cli_records) >= runs + 1:
+        return [mean_figures(cli_records[k:k + 2]) for k in range(runs)]
+    return [mean_figures(cli_records)] * runs
+
+
 def app_section(ctx: Context, cli_records: list[dict], api: list[dict], browser: list[dict] | str,
                 cpu: dict[str, dict] | None = None) -> dict:
     """The record from the runs' JSON records (a string for `browser`: why it did not run). `cli_records`: the
-    CLI runs in the order they ran; with three, the API path is judged against the mean of runs 1 and 2 and
-    the browser path against the mean of runs 2 and 3 (the runs around each), with fewer, both against the
-    mean of all. The record's `cli` holds each path's reference. `cpu` (`CpuShares.shares`, labels
-    `<path> <run>`) goes to each run's `cpu`: who used the cores while it ran."""
-    around = {"api": cli_records[:2], "browser": cli_records[1:3]} if len(cli_records) >= 3 else \
-        {"api": cli_records, "browser": cli_records}
+    CLI runs in the order they ran, one before, between and after the app runs of SEQUENCE (5, or 3 without
+    the browser path): each app run is judged against the mean of the two around it (`references`). The
+    record's `cli` holds each run's reference (`cli[path][run]`). `cpu` (`CpuShares.shares`, labels
+    `<path> <run>` and `cli between <path>`) goes to each run's `cpu` (who used the cores while it ran) and to
+    `between_cpu[path]` (while the CLI ran between that path's two runs)."""
+    records = {("api", run): record for run, record in zip(RUNS, api)}
+    if not isinstance(browser, str):
+        records.update({("browser", run): record for run, record in zip(RUNS, browser)})
+    order = [key for key in SEQUENCE if key in records]
+    refs = dict(zip(order, references(cli_records, len(order))))
     repeat = [_ratio(b[name]["decode_tok_s"], a[name]["decode_tok_s"])
               for a, b in zip(map(figures, cli_records), map(figures, cli_records[1:])) for name in a if name in b]
-    reference = {path: mean_figures(records) for path, records in around.items()}
-    paths = {"api": {run: compare_to_cli(record, reference["api"]) for run, record in zip(RUNS, api)}}
-    paths["browser"] = {"skipped": browser} if isinstance(browser, str) else {
-        run: compare_to_cli(record, reference["browser"]) for run, record in zip(RUNS, browser)}
-    for path, runs in paths.items():
-        for run, comparison in runs.items():
-            if run in RUNS and (cpu or {}).get(f"{path} {run}"):
-                comparison["cpu"] = cpu[f"{path} {run}"]
+    paths: dict[str, dict] = {"api": {}, "browser": {"skipped": browser} if isinstance(browser, str) else {}}
+    for path, run in order:
+        comparison = compare_to_cli(records[path, run], refs[path, run])
+        if (cpu or {}).get(f"{path} {run}"):
+            comparison["cpu"] = cpu[f"{path} {run}"]
+        paths[path][run] = comparison
+    cli: dict[str, dict] = {}
+    for (path, run), ref in refs.items():
+        cli.setdefault(path, {})[run] = {name: {k: v for k, v in figs.items() if k != "noise"}
+                                         for name, figs in ref.items()}
+    between = {path: (cpu or {})[f"cli between {path}"] for path in ("api", "browser")
+               if (cpu or {}).get(f"cli between {path}")}
     return {"preset": PRESET, "new_tokens": new_tokens_for(ctx), "browser_here": BROWSER_HERE,
-            "cli": {path: {name: {k: v for k, v in figs.items() if k != "noise"} for name, figs in ref.items()}
-                    for path, ref in reference.items()},
+            "cli": cli, "cli_runs": len(cli_records), "between_cpu": between,
             "cli_repeat_decode_ratio": [r for r in repeat if r is not None],
             "cli_timing": [record.get("timing") or {} for record in cli_records],
             "paths": paths, "checks": app_checks(paths)}

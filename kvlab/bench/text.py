@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from .app_section import RUNS
+
 HEADERS = ["section", "check", "median [min–max]", "target", "status"]
 LABEL_WIDTH = 16
 VARIANT_WIDTH = 28
@@ -135,8 +137,10 @@ def _ratio_text(value: float | None) -> str:
 def app_lines(s: dict) -> list[str]:
     """Per path and run, one line per column: app / CLI of decode tok/s and TTFT (summary figures), live decode."""
     tokens = s["new_tokens"] or "the preset's"
-    around = "the mean of the 2 CLI runs around each path" if len(s["cli_timing"]) >= 3 else \
-        f"the mean of {len(s['cli_timing'])} CLI run{'s' if len(s['cli_timing']) != 1 else ''}"
+    app_runs = sum(run in RUNS for runs in s["paths"].values() for run in runs)
+    cli_runs = len(s["cli_timing"])
+    around = "the mean of the CLI runs just before and just after each app run" if cli_runs > app_runs else \
+        f"the mean of {cli_runs} CLI run{'s' if cli_runs != 1 else ''}"
     lines = [f"app ({s['preset']}, {tokens} new tokens; app / CLI fair, CLI = {around}; {s['browser_here']}):"]
     repeat = s.get("cli_repeat_decode_ratio") or []
     if repeat:
@@ -164,6 +168,10 @@ def app_lines(s: dict) -> list[str]:
             if cpu:
                 lines.append(f"    cores used during the run ({cpu['wall_s']:.0f} s): app {_num(cpu['app'])}, browser "
                              f"{_num(cpu['browser'])}, bench {_num(cpu['bench'])}, rest of the machine {_num(cpu['rest'])}")
+        idle = (s.get("between_cpu") or {}).get(path)
+        if idle:
+            lines.append(f"    the CLI run between the two ({idle['wall_s']:.0f} s) shared the cores with the idle app "
+                         f"{_num(idle['app'])} and browser {_num(idle['browser'])}")
     return lines
 
 

@@ -128,3 +128,24 @@ def test_the_idle_wait_doubles_up_to_its_ceiling_and_starts_again_after_a_change
         assert page.evaluate("window.__delays.slice(0, 3)") == [10, 20, 40]
     finally:
         context.close()
+
+
+def test_the_bench_waits_for_the_page_to_go_idle_even_with_no_loop_of_its_own(browser):
+    """`kvlab.bench.app_browser._wait_until_idle`, used before the CLI run between two browser runs: on a page
+    whose script sees no frame requests at all, it asks for frames itself and returns once IDLE_BATCHES more
+    slowed batches have passed; on a page without the script it returns at once."""
+    from kvlab.bench.app_browser import IDLE_BATCHES, _wait_until_idle
+
+    context = browser.new_context()
+    try:
+        page = context.new_page()
+        page.set_default_timeout(30_000)
+        said = []
+        page.set_content(BARE_PAGE.format(script=idle_frame_script(idle_frames=3, idle_ms=20, idle_max_ms=40)))
+        _wait_until_idle(page, said.append)
+        assert page.evaluate("window.__kvlabIdleFrames.slowed") >= IDLE_BATCHES and said == []
+        page.set_content(BARE_PAGE.format(script="window.x = 1;"))
+        _wait_until_idle(page, said.append)
+        assert said == []
+    finally:
+        context.close()

@@ -53,17 +53,36 @@ def test_a_missing_browser_is_not_judged():
     assert "browser: skipped: Playwright is not installed" in "\n".join(app_lines(s))
 
 
-def test_with_three_cli_runs_each_path_is_judged_against_the_two_around_it():
+def test_each_app_run_is_judged_against_the_cli_runs_just_before_and_after_it():
     ctx = Context(None, SIZES["smoke"], None, lambda message: None, None)
-    slower = {name: rate * 0.8 for name, rate in CLI.items()}  # the machine slowed down after the API runs
-    s = app_section(ctx, [record(CLI), record(CLI), record(slower)], [record(CLI)] * 2, [record(slower)] * 2)
-    api = {c["column"]: c for c in s["paths"]["api"]["first"]["columns"]}
-    browser = {c["column"]: c for c in s["paths"]["browser"]["later"]["columns"]}
-    assert api["dynamic"]["cli_decode_tok_s"] == 25.0 and api["dynamic"]["decode_ratio"] == 1.0
-    assert browser["dynamic"]["cli_decode_tok_s"] == 0.9 * 25.0
-    assert round(browser["dynamic"]["decode_ratio"], 4) == round(0.8 / 0.9, 4)
-    assert sorted(round(r, 2) for r in s["cli_repeat_decode_ratio"]) == [0.8] * 3 + [1.0] * 3
-    assert "the mean of the 2 CLI runs around each path" in "\n".join(app_lines(s))
+
+    def at(speed):  # the machine's speed when a run ran: every column scales with it
+        return {name: rate * speed for name, rate in CLI.items()}
+
+    # CLI, API first, CLI, API later, CLI, browser first, CLI, browser later, CLI: the machine slows down as
+    # it goes, and each app run ran at the speed between its two CLI runs
+    cli = [record(at(speed)) for speed in (1.0, 1.0, 0.8, 0.8, 0.6)]
+    s = app_section(ctx, cli, [record(at(1.0)), record(at(0.9))], [record(at(0.8)), record(at(0.7))])
+    for path, run, speed in (("api", "first", 1.0), ("api", "later", 0.9), ("browser", "first", 0.8),
+                             ("browser", "later", 0.7)):
+        dynamic = {c["column"]: c for c in s["paths"][path][run]["columns"]}["dynamic"]
+        assert round(dynamic["cli_decode_tok_s"], 6) == round(25.0 * speed, 6), (path, run)
+        assert round(dynamic["decode_ratio"], 6) == 1.0, (path, run)
+        assert round(s["cli"][path][run]["dynamic"]["decode_tok_s"], 6) == round(25.0 * speed, 6)
+    assert all(c["met"] for c in s["checks"]) and s["cli_runs"] == 5
+    assert sorted(round(r, 2) for r in s["cli_repeat_decode_ratio"]) == [0.75] * 3 + [0.8] * 3 + [1.0] * 6
+    assert "the mean of the CLI runs just before and just after each app run" in "\n".join(app_lines(s))
+
+
+def test_without_the_browser_the_api_runs_take_the_three_cli_runs_in_order():
+    ctx = Context(None, SIZES["smoke"], None, lambda message: None, None)
+    slower = {name: rate * 0.8 for name, rate in CLI.items()}
+    s = app_section(ctx, [record(CLI), record(CLI), record(slower)], [record(CLI), record(slower)],
+                    "Playwright is not installed")
+    first = {c["column"]: c for c in s["paths"]["api"]["first"]["columns"]}["dynamic"]
+    later = {c["column"]: c for c in s["paths"]["api"]["later"]["columns"]}["dynamic"]
+    assert first["decode_ratio"] == 1.0 and later["cli_decode_tok_s"] == 0.9 * 25.0
+    assert set(s["cli"]) == {"api"} and s["paths"]["browser"] == {"skipped": "Playwright is not installed"}
 
 
 def test_a_column_the_app_did_not_time_is_a_miss_and_each_path_keeps_its_own_reference():
@@ -76,7 +95,7 @@ def test_a_column_the_app_did_not_time_is_a_miss_and_each_path_keeps_its_own_ref
     assert first["met"] is False and first["value"] == 0.0
     assert "static: no figures in the app run (error)" in first["reason"]
     assert checks["api, later run after start: app / CLI decode tok/s (lowest column)"]["met"] is True
-    assert set(s["cli"]) == {"api", "browser"} and s["cli"]["api"]["static"]["decode_tok_s"] == 24.8
+    assert set(s["cli"]) == {"api", "browser"} and s["cli"]["api"]["first"]["static"]["decode_tok_s"] == 24.8
     assert "static                       no figures in the app run (error)" in "\n".join(app_lines(s))
 
 
@@ -93,13 +112,16 @@ def test_rank_flips_need_both_sides_beyond_noise():
 def test_each_run_carries_who_used_the_cores_and_the_report_says_it():
     ctx = Context(None, SIZES["smoke"], None, lambda message: None, None)
     cpu = {"api first": {"app": 1.9, "browser": 0.0, "bench": 0.01, "rest": 0.02, "wall_s": 30.0},
-           "browser later": {"app": 1.8, "browser": 0.05, "bench": 0.01, "rest": 0.1, "wall_s": 31.0}}
-    s = app_section(ctx, [record(CLI)] * 3, [record(CLI)] * 2, [record(CLI)] * 2, cpu)
+           "browser later": {"app": 1.8, "browser": 0.05, "bench": 0.01, "rest": 0.1, "wall_s": 31.0},
+           "cli between browser": {"app": 0.02, "browser": 0.003, "bench": 1.9, "rest": 0.01, "wall_s": 20.0}}
+    s = app_section(ctx, [record(CLI)] * 5, [record(CLI)] * 2, [record(CLI)] * 2, cpu)
     assert s["paths"]["api"]["first"]["cpu"] == cpu["api first"]
     assert s["paths"]["browser"]["later"]["cpu"] == cpu["browser later"]
     assert "cpu" not in s["paths"]["api"]["later"]  # not sampled: nothing made up
+    assert s["between_cpu"] == {"browser": cpu["cli between browser"]}
     text = "\n".join(app_lines(s))
     assert "cores used during the run (31 s): app 1.8, browser 0.05, bench 0.01, rest of the machine 0.1" in text
+    assert "the CLI run between the two (20 s) shared the cores with the idle app 0.02 and browser 0.003" in text
 
 
 def test_cpu_shares_count_the_app_tree_under_the_current_label_only():
