@@ -15,8 +15,14 @@
   the second time was an interruption (another process, the browser drawing
   the page, the garbage collector) and takes its second time; one slow both
   times is the strategy's own work (a quantized cache flushing its residual)
-  and stays. These figures replace the live ones in the summary; the live
-  ones are kept (`ColumnResult.live_*`).
+  and stays. A step whose threads waited for a CPU (`RunDelay`: Linux's run
+  delay of the calling thread and torch's OpenMP team, while another process
+  or thread had their cores) for `RUN_DELAY_STEP_S` or more is timed again
+  too, in a column whose decode steps waited `RUN_DELAY_SHARE` of their time
+  or more in all: the timing whose threads waited less wins (chosen on the
+  wait, not on the time, so a step's own jitter decides nothing). These
+  figures replace the live ones in the summary; the live ones are kept
+  (`ColumnResult.live_*`).
 - `wait_for_quiet`: before the quiet pass, wait (up to `SETTLE_MAX_S`) until
   the rest of the machine stops using the cores (a browser on this machine
   drawing the live run's last update).
@@ -62,6 +68,14 @@ SPIKE_RATIO = 1.5
 """A decode step slower than this many times the fastest of its neighbours is timed again in the quiet pass."""
 SPIKE_WINDOW = 8
 """Neighbours on each side of a decode step whose fastest it is judged against."""
+
+RUN_DELAY_STEP_S = 0.002
+"""A decode step whose threads waited this many seconds or more for a CPU is timed again (see RUN_DELAY_SHARE).
+On 2 cores a quiet CLI run's steps wait 0.05 ms (median; 90 % under 1 ms), a browser's page on the same
+cores made a quarter of them wait 3 ms or more, and those steps took 12 % longer."""
+RUN_DELAY_SHARE = 0.01
+"""Steps of a column are timed again for their wait only when its decode steps waited this share of their time
+or more in all (the rare millisecond a quiet machine costs is not worth a replay)."""
 
 SETTLE_WINDOW_S = 0.2
 """Length of one look at the rest of the machine before the quiet pass (seconds)."""
@@ -149,35 +163,48 @@ class _QuietRun:
     """Step index -> the fastest neighbour it was judged against, for the steps timed again."""
     first_times: list[float] = field(default_factory=list)
     """The first timing of every step, while the column is replayed to time its spikes again."""
+    delays: list[float | None] = field(default_factory=list)
+    """Seconds the threads doing each step waited for a CPU (`RunDelay`; None where it cannot be read)."""
+    first_delays: list[float | None] = field(default_factory=list)
+    waited: list[int] = field(default_factory=list)
+    """The steps timed again because their threads waited for a CPU (`waited_steps`)."""
+    run_delay: "RunDelay | None" = None
 
     def start_recheck(self) -> bool:
-        """Find this column's spikes; when there are any, keep its times in `first_times` and start a fresh
-        replay (the next `step` calls time it again, up to the last spike). Returns whether it has spikes."""
+        """Find this column's spikes and the steps whose threads waited for a CPU (`waited_steps`); when there
+        are any, keep its times in `first_times` and start a fresh replay (the next `step` calls time it again,
+        up to the last of them). Returns whether it has any."""
         self.spikes = spike_steps(self.times)
-        if not self.spikes:
+        self.waited = waited_steps(self.times, self.delays)
+        if not self.spikes and not self.waited:
             return False
         self.first_times, self.times, self.decoder = self.times, [], None
+        self.first_delays, self.delays = self.delays, []
         return True
 
     def rechecking(self) -> bool:
-        """Whether the replay still has to reach the column's last spike."""
-        return bool(self.spikes) and not self.failed and len(self.times) <= max(self.spikes)
+        """Whether the replay still has to reach the column's last spike or waited step."""
+        return bool(self.spikes or self.waited) and not self.failed and \
+            len(self.times) <= max([*self.spikes, *self.waited])
 
     def finish_recheck(self) -> list[int]:
-        """Put the first timings back, with each spike that was not slow the second time replaced by its second
-        timing; returns the indices replaced. A replay that failed replaces nothing, and the column keeps its
-        first timings (its failure is forgotten)."""
-        if not self.spikes:
+        """Put the first timings back, with each spike that was not slow the second time, and each waited step
+        whose threads waited less the second time, replaced by its second timing; returns the indices
+        replaced. A replay that failed replaces nothing, and the column keeps its first timings (its failure
+        is forgotten)."""
+        if not self.spikes and not self.waited:
             return []
         second, self.times = self.times, self.first_times
+        second_delays, self.delays = self.delays, self.first_delays
         if self.failed:
             self.failed = ""
             return []
-        replaced = [i for i, fastest in sorted(self.spikes.items())
-                    if i < len(second) and second[i] <= SPIKE_RATIO * fastest]
+        replaced = {i for i, fastest in self.spikes.items() if i < len(second) and second[i] <= SPIKE_RATIO * fastest}
+        replaced |= {i for i in self.waited if i < len(second) and i < len(second_delays)
+                     and second_delays[i] is not None and second_delays[i] < self.delays[i]}
         for i in replaced:
             self.times[i] = second[i]
-        return replaced
+        return sorted(replaced)
 
     def prefill_s(self, loaded) -> float:
         """One extra prefill on a fresh cache, seconds (the first token forced)."""
@@ -198,20 +225,24 @@ class _QuietRun:
             if at in self.switches and at < len(self.forced):
                 new = make_strategy(self.switches[at])
                 self.decoder.replace_cache(new, new.build_cache(loaded, self.max_total))
+            before = self.run_delay.before() if self.run_delay is not None else None
             step = next(self.decoder, None)
+            waited = self.run_delay.after(before, step.per_token_s) if step is not None and before is not None \
+                else None
         except Exception as err:  # noqa: BLE001 - the column keeps its live figures
             self.failed = f"{type(err).__name__}: {err}"
             return False
         if step is None:
             return False
         self.times.append(step.per_token_s)
+        self.delays.append(waited)
         return True
 
 
 def quiet_runs(loaded, columns: list, results: list, prompt_ids, settings) -> list[_QuietRun]:
     """A `_QuietRun` for every column that finished ok with at least one token (budget switches replayed at the
     token they happened)."""
-    runs = []
+    runs, run_delay = [], RunDelay()
     for column, result in zip(columns, results):
         if column.strategy is None or result is None or result.status != "ok" or not result.token_ids:
             continue
@@ -219,7 +250,8 @@ def quiet_runs(loaded, columns: list, results: list, prompt_ids, settings) -> li
         forced = list(result.token_ids[:RETIME_MAX_TOKENS])
         switches = {f["at_token"]: f["to_spec"] for f in result.fallbacks if f.get("to_spec")}
         runs.append(_QuietRun(result, column.strategy, prompt_ids, dataclasses.replace(run_settings, stop_at_eos=False),
-                              prompt_ids.shape[1] + run_settings.max_new_tokens, forced, switches))
+                              prompt_ids.shape[1] + run_settings.max_new_tokens, forced, switches,
+                              run_delay=run_delay))
     return runs
 
 
@@ -343,6 +375,71 @@ def spike_steps(times: list[float], ratio: float = SPIKE_RATIO, window: int = SP
             if times[i] > ratio * fastest:
                 spikes[i] = fastest
     return spikes
+
+
+def waited_steps(times: list[float], delays: list[float | None], step_s: float = RUN_DELAY_STEP_S,
+                 share: float = RUN_DELAY_SHARE) -> list[int]:
+    """The decode steps (index 0, the prefill, never) whose threads waited `step_s` seconds or more for a CPU,
+    when the column's decode steps waited `share` of their time or more in all; [] otherwise, and where the
+    waits could not be read (None)."""
+    pairs = [(i, t, d) for i, (t, d) in enumerate(zip(times, delays)) if i > 0 and d is not None]
+    total = sum(t for _, t, _ in pairs)
+    if not pairs or total <= 0 or sum(d for _, _, d in pairs) < share * total:
+        return []
+    return [i for i, _, d in pairs if d >= step_s]
+
+
+class RunDelay:
+    """How long the threads doing a step waited for a CPU while they could have run (Linux's run delay: the
+    second field of `/proc/self/task/<tid>/schedstat`, nanoseconds, kept by the scheduler for every thread).
+
+    The threads are the calling thread and every thread of this process that ran for at least TEAM_SHARE of
+    the first step's time (torch's OpenMP team), found on the first step and again whenever one of them is
+    gone. When another process or thread takes a core from one of them, the others wait for it at the next
+    barrier, so the step is late by about the wait: on 2 cores, steps whose threads waited 3 ms or more
+    took 4 ms (12 %) longer on average. `before()` returns a snapshot (None where the file cannot be read:
+    not Linux, or schedstats off); `after(snapshot, step_s)` the seconds waited during the step (None then).
+    Raises nothing."""
+
+    TEAM_SHARE = 0.3
+
+    def __init__(self):
+        self.team: list[int] | None = None
+
+    @staticmethod
+    def _read(tids) -> dict[int, tuple[int, int]]:
+        out = {}
+        for tid in tids:
+            try:
+                with open(f"/proc/self/task/{tid}/schedstat") as f:
+                    ran, waited = f.read().split()[:2]
+                out[int(tid)] = (int(ran), int(waited))
+            except (OSError, ValueError):
+                continue
+        return out
+
+    def _tids(self) -> list:
+        if self.team is not None:
+            return self.team
+        try:
+            return os.listdir("/proc/self/task")
+        except OSError:
+            return []
+
+    def before(self) -> dict[int, tuple[int, int]] | None:
+        snapshot = self._read(self._tids())
+        return snapshot or None
+
+    def after(self, before: dict[int, tuple[int, int]], step_s: float) -> float | None:
+        now = self._read(before)
+        if self.team is None:
+            me = threading.get_native_id()
+            self.team = [tid for tid in now if tid in before and
+                         (tid == me or now[tid][0] - before[tid][0] >= self.TEAM_SHARE * step_s * 1e9)]
+        if not self.team or any(tid not in now or tid not in before for tid in self.team):
+            self.team = None  # a thread of the team is gone (or none was found): look again on the next step
+            return None
+        return sum(now[tid][1] - before[tid][1] for tid in self.team) / 1e9
 
 
 def _apply(run: _QuietRun) -> None:

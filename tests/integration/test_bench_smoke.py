@@ -16,7 +16,7 @@ from kvlab.bench import SECTIONS, format_markdown, format_report, make_check, pa
 REPO = Path(__file__).resolve().parents[2]
 HANG_GUARD_S = 1800
 SMOKE_SECTIONS = [name for name in SECTIONS if name != "app"]
-"""Every section but `app` (two app launches, a browser and three CLI runs: minutes, not plumbing; its logic has
+"""Every section but `app` (two app launches, a browser and five CLI runs: minutes, not plumbing; its logic has
 unit tests in tests/unit/test_bench_app.py)."""
 EXPECTED_PLOTS = {"overhead.png", "fair.png", "parallel.png", "scaling_latency.png", "scaling_bytes.png",
                   "startup.png", "roofline.png", "plan.png"}

@@ -14,7 +14,18 @@ from kvlab.report import best_marks, best_sets, summary_rows
 from kvlab.runner import collect, run_compare
 from kvlab.strategies import Strategy, make_strategy
 from kvlab.strategies.dynamic import Dynamic
-from kvlab.timing import RETIME_MAX_TOKENS, SPIKE_RATIO, TTFT_REPEATS, run_timing, spike_steps, timing_noise
+from kvlab.timing import (
+    RETIME_MAX_TOKENS,
+    RUN_DELAY_STEP_S,
+    SPIKE_RATIO,
+    TTFT_REPEATS,
+    RunDelay,
+    _QuietRun,
+    run_timing,
+    spike_steps,
+    timing_noise,
+    waited_steps,
+)
 from kvlab.ui.compare_view import BEST_MARK, RunView
 
 PROMPT = torch.tensor([[1, 400, 401, 402, 403, 404]])
@@ -126,6 +137,74 @@ def test_an_interrupted_step_takes_its_second_timing_and_a_step_slow_every_time_
     assert interrupted.prefills == genuine.prefills == 2 + TTFT_REPEATS  # live, extra prefills, quiet, one replay
     assert done.timing["replaced_steps"] == len(first.quiet_replaced_steps) + len(second.quiet_replaced_steps) >= 1
     assert first.to_json()["quiet_replaced_steps"] == first.quiet_replaced_steps
+
+
+def test_steps_that_waited_for_a_cpu_are_picked_only_when_the_column_waited_enough_in_all():
+    times = [0.1] + [0.04] * 20
+    waits = [0.05] + [0.0] * 20  # the prefill's wait is never counted
+    assert waited_steps(times, waits) == []
+    waits[3], waits[9] = 0.005, RUN_DELAY_STEP_S  # 7 ms of 0.8 s: 0.9 %, under the column's share
+    assert waited_steps(times, waits) == []
+    waits[12] = 0.004  # 11 ms of 0.8 s: the column waited enough; the steps that waited 2 ms or more
+    assert waited_steps(times, waits) == [3, 9, 12]
+    waits[1] = 0.0015  # under the step's threshold
+    assert waited_steps(times, waits) == [3, 9, 12]
+    assert waited_steps(times, [None] * len(times)) == []  # no figures: nothing picked
+
+
+def test_a_waited_step_takes_the_timing_whose_threads_waited_less_whatever_its_time():
+    run = _QuietRun(None, None, None, None, 0, [], {})
+    run.times = [0.1] + [0.04] * 10
+    run.delays = [0.0] + [0.0] * 10
+    run.delays[2], run.delays[5] = 0.004, 0.006
+    assert run.start_recheck() and run.waited == [2, 5] and run.times == []
+    run.times = [0.1] + [0.04] * 5
+    run.times[2], run.times[5] = 0.045, 0.03  # step 2: slower the second time, but it waited less
+    run.delays = [0.0, 0.0, 0.001, 0.0, 0.0, 0.008]  # step 5: it waited more the second time
+    assert not run.rechecking()  # the replay reached the last waited step
+    assert run.finish_recheck() == [2]
+    assert run.times[2] == 0.045 and run.times[5] == 0.04 and run.delays[5] == 0.006
+
+
+def test_run_delay_counts_the_time_a_thread_waited_for_its_cpu():
+    import os
+    import subprocess
+    import sys
+
+    if not os.path.exists(f"/proc/self/task/{threading.get_native_id()}/schedstat") or \
+            not hasattr(os, "sched_setaffinity"):
+        pytest.skip("no per-thread scheduler statistics here (Linux's /proc/self/task/<tid>/schedstat)")
+    cpu = sorted(os.sched_getaffinity(0))[0]
+
+    def busy_step(delay: RunDelay, seconds: float) -> float:
+        before = delay.before()
+        start = time.perf_counter()
+        while time.perf_counter() - start < seconds:
+            pass
+        return delay.after(before, time.perf_counter() - start)
+
+    old = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {cpu})  # this thread alone on one CPU
+    spin = "import time\nwhile True: pass\n"
+    competitors = []
+    try:
+        alone = busy_step(RunDelay(), 0.3)
+        competitors = [subprocess.Popen([sys.executable, "-c", spin]) for _ in range(2)]
+        for proc in competitors:
+            os.sched_setaffinity(proc.pid, {cpu})
+        delay = RunDelay()
+        busy_step(delay, 0.05)  # finds the team: this thread
+        assert delay.team == [threading.get_native_id()]
+        start = time.perf_counter()
+        shared = busy_step(delay, 0.3)
+        wall = time.perf_counter() - start
+    finally:
+        for proc in competitors:
+            proc.kill()
+            proc.wait()
+        os.sched_setaffinity(0, old)
+    # Two busy processes on its CPU: the thread gets about a third of it and waits for the rest.
+    assert shared > 0.3 * wall and shared > 5 * alone
 
 
 def test_retiming_covers_at_most_the_cap(tiny):
