@@ -179,7 +179,7 @@ class IdleFramesMiddleware:
     costs the browser's renderer a little CPU; on a machine whose cores run kvlab's timed decode steps, a
     browser on the same machine took 0.13 to 0.17 of a core during a quiet re-timing (headless Chromium,
     2 cores), and every decode step paid for it. With the script, frames that change nothing come at most
-    4 times a second, then less and less often (one every 4 s after about 8 s). Each frame the page asks
+    4 times a second, then less and less often (one every 4 s from about 4 s on). Each frame the page asks
     for keeps Chromium's compositor threads ticking for a while after it, so the rate matters beyond the
     callbacks' own work: on an idle app page, 145 Chromium thread wake-ups a second and 0.014 core at a
     steady 4 frames a second, 19 to 24 wake-ups and 0.001 to 0.005 core with the growing wait (no frames at
