@@ -394,7 +394,7 @@ class RunDelay:
     second field of `/proc/self/task/<tid>/schedstat`, nanoseconds, kept by the scheduler for every thread).
 
     The threads are the calling thread and every thread of this process that ran for at least TEAM_SHARE of
-    the first step's time (torch's OpenMP team), found on the first step and again whenever one of them is
+    the calling thread's own CPU time during the first step (torch's OpenMP team), found on the first step and again whenever one of them is
     gone. When another process or thread takes a core from one of them, the others wait for it at the next
     barrier, so the step is late by about the wait: on 2 cores, steps whose threads waited 3 ms or more
     took 4 ms (12 %) longer on average. `before()` returns a snapshot (None where the file cannot be read:
@@ -434,8 +434,11 @@ class RunDelay:
         now = self._read(before)
         if self.team is None:
             me = threading.get_native_id()
+            mine = now[me][0] - before[me][0] if me in now and me in before else step_s * 1e9
+            # judged against the calling thread's own CPU time, not the step's wall time: on a busy machine a
+            # worker's share of the wall time can be small exactly when the waits matter
             self.team = [tid for tid in now if tid in before and
-                         (tid == me or now[tid][0] - before[tid][0] >= self.TEAM_SHARE * step_s * 1e9)]
+                         (tid == me or now[tid][0] - before[tid][0] >= self.TEAM_SHARE * mine)]
         if not self.team or any(tid not in now or tid not in before for tid in self.team):
             self.team = None  # a thread of the team is gone (or none was found): look again on the next step
             return None
