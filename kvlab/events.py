@@ -33,12 +33,14 @@ class ColumnResult:
     Timing (see `kvlab.timing`): `timing` is `quiet` when the figures above (ttft_s, decode_tok_s, itl_ms_*,
     e2e_latency_s) come from the quiet re-timing pass after the live run (no page updates or memory sampling
     during it; `quiet_per_token_s` its steps, over the first `quiet_tokens` tokens, `quiet_replaced_steps`
-    the indices of those steps that were slow once, not when timed again, and took their second timing
-    (`kvlab.timing.spike_steps`), `ttft_samples_s` its prefills), else `live`. `per_token_s` is always the
+    the indices of those steps that took their second timing: slow once, not when timed again
+    (`kvlab.timing.spike_steps`), or whose threads waited less for a CPU the second time
+    (`kvlab.timing.waited_steps`); `ttft_samples_s` its prefills), else `live`. `per_token_s` is always the
     live run's steps (what the plots drew) and `live_ttft_s`, `live_decode_tok_s`, `live_itl_ms_p50`,
-    `live_itl_ms_p99` its figures (None when not re-timed). `timing_noise`: relative noise of each timing figure (fractions, e.g. 0.02), which
-    `kvlab.report.best_sets` uses to call two columns tied. `warm_up_s`: seconds this run spent on the
-    strategy's one-time set-up before the column's clock started (0.0 when this process had already done it).
+    `live_itl_ms_p99` its figures (None when not re-timed). `timing_noise`: relative noise of each timing
+    figure (fractions, e.g. 0.02), which `kvlab.report.best_sets` uses to call two columns tied. `warm_up_s`:
+    seconds this run spent on the strategy's one-time set-up before the column's clock started (0.0 when this
+    process had already done it).
 
     status: `ok` (finished or stopped), `error` (bad settings or a failure while
     running) or `unavailable` (cannot run here; `message` says why).

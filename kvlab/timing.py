@@ -166,9 +166,15 @@ class _QuietRun:
     delays: list[float | None] = field(default_factory=list)
     """Seconds the threads doing each step waited for a CPU (`RunDelay`; None where it cannot be read)."""
     first_delays: list[float | None] = field(default_factory=list)
+    """The first wait of every step, while the column is replayed."""
     waited: list[int] = field(default_factory=list)
     """The steps timed again because their threads waited for a CPU (`waited_steps`)."""
     run_delay: "RunDelay | None" = None
+
+    @property
+    def suspects(self) -> set[int]:
+        """The steps the replay times again: the spikes and the waited steps."""
+        return {*self.spikes, *self.waited}
 
     def start_recheck(self) -> bool:
         """Find this column's spikes and the steps whose threads waited for a CPU (`waited_steps`); when there
@@ -176,7 +182,7 @@ class _QuietRun:
         up to the last of them). Returns whether it has any."""
         self.spikes = spike_steps(self.times)
         self.waited = waited_steps(self.times, self.delays)
-        if not self.spikes and not self.waited:
+        if not self.suspects:
             return False
         self.first_times, self.times, self.decoder = self.times, [], None
         self.first_delays, self.delays = self.delays, []
@@ -184,15 +190,14 @@ class _QuietRun:
 
     def rechecking(self) -> bool:
         """Whether the replay still has to reach the column's last spike or waited step."""
-        return bool(self.spikes or self.waited) and not self.failed and \
-            len(self.times) <= max([*self.spikes, *self.waited])
+        return bool(self.suspects) and not self.failed and len(self.times) <= max(self.suspects)
 
     def finish_recheck(self) -> list[int]:
         """Put the first timings back, with each spike that was not slow the second time, and each waited step
         whose threads waited less the second time, replaced by its second timing; returns the indices
         replaced. A replay that failed replaces nothing, and the column keeps its first timings (its failure
         is forgotten)."""
-        if not self.spikes and not self.waited:
+        if not self.suspects:
             return []
         second, self.times = self.times, self.first_times
         second_delays, self.delays = self.delays, self.first_delays
@@ -260,8 +265,9 @@ def quiet_steps(loaded, columns: list, results: list, prompt_ids, settings, stop
     `kvlab.compute.compute_iter`); yields the index of the column that just stepped.
 
     First `TTFT_REPEATS - 1` extra prefills per column, then every column's steps in turns, then the columns
-    with spikes (`spike_steps`) replayed in turns up to their last spike, each spike that is not slow again
-    taking its second timing (`ColumnResult.quiet_replaced_steps`). When every column is done, each result
+    with spikes (`spike_steps`) or steps that waited for a CPU (`waited_steps`) replayed in turns up to the
+    last of them, each spike that is not slow again and each waited step that waits less taking its second
+    timing (`ColumnResult.quiet_replaced_steps`). When every column is done, each result
     gets its quiet figures (`ColumnResult.apply_quiet`) and `timing_noise`; a column whose quiet run failed
     keeps its live figures and says why in its message. Nothing is applied when `stop` is set before the end.
     """
@@ -394,8 +400,8 @@ class RunDelay:
     second field of `/proc/self/task/<tid>/schedstat`, nanoseconds, kept by the scheduler for every thread).
 
     The threads are the calling thread and every thread of this process that ran for at least TEAM_SHARE of
-    the calling thread's own CPU time during the first step (torch's OpenMP team), found on the first step and again whenever one of them is
-    gone. When another process or thread takes a core from one of them, the others wait for it at the next
+    the calling thread's own CPU time during the first step (torch's OpenMP team), found on the first step
+    and again whenever one of them is gone. When another process or thread takes a core from one of them, the others wait for it at the next
     barrier, so the step is late by about the wait: on 2 cores, steps whose threads waited 3 ms or more
     took 4 ms (12 %) longer on average. `before()` returns a snapshot (None where the file cannot be read:
     not Linux, or schedstats off); `after(snapshot, step_s)` the seconds waited during the step (None then).
@@ -503,7 +509,8 @@ def run_timing(results: list, retimed: bool, loads: list, threads: int, cores: i
     Returns {retimed, retime_max_tokens, load_average, cores, torch_threads, decode_noise, live_vs_quiet,
     warm_up_s, replaced_steps, settle_s, busy, note}: decode_noise is the median column's relative noise, live_vs_quiet
     the median of live / quiet decode tok/s, warm_up_s the one-time set-up this run did (seconds),
-    replaced_steps the quiet steps, over all columns, that were interrupted once and took their second timing,
+    replaced_steps the quiet steps, over all columns, that took their second timing (interrupted once: slow,
+    or waiting for a CPU; `ColumnResult.quiet_replaced_steps`),
     note the sentence the page shows ('' when not busy).
     """
     cores = cores or cores_available()
