@@ -58,11 +58,45 @@ def queue_max_size() -> int | None:
     return size or None
 
 
+DEFAULT_PORT = 7860
+
+
+def server_port() -> int:
+    """The port from GRADIO_SERVER_PORT, else PORT, else DEFAULT_PORT.
+
+    Raises:
+        ValueError: the setting is not a whole number; the message names it and its value.
+    """
+    text = os.environ.get("GRADIO_SERVER_PORT") or os.environ.get("PORT") or str(DEFAULT_PORT)
+    try:
+        return int(text)
+    except ValueError:
+        raise ValueError(f"GRADIO_SERVER_PORT (or PORT) must be a port number, got {text!r}") from None
+
+
+def port_refusal(port: int) -> str | None:
+    """The one line that says `port` cannot be served (taken, or not allowed), or None when it can be bound on
+    0.0.0.0 now. Checked before the model starts loading, so a second app on a taken port loads nothing."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(("0.0.0.0", port))
+        except OSError as err:
+            return (f"kvlab: cannot serve on port {port} ({err.strerror or err}): set GRADIO_SERVER_PORT "
+                    "(or PORT) to a free port")
+    return None
+
+
 if __name__ == "__main__":
     try:
-        queue_max_size()  # a bad setting is said before anything loads
+        queue_max_size()  # bad settings are said before anything loads
+        refusal = port_refusal(server_port())
     except ValueError as bad:
         sys.exit(f"kvlab: {bad}")
+    if refusal:
+        sys.exit(refusal)
 
 try:
     if __name__ == "__main__" and os.environ.get("KVLAB_EARLY_LOAD", "1") != "0":
@@ -86,7 +120,6 @@ try:
 except ImportError as missing:
     sys.exit(f"kvlab: the package {missing.name or missing} is not installed here: {SETUP_HINT}")
 
-DEFAULT_PORT = 7860
 TITLE = "kvlab: KV-cache strategies side by side"
 COMPARE_TAB = "compare"
 """The Compare tab's id: the Plan tab's "measure it for real" switches to it."""
@@ -128,10 +161,6 @@ def create_app(pool: ModelPool | None = None, preload: bool = True, loader=None)
     demo.queue(default_concurrency_limit=None, max_size=max_size)
     calm_queue_polling(demo)  # gradio polls its queue every 1 ms: that slowed every timed step (kvlab.ui.serving)
     return demo
-
-
-def server_port() -> int:
-    return int(os.environ.get("GRADIO_SERVER_PORT") or os.environ.get("PORT") or DEFAULT_PORT)
 
 
 def launch() -> None:

@@ -109,11 +109,11 @@ def resolve_config(source) -> ResolvedConfig:
     only) where the hub is reachable, else from the local Hugging Face cache.
 
     Raises:
-        ConfigError: empty source, a folder without config.json, local folders or hub ids
+        ConfigError: empty source, a path to no folder ("no such folder"), a folder without config.json, local folders or hub ids
             disabled (KVLAB_ALLOW_LOCAL / KVLAB_ALLOW_HUB), or a name that is neither in the
             catalog nor reachable; the message lists the catalog's hub ids.
     """
-    from .models import BUNDLED, allow_hub, allow_local_folders
+    from .models import BUNDLED, allow_hub, allow_local_folders, looks_like_path
 
     if isinstance(source, ResolvedConfig):
         return source
@@ -137,6 +137,8 @@ def resolve_config(source) -> ResolvedConfig:
         if not (folder / "config.json").is_file():
             raise ConfigError(f"{name!r} is not a model folder: it has no config.json")
         return ResolvedConfig(_auto_config(str(folder), local_only=True), folder.name, "folder")
+    if looks_like_path(name):
+        raise ConfigError(f"{name!r}: no such folder")
     if "/" not in name:
         raise ConfigError(f"unknown model {name!r}: not a local folder and not in the catalog; known: {_known_text()}")
     if not allow_hub():

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 import threading
-from pathlib import Path
 
 from .bundled import SOURCE_HELP
 from . import bench, chat_cli, inspector_cli, perplexity_cli, planner_cli
@@ -179,26 +179,59 @@ def progress(events, out=None):
         yield event
 
 
+class _StopOnInterrupt:
+    """While active, the first Ctrl-C (SIGINT) sets `stop` and says so in one line, so the run ends within a
+    token and its partial record is kept; a second Ctrl-C raises KeyboardInterrupt. The previous handler is
+    put back on exit (main thread only; elsewhere nothing is installed)."""
+
+    def __init__(self, stop: threading.Event):
+        self.stop, self.previous = stop, None
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            self.previous = signal.signal(signal.SIGINT, self._interrupt)
+        return self
+
+    def _interrupt(self, signum, frame):
+        if self.stop.is_set():
+            raise KeyboardInterrupt
+        self.stop.set()
+        print("kvlab compare: stopping after the current token (Ctrl-C again to quit without a record)",
+              file=sys.stderr, flush=True)
+
+    def __exit__(self, *exc):
+        if self.previous is not None:
+            signal.signal(signal.SIGINT, self.previous)
+
+
 def cmd_compare(args) -> int:
+    """Run the comparison; 2 when it cannot start (the --json path is checked before the model loads), 130
+    when interrupted before a record exists (one line says nothing was written), else 0 or 1 (see above)."""
     from .models import ModelLoadError, load_model
+    from .outputs import OutputError, check_writable, write_text
     from .runner import run_compare, collect
 
     if args.replay:
         return cmd_replay(args)
     try:
         plan = resolve_compare(args)
+        check_writable(args.json)
     except ValueError as err:
         print(f"kvlab compare: {err}", file=sys.stderr)
         return 2
-    preset = plan["preset"]
+    preset, stop = plan["preset"], threading.Event()
     try:
         loaded = load_model(plan["model"], progress=lambda f, m: print(f"[model] {m}", file=sys.stderr))
         prompt_ids = encode_prompt(loaded.tokenizer, preset.prompt.text, preset.prompt.system, preset.prompt.chat)
+        with _StopOnInterrupt(stop):
+            done = collect(progress(run_compare(loaded, prompt_ids, plan["columns"], plan["settings"],
+                                                preset.mode, stop, preset.baseline)))
     except (ModelLoadError, ValueError) as err:
         print(f"kvlab compare: {err}", file=sys.stderr)
         return 2
-    done = collect(progress(run_compare(loaded, prompt_ids, plan["columns"], plan["settings"], preset.mode,
-                                        threading.Event(), preset.baseline)))
+    except KeyboardInterrupt:
+        print("kvlab compare: interrupted; nothing was written", file=sys.stderr)
+        return 130
     print(format_table(summary_rows(done.results)))
     if done.timing.get("note"):
         print(f"kvlab compare: {done.timing['note']}", file=sys.stderr)
@@ -207,8 +240,12 @@ def cmd_compare(args) -> int:
             print(f"kvlab compare: column {result.index + 1} ({result.name}): {result.message}", file=sys.stderr)
     if args.json:
         record = run_record(loaded, preset, plan["settings"], done)
-        Path(args.json).write_text(json.dumps(record, indent=1))
-        print(f"wrote {args.json}", file=sys.stderr)
+        try:
+            write_text(args.json, json.dumps(record, indent=1))
+        except OutputError as err:
+            print(f"kvlab compare: {err}", file=sys.stderr)
+            return 2
+        print(f"wrote {args.json}" + (" (stopped: a partial record)" if done.stopped else ""), file=sys.stderr)
     return 0 if any(result.status == "ok" for result in done.results) else 1
 
 

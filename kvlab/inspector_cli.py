@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import sys
-from pathlib import Path
 
 from .bundled import SOURCE_HELP
 from .inspector import MAX_INSPECT_STEPS
@@ -50,11 +49,13 @@ def _session(args):
     from .generation import GenerationSettings, encode_prompt
     from .inspector import InspectSession
     from .models import ModelSpec, load_model
+    from .outputs import check_writable
     from .strategies import make_strategy
     from .strategies.base import parse_strategy_item
 
     if not args.prompt.strip():
         raise ValueError("the prompt is empty: type something to generate from")
+    check_writable(args.json)
     strategy = make_strategy(parse_strategy_item(args.strategy.strip()))
     settings = GenerationSettings(max_new_tokens=args.steps, do_sample=args.sample, temperature=args.temperature,
                                   top_p=args.top_p, top_k=args.top_k, seed=args.seed,
@@ -81,6 +82,7 @@ def step_line(record) -> str:
 def cmd_inspect(args) -> int:
     from .compute import compute_iter
     from .models import ModelLoadError
+    from .outputs import OutputError, write_text
 
     try:
         loaded, session = _session(args)
@@ -98,6 +100,10 @@ def cmd_inspect(args) -> int:
                     "prompt": {"text": args.prompt, "system": args.system, "chat": not args.plain},
                     "prompt_tokens": session.prompt_ids.shape[1], "stop_reason": session.stop_reason,
                     "token_ids": session.token_ids, "steps": records}
-        Path(args.json).write_text(json.dumps(document, indent=1))
+        try:
+            write_text(args.json, json.dumps(document, indent=1))
+        except OutputError as err:
+            print(f"kvlab inspect: {err}", file=sys.stderr)
+            return EXIT_USAGE
         print(f"wrote {args.json}", file=sys.stderr)
     return 0

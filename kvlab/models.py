@@ -187,6 +187,14 @@ def resolve_device(device: str) -> torch.device:
     return torch.device(device)
 
 
+def looks_like_path(source: str) -> bool:
+    """Whether `source` is written as a filesystem path rather than a hub id (`owner/name`): it starts with
+    `/`, `.`, `~` or a drive letter, holds a backslash, or has more than one `/`."""
+    text = source.strip()
+    return (text.startswith(("/", ".", "~", "\\")) or "\\" in text or text.count("/") > 1
+            or (len(text) > 1 and text[1] == ":"))
+
+
 def resolve_source(source: str, notify: ProgressFn) -> tuple[Path | str, str]:
     """(what `from_pretrained` reads, the model's name) for a source: a bundled model or a local `.gguf` file
     (both converted once), a local folder, or a hub id.
@@ -209,6 +217,8 @@ def resolve_source(source: str, notify: ProgressFn) -> tuple[Path | str, str]:
                 raise ModelLoadError(f"{source!r} is a folder but not a model: it has no config.json")
             return path, path.name
         return prepare_gguf_file(path, notify), path.stem
+    if looks_like_path(source):
+        raise ModelLoadError(f"{source!r}: no such folder")
     if not allow_hub():
         raise ModelLoadError("loading hub ids is disabled here (KVLAB_ALLOW_HUB=0); use a bundled model "
                              f"({', '.join(MODELS)})")

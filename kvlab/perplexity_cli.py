@@ -44,6 +44,7 @@ def add_parser(sub) -> None:
 def _prepare(args):
     """(loaded model, ids, {label: strategy}, segment). Raises OSError, ValueError or ModelLoadError."""
     from .models import ModelSpec, load_model
+    from .outputs import check_writable
 
     segment = args.window if args.segment is None else args.segment
     if segment < 1:
@@ -51,6 +52,7 @@ def _prepare(args):
     if args.max_tokens < 2:
         raise ValueError(f"--max-tokens must be at least 2, got {args.max_tokens}")
     parse_perplexity_strategies(args.strategies, args.window, args.sinks)
+    check_writable(args.json)
     text = Path(args.text).read_text(encoding="utf-8") if args.text else default_text()
     loaded = load_model(ModelSpec(source=args.model))
     ids = loaded.tokenizer(text, return_tensors="pt")["input_ids"][:, :args.max_tokens]
@@ -61,6 +63,7 @@ def _prepare(args):
 
 def cmd_perplexity(args) -> int:
     from .models import ModelLoadError
+    from .outputs import OutputError, write_text
 
     try:
         loaded, ids, strategies, segment = _prepare(args)
@@ -84,6 +87,10 @@ def cmd_perplexity(args) -> int:
     if args.json:
         record = {"model": loaded.info(), "tokens": ids.shape[1], "window": args.window, "sinks": args.sinks,
                   "segment": segment, "strategies": results}
-        Path(args.json).write_text(json.dumps(record))
+        try:
+            write_text(args.json, json.dumps(record))
+        except OutputError as err:
+            print(f"kvlab perplexity: {err}", file=sys.stderr)
+            return 2
         print(f"wrote {args.json}", file=sys.stderr)
     return 0

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import sys
-from pathlib import Path
 
 DEFAULT_CONTEXTS = "1024,32768,131072"
 
@@ -21,15 +20,15 @@ def add_parser(sub) -> None:
     p = sub.add_parser("plan", help="plan the exact KV-cache bytes of any model at any context, without its weights")
     p.add_argument("--model", default="bundled", help="'bundled', 'bundled:gemma-3-270m', a catalog hub id (see "
                    "--list-models), a folder with config.json, or a hub id (where the hub is reachable)")
-    p.add_argument("--context", default=DEFAULT_CONTEXTS, help=f"comma list of context lengths in tokens "
-                   f"(default {DEFAULT_CONTEXTS})")
+    p.add_argument("--context", default=DEFAULT_CONTEXTS, help=f"comma list of context lengths in tokens, "
+                   f"k = 1024 as the Plan tab reads them: 1k,32k,128k (default {DEFAULT_CONTEXTS})")
     p.add_argument("--batch", default="1", help="sequences in the batch (default 1)")
     p.add_argument("--dtype", default="bfloat16", help="float32 | bfloat16 | float16 (default bfloat16)")
     p.add_argument("--strategies", default="dynamic",
                    help="comma list as Compare takes it: dynamic,quantized:backend=quanto:nbits=4,sink:window_length=1024")
     p.add_argument("--budget-gib", help="accelerator memory for weights + cache, GiB (2^30 bytes); activations and "
                    "framework overhead are not counted")
-    p.add_argument("--prefill", help="prompt tokens prefilled in one forward; the rest of each context is decoded "
+    p.add_argument("--prefill", help="prompt tokens (k = 1024) prefilled in one forward; the rest of each context is decoded "
                    "one token at a time (default: the whole context is the prompt)")
     p.add_argument("--json", help="write the full plan to this file")
     p.add_argument("--list-models", action="store_true", help="print the catalog's hub ids and exit")
@@ -44,6 +43,16 @@ def _integers(text: str, name: str) -> list[int]:
     if not values:
         raise ValueError(f"--{name} is empty: give at least one number")
     return values
+
+
+def _token_counts(text: str, flag: str) -> tuple[int, ...]:
+    """Token counts as the Plan tab reads them (`1k, 32k`; `kvlab.token_counts`); ValueError names `flag`."""
+    from .token_counts import parse_token_counts
+
+    try:
+        return parse_token_counts(text)
+    except ValueError as err:
+        raise ValueError(f"{flag}: {err}") from None
 
 
 def build_request(args):
@@ -64,9 +73,9 @@ def build_request(args):
     if not specs:
         raise ValueError("--strategies is empty: name at least one, e.g. dynamic")
     return PlanRequest(
-        model=args.model, contexts=tuple(_integers(args.context, "context")),
+        model=args.model, contexts=_token_counts(args.context, "--context"),
         batch=_integers(args.batch, "batch")[0], dtype=args.dtype, strategies=tuple(specs), budget_bytes=budget,
-        prefill_tokens=None if args.prefill is None else _integers(args.prefill, "prefill")[0])
+        prefill_tokens=None if args.prefill is None else _token_counts(args.prefill, "--prefill")[0])
 
 
 def format_plan(result) -> str:
@@ -110,6 +119,7 @@ def _table(rows: list[dict]) -> str:
 
 def cmd_plan(args) -> int:
     from .catalog import ConfigError, known_models
+    from .outputs import OutputError, check_writable, write_text
     from .planner import PlanError, plan
 
     if args.list_models:
@@ -120,12 +130,17 @@ def cmd_plan(args) -> int:
             return 2
         return 0
     try:
+        check_writable(args.json)
         result = plan(build_request(args))
     except (PlanError, ValueError) as err:
         print(f"kvlab plan: {err}", file=sys.stderr)
         return 2
     print(format_plan(result))
     if args.json:
-        Path(args.json).write_text(json.dumps(result.to_json(), indent=1))
+        try:
+            write_text(args.json, json.dumps(result.to_json(), indent=1))
+        except OutputError as err:
+            print(f"kvlab plan: {err}", file=sys.stderr)
+            return 2
         print(f"wrote {args.json}", file=sys.stderr)
     return 0

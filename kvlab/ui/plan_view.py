@@ -31,6 +31,7 @@ from kvlab.bundled import MODELS as BUNDLED_MODELS
 from kvlab.models import BUNDLED
 from kvlab.planner import GIB, Plan, PlanError, PlanRequest, plan
 from kvlab.runner import MAX_COLUMNS
+from kvlab.token_counts import parse_token_counts
 
 from .figures import plan_figure, tokens_label
 from .knobs import NO_STRATEGY, column_spec, plan_columns
@@ -55,7 +56,6 @@ BUDGET_CARDS = {
 }
 """GPU budget cards: GiB -> label. A card sold as N GB reports about N GiB in total (nvidia-smi); the CUDA
 context and allocator take a little of it."""
-CONTEXT_UNITS = {"": 1, "k": 1024, "m": 1024 * 1024}
 PAST_LIMIT_MARK = " ⚠"
 """Appended to a context's column header when it exceeds the model's max_position_embeddings."""
 INTRO = ("Plan what a KV cache costs for any model **before** loading it: exact cache bytes of each strategy at "
@@ -86,22 +86,16 @@ def model_choices() -> list[tuple[str, str]]:
 
 
 def parse_contexts(text) -> tuple[int, ...]:
-    """Context lengths in tokens from `1024, 32k, 128k` (k = 1024, m = 1024²), sorted, each once.
+    """Context lengths in tokens from `1024, 32k, 128k` (k = 1024, m = 1024²), sorted, each once
+    (`kvlab.token_counts`, which `kvlab plan --context` reads too).
 
     Raises:
         PlanRejected: empty, or a part that is not a whole number of tokens. Ranges are checked by the planner.
     """
-    parts = [part for part in re.split(r"[,\s;]+", str(text or "").strip()) if part]
-    if not parts:
-        raise PlanRejected("no context length given: type one or more, e.g. 1k, 32k, 128k")
-    values = []
-    for part in parts:
-        match = re.fullmatch(r"(-?\d+)([kKmM]?)", part.replace("_", ""))
-        if match is None:
-            raise PlanRejected(f"context lengths are whole numbers of tokens such as 1024 or 32k (k = 1024), "
-                               f"got {part!r}")
-        values.append(int(match.group(1)) * CONTEXT_UNITS[match.group(2).lower()])
-    return tuple(sorted(set(values)))
+    try:
+        return parse_token_counts(text)
+    except ValueError as err:
+        raise PlanRejected(str(err)) from None
 
 
 def parse_budget(value) -> int | None:

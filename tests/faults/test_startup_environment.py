@@ -32,8 +32,19 @@ def test_a_port_in_use_names_the_setting(tmp_path):
         proc = subprocess.run([sys.executable, "app.py"], cwd=REPO, env=env, capture_output=True, text=True,
                               timeout=300)
     assert proc.returncode == 1
-    line = one_kvlab_line(proc.stderr.replace("kvlab: model", "(model"))
+    line = one_kvlab_line(proc.stderr)
     assert f"cannot serve on port {port}" in line and "GRADIO_SERVER_PORT" in line
+    # Said before anything loads: no model load, no planner warm-up, nothing converted into the cache folder.
+    assert "model" not in proc.stderr and "warm-up" not in proc.stderr
+    assert not any((tmp_path / "cache").rglob("*"))
+
+
+def test_a_bad_port_setting_is_named(tmp_path):
+    env = {**os.environ, "GRADIO_SERVER_PORT": "http", "PYTHONPATH": str(REPO),
+           "KVLAB_CACHE_DIR": str(tmp_path / "cache")}
+    proc = subprocess.run([sys.executable, "app.py"], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1
+    assert "GRADIO_SERVER_PORT (or PORT) must be a port number, got 'http'" in one_kvlab_line(proc.stderr)
 
 
 def test_a_missing_package_is_named_with_the_setup_command():

@@ -1,0 +1,62 @@
+"""Files the command lines write (`--json`, `--markdown`): checked before any work starts, written whole.
+
+`check_writable` opens the path for appending before a model loads, so a run
+that could never save its record is refused at once (exit 2, one line) instead
+of failing after the work; `write_text` writes through a temporary file beside
+the target, so an interrupt never leaves half a file. Neither decides what a
+record holds.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+class OutputError(ValueError):
+    """An output file cannot be written; the message names the flag, the path and the reason in one line."""
+
+
+def _reason(err: OSError) -> str:
+    return err.strerror or str(err).splitlines()[0] or type(err).__name__
+
+
+def check_writable(path: str | None, flag: str = "--json") -> None:
+    """Check that `path` (nothing when None or empty) can be written: a folder or a file inside a missing
+    folder is refused, and the file is opened for appending (a file that did not exist before is removed
+    again).
+
+    Raises:
+        OutputError: `path` is a folder, its folder does not exist, or it cannot be opened for writing.
+    """
+    if not path:
+        return
+    target = Path(path).expanduser()
+    if target.is_dir():
+        raise OutputError(f"{flag} {path}: is a folder, not a file")
+    if not target.parent.is_dir():
+        raise OutputError(f"{flag} {path}: no such folder {str(target.parent)!r}")
+    existed = target.exists()
+    try:
+        with open(target, "a"):
+            pass
+    except OSError as err:
+        raise OutputError(f"{flag} {path}: cannot be written ({_reason(err)})") from None
+    if not existed:
+        target.unlink(missing_ok=True)
+
+
+def write_text(path: str, text: str, flag: str = "--json") -> None:
+    """Write `text` to `path` through `path.partial`, replaced in one step.
+
+    Raises:
+        OutputError: the file cannot be written (the partial file is removed).
+    """
+    target = Path(path).expanduser()
+    partial = target.with_name(target.name + ".partial")
+    try:
+        partial.write_text(text)
+        os.replace(partial, target)
+    except OSError as err:
+        partial.unlink(missing_ok=True)
+        raise OutputError(f"{flag} {path}: cannot be written ({_reason(err)})") from None
