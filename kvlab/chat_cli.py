@@ -167,8 +167,12 @@ def settings_from(args) -> GenerationSettings:
 
 
 def _load(args):
+    """The model of the flags, once the --json path is known to be writable (`kvlab.outputs`). Raises
+    OutputError or ModelLoadError."""
     from .models import ModelSpec, load_model
+    from .outputs import check_writable
 
+    check_writable(args.json)
     return load_model(ModelSpec(args.model, args.dtype, args.device),
                       progress=lambda fraction, message: print(f"[model] {message}", file=sys.stderr))
 
@@ -204,7 +208,6 @@ def cmd_chat(args) -> int:
     interrupted. The JSON record is rewritten after every turn, so an interrupt keeps every finished turn."""
     from .chat import ChatSession
     from .models import ModelLoadError
-    from .outputs import check_writable
 
     try:
         turns = read_message_list(args.turns, "turns")
@@ -212,7 +215,6 @@ def cmd_chat(args) -> int:
         settings = settings_from(args)
         if args.no_reuse_every < 0:
             raise CliInputError(f"--no-reuse-every must be 0 (never) or a number of turns, got {args.no_reuse_every}")
-        check_writable(args.json)
         loaded = _load(args)
         session = ChatSession(loaded, strategy, settings, args.system, budget)
     except (ValueError, ModelLoadError) as err:

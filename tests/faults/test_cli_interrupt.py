@@ -1,0 +1,73 @@
+"""Fault catalogue: Ctrl-C during `kvlab compare --json r.json` on the bundled model.
+
+Right: no traceback; the first Ctrl-C ends the run within a token and writes the partial record
+(`stopped: true`); a Ctrl-C before any record exists says in one line that nothing was written (exit 130).
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.integration
+REPO = Path(__file__).resolve().parents[2]
+WAIT_S = 300
+COMPARE = ["-m", "kvlab", "compare", "--prompt", "Count from one to five hundred in words.", "--strategies",
+           "dynamic,static", "--max-new-tokens", "400", "--ignore-eos", "--no-fidelity", "--no-retime",
+           "--mode", "sequential"]
+
+
+def start(tmp_path, out: Path) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"}
+    return subprocess.Popen([sys.executable, *COMPARE, "--json", str(out)], cwd=tmp_path, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def wait_for_line(proc: subprocess.Popen, text: str) -> list[str]:
+    """stderr lines read until one holds `text` (fails when the process ends first)."""
+    seen, deadline = [], time.monotonic() + WAIT_S
+    while time.monotonic() < deadline:
+        line = proc.stderr.readline()
+        if not line:
+            pytest.fail(f"the run ended before {text!r}: {''.join(seen)[-2000:]}")
+        seen.append(line)
+        if text in line:
+            return seen
+    pytest.fail(f"no {text!r} within {WAIT_S} s")
+
+
+def test_ctrl_c_during_a_run_writes_the_partial_record(tmp_path):
+    out = tmp_path / "r.json"
+    proc = start(tmp_path, out)
+    try:
+        wait_for_line(proc, "[column 1] dynamic: running")
+        time.sleep(1.0)  # a few tokens in
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=WAIT_S)
+    finally:
+        proc.kill()
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-3000:]
+    assert "stopping after the current token" in err and "(stopped: a partial record)" in err
+    record = json.loads(out.read_text())
+    assert record["stopped"] is True
+    assert len(record["columns"][0]["token_ids"]) < 400
+    assert not (tmp_path / "r.json.partial").exists()
+
+
+def test_ctrl_c_while_the_model_loads_says_nothing_was_written(tmp_path):
+    out = tmp_path / "r.json"
+    proc = start(tmp_path, out)
+    try:
+        wait_for_line(proc, "[model]")
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=WAIT_S)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, err[-3000:]
+    assert "Traceback" not in err and err.strip().splitlines()[-1] == "kvlab compare: interrupted; nothing was written"
+    assert not out.exists()
