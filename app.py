@@ -155,6 +155,8 @@ def create_app(pool: ModelPool | None = None, preload: bool = True, loader=None)
                 build_plan_tab(pool, compare, tabs, COMPARE_TAB, warm=preload)
             with gr.Tab("Inspect"):
                 inspect = build_inspect_tab(pool)
+        compare.wire_page_load(demo)
+        demo.unload(compare.unload)
         demo.unload(chat.unload)
         demo.unload(inspect.unload)
     # Light events (presets, strategy pickers, Stop) run at once; model-bound ones set their own limit.

@@ -301,7 +301,7 @@ def run_compare(
     workers: list[threading.Thread] = []
     try:
         # 0. Every column's one-time set-up, before any column's clock starts.
-        warm_up_s = yield from _warm_up(loaded, columns, prompt_ids.shape[1])
+        warm_up_s = yield from _warm_up(loaded, columns, prompt_ids.shape[1], stop)
         # 1. The columns, each in its own thread (one thread for all in sequential mode), events relayed live.
         with shared_threads(len(columns)) if mode == "parallel" else contextlib.nullcontext() as share:
             workers = _start_workers(work, len(columns), mode, share)
@@ -353,15 +353,23 @@ def _start_thread(target, name: str, *args) -> threading.Thread:
     return thread
 
 
-def _warm_up(loaded, columns: list[Column], input_tokens: int):
-    """Generator: yield a `RunPhase("warm_up")` when any column's strategy still needs its one-time set-up,
-    run every set-up due on the compute thread (`kvlab.timing.warm_up_columns`); returns its seconds per
-    column."""
+def _warm_up(loaded, columns: list[Column], input_tokens: int, stop: threading.Event):
+    """Generator: run every one-time set-up due on the compute thread (`kvlab.timing.warm_up_columns`), one
+    column at a time, yielding a `RunPhase("warm_up")` that names it and how far the set-ups are (`2 of 3`)
+    before each one due; once `stop` is set no further set-up starts. Returns its seconds per column (None
+    for a column not warmed)."""
     strategies = [column.strategy for column in columns]
-    cold = needs_warm_up(loaded, strategies)
-    if cold:
-        yield RunPhase("warm_up", f"one-time set-up (not timed) of {', '.join(cold)}…")
-    return compute(warm_up_columns, loaded, strategies, input_tokens)
+    total, done, spent = len(needs_warm_up(loaded, strategies)), 0, []
+    for strategy in strategies:
+        cold = needs_warm_up(loaded, [strategy])
+        if cold and stop.is_set():
+            spent.append(None)
+            continue
+        if cold:
+            done += 1
+            yield RunPhase("warm_up", f"one-time set-up (not timed) of {', '.join(cold)}, {done} of {total}…")
+        spent += compute(warm_up_columns, loaded, [strategy], input_tokens)
+    return spent
 
 
 def _retime(loaded, columns, results, prompt_ids, settings, mode: str, stop: threading.Event):

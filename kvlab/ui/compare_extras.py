@@ -23,7 +23,7 @@ from . import zerogpu
 from .compare_replay import replay_code, view_from_record
 from .compare_updates import CompareUpdates
 from .knobs import NO_STRATEGY
-from .records import run_preset
+from .records import SHARE_PARAM, run_preset, shared_exports
 from .theme import line_html
 
 
@@ -47,9 +47,23 @@ class CompareExtras(CompareUpdates):
             return zerogpu.MIN_DURATION_S
         return zerogpu.estimate_s(len(loaded.columns), int(max_new_tokens or loaded.generation.max_new_tokens))
 
-    def replay(self, path: str | None, session: dict) -> dict:
+    def open_shared(self, session: dict, request: gr.Request) -> dict:
+        """Page load: the result a share link names (`?run=<id>`, `kvlab.ui.records.SHARE_PARAM`) shown as
+        `replay` shows it, with its own exports and link; nothing without the parameter; a link whose result
+        is no longer kept says so in the status line."""
+        run_id = dict(request.query_params).get(SHARE_PARAM) if request is not None else None
+        if not run_id:
+            return {}
+        exports = shared_exports(run_id)
+        if exports is None:
+            return {self.run_status: line_html(f"✖ the shared result {run_id!r} is not kept on this server any "
+                                               "more (results are kept a day): run it again", "error")}
+        return self.replay(exports[0], session, exports)
+
+    def replay(self, path: str | None, session: dict, exports: list[str] | None = None) -> dict:
         """A record uploaded: its columns, plots, summary and code as measured, labelled `replayed: measured on
-        <machine> at <time>`; a file that is not a replayable record says why in the status line."""
+        <machine> at <time>`; a file that is not a replayable record says why in the status line. `exports`:
+        the result's files when they are already kept here (a share link), else they are written."""
         if not path:
             return {}
         try:
@@ -59,7 +73,7 @@ class CompareExtras(CompareUpdates):
         view = view_from_record(replayed)
         session["view"] = view
         updates = {**self.plots.cleared(), **self._column_updates(view, set(range(len(view.columns)))),
-                   **self.plots.updates(view), **self._summary_updates(view, replayed.record),
+                   **self.plots.updates(view), **self._summary_updates(view, replayed.record, exports),
                    self.code: replay_code(replayed.record), self.run_status: line_html(replayed.label, "ok")}
         return {**self._replayed_cards(view), **updates}
 

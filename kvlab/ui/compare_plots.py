@@ -17,6 +17,7 @@ import tempfile
 from pathlib import Path
 
 import gradio as gr
+import pandas as pd
 
 from . import plot_frames as frames
 from .figures import figure_png, render_figure
@@ -55,6 +56,26 @@ def plot_update(frame, colors: dict[str, str], domain: list[str] | None = None, 
         return gr.update(value=None, color_map={}, **more)
     names = domain if domain is not None else series_of(frame)
     return gr.update(value=frame, color_map={name: colors.get(name, NO_COLOR) for name in names}, **more)
+
+
+def roster_update(frame, spec: frames.PlotSpec, colors: dict[str, str], roster: list[str], **more) -> dict:
+    """`gr.update` of the native plot of `spec` to `frame`, drawing every series of `roster` (all the series
+    the plot will show in this run, known before its first point) in its colour from the first frame on.
+
+    The plot fixes its vega colour domain to the series present in the frame it builds its spec from (see
+    `plot_update`), so a series whose first point comes after that frame would never be drawn. Here each
+    series of `roster` without a point yet gets one empty row (x and y missing: vega draws nothing for it,
+    but it is in the domain), and `color_map` is the whole roster from the first update of the run to the
+    last, so the spec never changes mid-run. An empty roster clears the plot."""
+    if not roster:
+        return plot_update(None, colors, **more)
+    present = set(series_of(frame))
+    missing = [name for name in roster if name not in present]
+    if missing:
+        nan = [float("nan")] * len(missing)
+        blank = pd.DataFrame({spec.x: nan, spec.y: nan, "series": missing, "value": [""] * len(missing)})
+        frame = blank if frame is None or frame.empty else pd.concat([frame, blank], ignore_index=True)
+    return gr.update(value=frame, color_map={name: colors.get(name, NO_COLOR) for name in roster}, **more)
 
 
 def series_of(frame) -> list[str]:

@@ -72,6 +72,8 @@ class CompareTab(CompareExtras):
         self.presets = list_presets()
         self.devices = [d for d in DEVICES if d in ("auto", "cpu") or device_present(d)]
         self.dtypes = list(DTYPES) if device_present("cuda") else ["float32"]
+        self.live_stops: dict[str, threading.Event] = {}
+        """Browser session hash -> the stop event of its latest run, so `unload` can end a closed page's run."""
         if preload:
             self.loader.start(ModelSpec())
 
@@ -164,7 +166,7 @@ class CompareTab(CompareExtras):
             with gr.Row(equal_height=True):
                 self.exports = gr.File(label="Export: JSON record (replayable), summary CSV", file_count="multiple",
                                        interactive=False, elem_id="kv-exports", scale=4)
-                gr.DeepLinkButton("Share a link to this result", scale=1)
+                self.share = gr.HTML("", elem_id="kv-share")
         with gr.Accordion("Replay a recorded run (the JSON record of the export or `kvlab compare --json`)",
                           open=False, elem_id="kv-replay-box"):
             self.replay_file = gr.File(label="run record (.json)", file_types=[".json"], type="filepath",
@@ -225,7 +227,7 @@ class CompareTab(CompareExtras):
             *[box for card in self.cards for box in (card.budget, card.fallback)],
         }
         self.run_outputs = [self.run_status, self.model_status, *self.plots.outputs, self.results, self.summary,
-                            self.exports, self.code,
+                            self.exports, self.share, self.code,
                             *[c for card in self.cards for c in (card.status, card.text, card.strategy)]]
         self.run_button.click(
             self.prepare, self.session, [self.run_button, self.stop_button, self.run_status], show_progress="hidden",
@@ -245,6 +247,11 @@ class CompareTab(CompareExtras):
                                     [self.plots.png, self.plots.notes], **PRIVATE)
         replay_outputs = list(dict.fromkeys([*self.run_outputs, *[c for card in self.cards for c in card.form_outputs]]))
         self.replay_file.upload(self.replay, [self.replay_file, self.session], replay_outputs, **PRIVATE)
+        self.replay_outputs = replay_outputs
+
+    def wire_page_load(self, demo: gr.Blocks) -> None:
+        """Show the result a share link (`?run=<id>`) names when the page opens (`CompareExtras.open_shared`)."""
+        demo.load(self.open_shared, self.session, self.replay_outputs, **PRIVATE)
 
     # ----- light events -----
 
@@ -300,11 +307,21 @@ class CompareTab(CompareExtras):
             updates.update(self.card_updates(slot, strategy, knobs, loaded))
         return updates
 
-    def prepare(self, session: dict):
+    def prepare(self, session: dict, request: gr.Request = None):
         """Run clicked (not queued): a fresh stop event for this session, Run disabled, Stop enabled."""
         session["stop"] = threading.Event()
+        key = getattr(request, "session_hash", None)
+        if key:
+            self.live_stops[key] = session["stop"]
         return (gr.update(interactive=False), gr.update(interactive=True),
                 line_html("waiting for a free slot…", "busy"))
+
+    def unload(self, request: gr.Request) -> None:
+        """The page closed: its run (columns, re-timing, fidelity) ends within a token and frees the
+        model-bound queue."""
+        event = self.live_stops.pop(getattr(request, "session_hash", None) or "", None)
+        if event is not None:
+            event.set()
 
     def stop(self, session: dict):
         """Stop: end every column of this session's run within a token."""

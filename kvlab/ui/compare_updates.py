@@ -16,8 +16,8 @@ import gradio as gr
 from .compare_form import RunPlan
 from .compare_view import RunView
 from .knobs import strategy_choices
-from .records import code_text, record_for, write_exports
-from .theme import line_html, status_html
+from .records import code_text, record_for, share_id, write_exports
+from .theme import line_html, share_html, status_html
 
 
 class CompareUpdates:
@@ -28,6 +28,7 @@ class CompareUpdates:
         choices = strategy_choices(loaded)
         updates = {self.run_status: line_html("starting…", "busy"), **self.plots.cleared(),
                    self.results: gr.update(visible=False), self.summary: None, self.exports: None, self.code: "",
+                   self.share: "",
                    **{card.strategy: gr.update(choices=choices) for card in self.cards}}
         for slot, card in enumerate(self.cards):
             if slot in plan.slot_errors:
@@ -63,9 +64,11 @@ class CompareUpdates:
         updates[self.run_status] = line_html(status, "error" if errors else "ok")
         return updates
 
-    def _summary_updates(self, view: RunView, record: dict) -> dict:
-        """The summary table shown, the record and CSV offered for download."""
+    def _summary_updates(self, view: RunView, record: dict, exports: list[str] | None = None) -> dict:
+        """The summary table shown, the record and CSV offered for download (`exports`: files already written
+        for this result, else written now) and the link that opens this result again (`share_html`)."""
         headers, table = view.summary_table()
         rows, _ = view.summary()
+        exports = exports or write_exports(record, rows)
         return {self.summary: gr.update(value=table, headers=headers), self.results: gr.update(visible=True),
-                self.exports: write_exports(record, rows)}
+                self.exports: exports, self.share: share_html(share_id(exports))}

@@ -171,6 +171,8 @@ class RunView:
         self.done: RunDone | None = None
         self.stop_requested = False
         self.run_phase: RunPhase | None = None
+        self.scored = 0
+        """Columns whose fidelity has been scored so far (`FidelityScored` events)."""
         self.plot_series: dict[str, list[str]] = {}
         """Per native plot, the series the page was last sent (`kvlab.ui.compare_plots.LivePlots.updates`)."""
 
@@ -192,6 +194,7 @@ class RunView:
         if not isinstance(event, (ColumnStarted, TokenEvent, StepMetrics, FallbackSwitched, ColumnDone, ColumnError,
                                   FidelityScored)):
             raise TypeError(f"not a runner event: {event!r}")
+        self.scored += isinstance(event, FidelityScored)
         self._apply_to_column(self.columns[event.column], event)
         return {event.column}
 
@@ -246,8 +249,10 @@ class RunView:
             active = sum(c.status == "running" for c in self.columns)
             return f"running: {active} of {len(self.columns)} columns generating, {tokens} tokens so far"
         if phase == "scoring":
-            return phase_text(self.run_phase, tokens) or \
-                "columns finished; scoring fidelity against the baseline (teacher-forced)…"
+            scoring = sum(c.status == "done" and c.tokens > 0 for c in self.columns)
+            return phase_text(self.run_phase, tokens) or (
+                f"columns finished ({tokens} tokens); scoring fidelity against the baseline (teacher-forced): "
+                f"{min(self.scored, scoring)} of {scoring} columns…")
         if phase == "stopping":
             return "stopping every column…"
         wall = f" in {self.done.wall_s:.1f} s" if self.done else ""

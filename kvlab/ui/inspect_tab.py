@@ -108,13 +108,17 @@ class InspectTab:
         self.outputs = [self.status, self.step_info, self.strip, self.layers, self.top, self.code, self.state]
         model_bound = {"concurrency_limit": CONCURRENCY, "concurrency_id": MODEL_CONCURRENCY_ID,
                        "api_visibility": "private", "show_progress": "hidden"}
-        for button, handler, count in ((self.step_button, self.on_step, STEP_COUNTS["step"]),
-                                       (self.step10_button, self.on_step10, STEP_COUNTS["step10"]),
-                                       (self.run_button, self.on_run, STEP_COUNTS["run"])):
+        # Every Step and Step ×10 click counts, queued behind the one in hand (gradio drops a click on a button
+        # whose last event is still running unless trigger_mode is "multiple").
+        for button, handler, count, mode in ((self.step_button, self.on_step, STEP_COUNTS["step"], "multiple"),
+                                             (self.step10_button, self.on_step10, STEP_COUNTS["step10"], "multiple"),
+                                             (self.run_button, self.on_run, STEP_COUNTS["run"], "once")):
             button.click(zerogpu.gpu(handler, self.gpu_s_for(count)), {self.state, *self.form_inputs}, self.outputs,
-                         **model_bound)
-        self.reset_button.click(zerogpu.gpu(self.on_reset, self.gpu_s_for(1)), {self.state, *self.form_inputs},
-                                self.outputs, **model_bound)
+                         trigger_mode=mode, **model_bound)
+        # Reset first stops the run in hand (at once, unqueued) and says so; the new run waits for that step.
+        self.reset_button.click(self.stop_for_reset, self.state, self.status, queue=False).then(
+            zerogpu.gpu(self.on_reset, self.gpu_s_for(1)), {self.state, *self.form_inputs}, self.outputs,
+            **model_bound)
         self.stop_button.click(self.stop, self.state, None, queue=False)
         self.model_source.change(lambda source: gr.update(**chat_box(source, None, True)), self.model_source,
                                  self.chat, show_progress="hidden", **PRIVATE)
@@ -234,6 +238,12 @@ class InspectTab:
         """Stop: end a Run to end (or Step ×10) after the step in hand."""
         if state is not None:
             state.stop.set()
+
+    def stop_for_reset(self, state: InspectTabState | None) -> str:
+        """Reset clicked (unqueued): stop the run in hand after its current step; the status says the reset
+        is queued behind it."""
+        self.stop(state)
+        return line_html("resetting: the run in hand stops after its current step, then a new run starts…", "busy")
 
 
 def _session_key(request: gr.Request | None) -> str:

@@ -130,11 +130,14 @@ def plan_columns(slots: list[tuple[str, list[str]]]) -> tuple[list[tuple[int, St
 
 
 def strategy_help(name: str) -> str:
-    """The strategy's one-line summary plus its knob notes (class docstring) when it has some."""
+    """The strategy's one-line summary (Markdown); its knob notes (class docstring), when it has some, behind an
+    info toggle (`<details>`, closed) so a card shows its knobs first."""
     cls = STRATEGIES[name]
     doc = inspect.getdoc(cls) or ""
     generated = doc.startswith(cls.__name__ + "(")
-    return cls.summary + ("" if generated or not doc else "\n\n" + " ".join(doc.split()))
+    if generated or not doc:
+        return cls.summary
+    return f"{cls.summary}\n\n<details class=\"kv-more\"><summary>ⓘ knobs</summary>\n\n{' '.join(doc.split())}\n\n</details>"
 
 
 def availability(loaded, names: list[str] | None = None) -> dict[str, str | None]:

@@ -23,7 +23,7 @@ from kvlab.perplexity import DEFAULT_SINKS, DEFAULT_WINDOW, stream_many
 from kvlab.strategies import StrategyError
 
 from . import zerogpu
-from .compare_plots import line_plot, plot_update
+from .compare_plots import line_plot, roster_update
 from .loader import CONCURRENCY, MODEL_CONCURRENCY_ID
 from .model_picker import model_dropdown
 from .plot_frames import PPL, PPL_BYTES
@@ -126,11 +126,12 @@ class PerplexityTab:
         return zerogpu.estimate_s(caches, int(data[self.tokens] or 1))
 
     def plots(self, view: PerplexityView) -> dict:
-        """Both native plots redrawn from `view`, each cache in its colour."""
+        """Both native plots redrawn from `view`, every cache of the run in its colour from the first frame on
+        (`roster_update`), even the caches that have no point yet."""
         ppl, nbytes = view.frames()
-        colors = view.colors()
-        return {self.ppl_plot: plot_update(ppl, colors, caption=view.caption()),
-                self.bytes_plot: plot_update(nbytes, colors)}
+        colors, roster = view.colors(), list(view.nll)
+        return {self.ppl_plot: roster_update(ppl, PPL, colors, roster, caption=view.caption()),
+                self.bytes_plot: roster_update(nbytes, PPL_BYTES, colors, roster)}
 
     def _on_run(self, data: dict):
         yield from self.stream(self.request_from(data), data[self.session].get("stop") or threading.Event())

@@ -188,9 +188,11 @@ class PerplexityView:
         self.cache_bytes[step.name].append(step.cache_bytes)
         self.position = step.position
 
-    def running_ppl(self, label: str) -> float | None:
-        """Perplexity over the last `window` tokens of one cache, None before its first token."""
-        recent = self.nll[label][-self.window:]
+    def running_ppl(self, label: str, upto: int | None = None) -> float | None:
+        """Perplexity over the `window` tokens of one cache ending at its token `upto` (default: its last),
+        None before its first token."""
+        scored = self.nll[label] if upto is None else self.nll[label][:upto]
+        recent = scored[-self.window:]
         return math.exp(sum(recent) / len(recent)) if recent else None
 
     def tokens_per_cache(self) -> int:
@@ -200,9 +202,12 @@ class PerplexityView:
         return f" · not run: {skipped_text(self.skipped)}" if self.skipped else ""
 
     def progress_text(self) -> str:
-        """e.g. `token 300 of 1023 · dynamic ppl 12.3 · window 256 ppl 40.1`."""
-        parts = [f"token {self.position} of {self.total}"]
-        parts += [f"{label} ppl {ppl:.1f}" for label in self.nll if (ppl := self.running_ppl(label)) is not None]
+        """e.g. `token 300 of 1023 · dynamic ppl 12.3 · window 256 ppl 40.1`: every cache's perplexity over
+        the same tokens (those every cache has scored), so a cache one token ahead is not compared early."""
+        common = self.tokens_per_cache()
+        parts = [f"token {common} of {self.total}"]
+        if common:
+            parts += [f"{label} ppl {self.running_ppl(label, common):.1f}" for label in self.nll]
         return " · ".join(parts) + self._note()
 
     def final_text(self, stopped: bool) -> str:

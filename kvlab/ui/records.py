@@ -2,7 +2,8 @@
 
 - `record_for`: the JSON run record of a page run (as `python -m kvlab compare --json` writes it).
 - `write_exports`: that record and the summary CSV as files the page offers (the plots PNG is rendered only
-  when asked for: `kvlab.ui.compare_plots`).
+  when asked for: `kvlab.ui.compare_plots`); their folder's name is the result's share id (`share_id`), and
+  `shared_exports` finds a shared result's files again for the page a share link opens.
 - `code_text`: the reproduce-it transformers code for every column of a plan.
 - `run_preset`: a preset run headless (the `/compare` API), returning its record.
 
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import shutil
 import tempfile
 import threading
@@ -31,8 +33,12 @@ from .compare_form import RunPlan
 from .compare_view import RunView
 
 EXPORTS_DIR = Path(tempfile.gettempdir()) / "kvlab-exports"
-EXPORTS_KEEP_S = 3600
-"""Exported files of a run stay this long on the server (seconds)."""
+EXPORTS_KEEP_S = 24 * 3600
+"""Exported files of a run (and so its share link) stay this long on the server (seconds)."""
+SHARE_PARAM = "run"
+"""The URL query parameter of a share link: `?run=<share id>`."""
+_SHARE_ID = re.compile(r"run-[A-Za-z0-9_]{1,64}")
+EXPORT_NAMES = ("kvlab-run.json", "kvlab-summary.csv")
 
 
 def record_for(plan: RunPlan, loaded, done: RunDone, view: RunView | None = None) -> dict:
@@ -68,9 +74,23 @@ def write_exports(record: dict, rows: list[dict]) -> list[str]:
         if old.is_dir() and old.stat().st_mtime < cutoff:
             shutil.rmtree(old, ignore_errors=True)
     folder = Path(tempfile.mkdtemp(prefix="run-", dir=EXPORTS_DIR))
-    (folder / "kvlab-run.json").write_text(json.dumps(record, indent=1))
-    (folder / "kvlab-summary.csv").write_text(rows_to_csv(rows))
-    return [str(folder / name) for name in ("kvlab-run.json", "kvlab-summary.csv")]
+    (folder / EXPORT_NAMES[0]).write_text(json.dumps(record, indent=1))
+    (folder / EXPORT_NAMES[1]).write_text(rows_to_csv(rows))
+    return [str(folder / name) for name in EXPORT_NAMES]
+
+
+def share_id(exports: list[str]) -> str:
+    """The share id of a result from its `write_exports` paths: their folder's name (`run-…`)."""
+    return Path(exports[0]).parent.name
+
+
+def shared_exports(run_id: str | None) -> list[str] | None:
+    """The export paths (record first) of the result `run_id` names, or None when it names none kept here
+    (not a share id, or removed after EXPORTS_KEEP_S)."""
+    if not run_id or not _SHARE_ID.fullmatch(run_id):
+        return None
+    paths = [EXPORTS_DIR / run_id / name for name in EXPORT_NAMES]
+    return [str(path) for path in paths] if all(path.is_file() for path in paths) else None
 
 
 def code_text(plan: RunPlan, view: RunView | None = None) -> str:

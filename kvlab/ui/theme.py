@@ -35,6 +35,13 @@ def line_html(text: str, kind: str = "info") -> str:
     return f'<div class="kv-line kv-line-{kind}">{html.escape(text)}</div>'
 
 
+def share_html(run_id: str, param: str = "run") -> str:
+    """The link that opens a result again in any browser (`?run=<run_id>` on this page's address)."""
+    link = f"?{param}={html.escape(run_id)}"
+    return (f'<div class="kv-share">🔗 <a href="{link}" target="_blank" id="kv-share-link">link to this result</a> '
+            '<span class="kv-small">(copy it to share; kept on this server for a day)</span></div>')
+
+
 CSS = """
 .kv-header h1 { margin-bottom: 0; }
 /* gradio pulses the border of a streaming output for as long as it streams (an endless opacity animation: the

@@ -48,10 +48,10 @@ def wait_until_serving(url: str, process: subprocess.Popen, log_path: Path) -> N
 
 @pytest.fixture(scope="session")
 def app():
-    """Start `python app.py` on a free port (GRADIO_SERVER_PORT), wait for it, yield its `url` and the `log`
+    """Start `python app.py` on a free port (or KVLAB_BROWSER_PORT) as GRADIO_SERVER_PORT, wait for it, yield its `url` and the `log`
     file its output goes to, stop it. One app for the whole browser tier, as one server would be."""
     ARTIFACTS.mkdir(exist_ok=True)
-    port = free_port()
+    port = int(os.environ.get("KVLAB_BROWSER_PORT") or free_port())
     env = {**os.environ, "GRADIO_SERVER_PORT": str(port), "GRADIO_ANALYTICS_ENABLED": "False",
            "PYTHONUNBUFFERED": "1"}
     log_path = ARTIFACTS / "app-browser.log"

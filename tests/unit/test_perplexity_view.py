@@ -96,3 +96,10 @@ def test_view_before_any_step_and_bad_input():
         view.apply(("dynamic", 1, 0.5, 10))
     with pytest.raises(KeyError):
         view.apply(NllStep("sink", 1, 0.5, 10))
+
+
+def test_status_compares_every_cache_at_the_same_token():
+    view = PerplexityView(["dynamic", "sink 1+1"], window=2, total=10)
+    steps(view, ["dynamic", "sink 1+1"], [1.0, 2.0])
+    view.apply(NllStep("dynamic", 3, 9.0, 3000))  # dynamic is a token ahead of sink in the round
+    assert view.progress_text() == f"token 2 of 10 · dynamic ppl {math.exp(1.5):.1f} · sink 1+1 ppl {math.exp(2.5):.1f}"

@@ -149,7 +149,7 @@ def test_cli_prints_the_plan_and_writes_json(tmp_path, capsys):
 
 @pytest.mark.parametrize("args,message", [
     (["--context", "0"], "context must be an integer from 1"),
-    (["--context", "1k"], "--context must be whole numbers"),
+    (["--context", "1.5k"], "--context: context lengths are whole numbers"),
     (["--batch", "0"], "batch must be an integer from 1"),
     (["--budget-gib", "-3"], "--budget-gib must be above 0"),
     (["--strategies", "dynamic:window"], "write key=value"),

@@ -21,13 +21,15 @@ def test_every_shipped_preset_validates():
         assert preset.name and preset.columns and preset.build_columns()
 
 
-def test_quickstart_has_the_promised_columns():
+def test_quickstart_has_the_promised_columns(tiny):
     preset = load_preset("quickstart")
     assert preset.model.source == "bundled" and preset.generation.max_new_tokens == 64
     assert not preset.generation.do_sample
     names = [(c["strategy"], c.get("backend")) for c in preset.columns]
     assert names == [("no_cache", None), ("dynamic", None), ("static", None), ("quantized", "quanto"),
-                     ("quantized", "hqq"), ("offloaded", None)]
+                     ("quantized", "hqq"), ("sink", None)]
+    # every column runs where there is no GPU (a first visitor on a CPU machine sees no "unavailable" column)
+    assert [column.strategy.unavailable_reason(tiny) for column in preset.build_columns()] == [None] * 6
 
 
 @pytest.mark.parametrize("change,message", [
