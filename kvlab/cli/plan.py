@@ -48,8 +48,8 @@ def _integers(text: str, name: str) -> list[int]:
 
 
 def _token_counts(text: str, flag: str) -> tuple[int, ...]:
-    """Token counts as the Plan tab reads them (`1k, 32k`; `kvlab.token_counts`); ValueError names `flag`."""
-    from .token_counts import parse_token_counts
+    """Token counts as the Plan tab reads them (`1k, 32k`; `kvlab.plan.token_counts`); ValueError names `flag`."""
+    from ..plan.token_counts import parse_token_counts
 
     try:
         return parse_token_counts(text)

@@ -27,6 +27,8 @@ PLOT_HEIGHT_PX = 300
 BUTTONS = ["fullscreen", "export"]
 NO_COLOR = "#888888"
 """Colour of a series missing from the colour map given."""
+NOT_RECORDED = "not recorded: this record has no process-memory samples (a command-line run keeps none)"
+"""The memory plot's caption for a finished run (a replayed CLI record) with no memory samples."""
 SHARED_LEGEND = "kv-shared-legend"
 """Class of the plots whose series the shared HTML legend names; the theme hides their own vega legend (one
 row under the plot, cut off from six columns on)."""
@@ -36,6 +38,7 @@ def line_plot(spec: frames.PlotSpec, elem_id: str, visible: bool = True, color_m
               **more) -> gr.LinePlot:
     """A `gr.LinePlot` for a `plot_frames.PlotSpec`: series by colour, the series name and the value with its
     unit in the tooltip."""
+    more.setdefault("caption", spec.caption or None)
     return gr.LinePlot(None, x=spec.x, y=spec.y, color="series", title=spec.title, x_title=spec.x_title,
                        y_title=spec.y_title, color_title="", tooltip=["series", "value"], height=PLOT_HEIGHT_PX,
                        color_map=color_map, buttons=BUTTONS, elem_id=elem_id, visible=visible, **more)
@@ -88,6 +91,9 @@ def legend_html(frames_: list, colors: dict[str, str]) -> str:
     `frames_` (DataFrames with a `series` column), in order of first appearance; '' when there is none.
     A prediction's swatch is its lighter colour, drawn hollow."""
     names = list(dict.fromkeys(name for frame in frames_ for name in series_of(frame)))
+    measured = [name.removesuffix(" " + frames.PREDICTED) for name in names]
+    names.sort(key=lambda name: (measured.index(name.removesuffix(" " + frames.PREDICTED)),
+                                 name.endswith(" " + frames.PREDICTED)))  # each prediction after its column
     entries = []
     for name in names:
         color = colors.get(name, NO_COLOR)
@@ -135,14 +141,20 @@ class LivePlots:
         sent = view.plot_series
         view.plot_series = {"cache": series_of(cache), "latency": series_of(latency), "memory": series_of(memory),
                             "by_type": series_of(by_type)}
+        top = frames.latency_limit(latency)
+        memory_caption = frames.MEMORY.caption
+        if memory.empty and view.done is not None:
+            memory_caption = NOT_RECORDED
         return {
             self.box: gr.update(visible=True),
             self.legend: legend_html([cache, latency, by_type], colors),
             self.cache: plot_update(cache, colors, sent.get("cache") or None),
-            self.latency: plot_update(latency, colors, sent.get("latency") or None),
-            self.memory: plot_update(memory, frames.MEMORY_COLORS, sent.get("memory") or None),
+            self.latency: plot_update(latency, colors, sent.get("latency") or None,
+                                      y_lim=[0, top] if top is not None else None),
+            self.memory: plot_update(memory, frames.MEMORY_COLORS, sent.get("memory") or None,
+                                     caption=memory_caption),
             self.by_type: plot_update(by_type, colors, sent.get("by_type") or None, visible=not by_type.empty),
-            self.notes: frames.switch_notes(view),
+            self.notes: " · ".join(filter(None, [frames.switch_notes(view), frames.clipped_note(latency, top)])),
         }
 
     def settle(self, view) -> dict:

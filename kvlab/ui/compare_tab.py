@@ -163,7 +163,9 @@ class CompareTab(CompareExtras):
         with gr.Column(visible=False, elem_id="kv-results") as self.results:
             self.summary = gr.Dataframe(value=None, headers=None, interactive=False, wrap=True, elem_id="kv-summary",
                                         label="Summary", max_height=900, column_widths=SUMMARY_WIDTHS)
-            gr.Markdown(SUMMARY_HELP, elem_classes=["kv-small"])
+            self.summary_notes = gr.Markdown("", elem_classes=["kv-small"], elem_id="kv-summary-notes")
+            gr.Markdown(f'<details class="kv-more"><summary>ⓘ what the columns mean</summary>\n\n{SUMMARY_HELP}'
+                        '\n\n</details>', elem_classes=["kv-small"])
             with gr.Row(equal_height=True):
                 self.exports = gr.File(label="Export: JSON record (replayable), summary CSV", file_count="multiple",
                                        interactive=False, elem_id="kv-exports", scale=4)
@@ -228,7 +230,7 @@ class CompareTab(CompareExtras):
             *[box for card in self.cards for box in (card.budget, card.fallback)],
         }
         self.run_outputs = [self.run_status, self.model_status, *self.plots.outputs, self.results, self.summary,
-                            self.exports, self.share, self.code,
+                            self.exports, self.share, self.summary_notes, self.code,
                             *[c for card in self.cards for c in (card.status, card.text, card.strategy)]]
         self.run_button.click(
             self.prepare, self.session, [self.run_button, self.stop_button, self.run_status], show_progress="hidden",

@@ -28,7 +28,7 @@ class CompareUpdates:
         choices = strategy_choices(loaded)
         updates = {self.run_status: line_html("starting…", "busy"), **self.plots.cleared(),
                    self.results: gr.update(visible=False), self.summary: None, self.exports: None, self.code: "",
-                   self.share: "",
+                   self.share: "", self.summary_notes: "",
                    **{card.strategy: gr.update(choices=choices) for card in self.cards}}
         for slot, card in enumerate(self.cards):
             if slot in plan.slot_errors:
@@ -71,4 +71,5 @@ class CompareUpdates:
         rows, _ = view.summary()
         exports = exports or write_exports(record, rows)
         return {self.summary: gr.update(value=table, headers=headers), self.results: gr.update(visible=True),
-                self.exports: exports, self.share: share_html(share_id(exports))}
+                self.exports: exports, self.share: share_html(share_id(exports)),
+                self.summary_notes: view.summary_notes()}

@@ -53,6 +53,12 @@ SUMMARY_HELP = (
     "column's cache (teacher-forced) and compare next-token distributions, a fairer judge of a lossy cache."
 )
 
+NOTE_CHARS = 48
+"""Characters of a column's note shown in its summary cell; the whole notes follow the table once each
+(`summary_notes`), behind a toggle."""
+MORE_MARK = " ⓘ"
+"""Ends a summary note cut to NOTE_CHARS: the whole note is in the notes below the table."""
+
 DISPLAY_COLUMNS = [
     ("column", "text"), ("status", "text"), ("ttft_s", "seconds"), ("decode_tok_s", "rate"), ("itl_ms_p50", "ms"),
     ("itl_ms_p99", "ms"),
@@ -76,6 +82,17 @@ FINISHED = ("done", "stopped", "error", "unavailable")
 def format_mib(n_bytes: int | None) -> str:
     """Bytes as MiB with two decimals (`4055040` -> `3.87 MiB`)."""
     return MISSING if n_bytes is None else f"{n_bytes / MIB:.2f} MiB"
+
+
+def short_note(note: str | None) -> str:
+    """A summary cell's note: the first clause of `note` (up to its first `;` or sentence end), cut at a word to
+    at most NOTE_CHARS characters and marked MORE_MARK when anything was left out."""
+    if not note:
+        return ""
+    first = note.split("; ")[0].split(". ")[0].rstrip(".")
+    if len(first) > NOTE_CHARS:
+        first = first[:NOTE_CHARS].rsplit(" ", 1)[0]
+    return note if first == note else first + MORE_MARK
 
 
 def format_value(value, kind: str) -> str:
@@ -279,9 +296,23 @@ class RunView:
         rows, _ = self.summary()
         marked = best_sets(rows)
         headers = [HEADERS[key] for key, _ in DISPLAY_COLUMNS]
-        table = [[format_value(row[key], kind) + (BEST_MARK if i in marked.get(key, ()) else "")
+        table = [[(short_note(row[key]) if key == "note" else format_value(row[key], kind))
+                  + (BEST_MARK if i in marked.get(key, ()) else "")
                   for key, kind in DISPLAY_COLUMNS] for i, row in enumerate(rows)]
         return headers, table
+
+    def summary_notes(self) -> str:
+        """Markdown: every column's note in full, each distinct note once with the columns it belongs to, in a
+        closed `<details>` (the summary cells show the first NOTE_CHARS characters); '' when no note was cut."""
+        rows, _ = self.summary()
+        notes: dict[str, list[str]] = {}
+        for row in rows:
+            if row["note"] and short_note(row["note"]) != row["note"]:
+                notes.setdefault(row["note"], []).append(str(row["column"]))
+        if not notes:
+            return ""
+        items = "\n".join(f"- **{', '.join(columns)}**: {note}" for note, columns in notes.items())
+        return f"<details class=\"kv-more\"><summary>ⓘ notes in full</summary>\n\n{items}\n\n</details>"
 
 
 def best_rows(rows: list[dict], metric: str, best: int) -> set[int]:

@@ -87,7 +87,7 @@ def model_choices() -> list[tuple[str, str]]:
 
 def parse_contexts(text) -> tuple[int, ...]:
     """Context lengths in tokens from `1024, 32k, 128k` (k = 1024, m = 1024²), sorted, each once
-    (`kvlab.token_counts`, which `kvlab plan --context` reads too).
+    (`kvlab.plan.token_counts`, which `kvlab plan --context` reads too).
 
     Raises:
         PlanRejected: empty, or a part that is not a whole number of tokens. Ranges are checked by the planner.

@@ -15,6 +15,7 @@ Pure: pandas only, no gradio; a series longer than MAX_POINTS is thinned evenly 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import pandas as pd
@@ -34,23 +35,32 @@ LAYER_TYPE_SHORT = {"full_attention": "full", "sliding_attention": "sliding"}
 
 @dataclass(frozen=True)
 class PlotSpec:
-    """One native plot: the frame's x and y columns and the axis titles (with units)."""
+    """One native plot: the frame's x and y columns, the axis titles (with units), a title short enough for a
+    third of a 1400 px page, and the caption under the plot ('' for none)."""
 
     x: str
     y: str
     x_title: str
     y_title: str
     title: str
+    caption: str = ""
 
 
-CACHE = PlotSpec("token", "MiB", "generated tokens", "KV cache tensors (MiB)",
-                 "KV cache: measured, and the dense prediction (lighter, '… predicted')")
-LATENCY = PlotSpec("token", "ms", "generated tokens", "compute per token (ms)",
-                   "per-token latency (the first token includes prefill)")
-MEMORY = PlotSpec("time_s", "MiB", "time since run start (s)", "process memory (MiB)",
-                  "process memory (whole process, not just caches)")
-BY_LAYER_TYPE = PlotSpec("token", "MiB", "generated tokens", "KV cache tensors (MiB)",
-                         "KV cache by layer type: measured, and predicted (lighter)")
+CACHE = PlotSpec("token", "MiB", "generated tokens", "KV cache tensors (MiB)", "KV cache",
+                 "measured, over the dense prediction (lighter, '… predicted')")
+LATENCY = PlotSpec("token", "ms", "generated tokens", "compute per token (ms)", "per-token latency",
+                   "the first token includes prefill")
+MEMORY = PlotSpec("time_s", "MiB", "time since run start (s)", "process memory (MiB)", "process memory",
+                  "the whole process, not just caches")
+BY_LAYER_TYPE = PlotSpec("token", "MiB", "generated tokens", "KV cache tensors (MiB)", "KV cache by layer type",
+                         "measured, over the prediction (lighter)")
+LATENCY_CLIP_QUANTILE = 0.95
+LATENCY_CLIP_FACTOR = 1.5
+"""The latency axis stops at LATENCY_CLIP_FACTOR × the LATENCY_CLIP_QUANTILE quantile of the decode steps
+(rounded up to 1, 2 or 5 × 10ⁿ ms) when a few steps (a prefill, a stall) lie far above it, so one spike does not
+flatten every other line; the cut points are named under the plots."""
+LATENCY_SPIKE_FACTOR = 3.0
+"""The axis is cut only when its highest point is more than this many times that top (a spike, not a trend)."""
 TURN_TTFT = PlotSpec("turn", "seconds", "turn", "time to first token (s)", "TTFT per turn, with and without reuse")
 TURN_TOKENS = PlotSpec("turn", "tokens", "turn", "input tokens", "input tokens per turn: reused vs prefilled")
 PPL = PlotSpec("position", "nats", "position (tokens)", "log-perplexity over the window (nats)",
@@ -91,13 +101,14 @@ def _steps(series: list[float], scale: float, name: str) -> list[tuple]:
 
 
 def cache_frame(view) -> pd.DataFrame:
-    """Cache tensor MiB per generated token: each column measured, and its dense prediction (when known)."""
-    rows = []
+    """Cache tensor MiB per generated token: each column measured, and its dense prediction (when known). The
+    predictions come first, so vega draws each measured line over its prediction."""
+    predicted, measured = [], []
     for column, slot in zip(view.columns, view.slots):
-        rows += _steps(column.cache_bytes, MIB, series_name(slot, column.title))
+        measured += _steps(column.cache_bytes, MIB, series_name(slot, column.title))
         if any(column.predicted_cache_bytes):
-            rows += _steps(column.predicted_cache_bytes, MIB, series_name(slot, column.title, True))
-    return _frame(CACHE, rows, "MiB")
+            predicted += _steps(column.predicted_cache_bytes, MIB, series_name(slot, column.title, True))
+    return _frame(CACHE, predicted + measured, "MiB")
 
 
 def latency_frame(view) -> pd.DataFrame:
@@ -106,6 +117,34 @@ def latency_frame(view) -> pd.DataFrame:
     for column, slot in zip(view.columns, view.slots):
         rows += _steps(column.per_token_s, 1e-3, series_name(slot, column.title))
     return _frame(LATENCY, rows, "ms", 1)
+
+
+def nice_ceiling(value: float) -> float:
+    """The smallest 1, 2 or 5 × 10ⁿ at or above `value` (> 0)."""
+    scale = 10 ** math.floor(math.log10(value))
+    return next(step * scale for step in (1, 2, 5, 10) if step * scale >= value)
+
+
+def latency_limit(frame: pd.DataFrame) -> float | None:
+    """The top of the latency axis (ms) when a few points lie far above the rest (see LATENCY_CLIP_FACTOR and
+    LATENCY_SPIKE_FACTOR), else None (the axis fits every point)."""
+    if frame is None or frame.empty:
+        return None
+    decode = frame.loc[frame[LATENCY.x] > 1, LATENCY.y].dropna()
+    if len(decode) < 4:
+        return None
+    top = nice_ceiling(max(LATENCY_CLIP_FACTOR * float(decode.quantile(LATENCY_CLIP_QUANTILE)), 1e-3))
+    return top if float(frame[LATENCY.y].max()) > LATENCY_SPIKE_FACTOR * top else None
+
+
+def clipped_note(frame: pd.DataFrame, top: float | None) -> str:
+    """`latency axis cut at 200 ms: 3 points above it (1: no_cache, …)`; '' when `top` is None."""
+    if top is None:
+        return ""
+    above = frame[frame[LATENCY.y] > top]
+    series = ", ".join(dict.fromkeys(above["series"]))
+    return (f"latency axis cut at {top:g} ms: {len(above)} point{'s' if len(above) > 1 else ''} above it "
+            f"({series}; up to {above[LATENCY.y].max():,.0f} ms; the JSON has every value)")
 
 
 def memory_frame(memory) -> pd.DataFrame:
@@ -118,18 +157,18 @@ def memory_frame(memory) -> pd.DataFrame:
 
 def layer_type_frame(view) -> pd.DataFrame:
     """Cache MiB per layer type and column, measured and predicted (empty unless a column measured several
-    layer types: a hybrid model)."""
-    rows = []
+    layer types: a hybrid model); predictions first, so each measured line is drawn over its prediction."""
+    rows, measured = [], []
     for column, slot in zip(view.columns, view.slots):
         if len(column.cache_bytes_by_layer_type) < 2:
             continue
         for kind, values in sorted(column.cache_bytes_by_layer_type.items()):
             name = f"{column.title} · {LAYER_TYPE_SHORT.get(kind, kind)}"
-            rows += _steps(values, MIB, series_name(slot, name))
+            measured += _steps(values, MIB, series_name(slot, name))
             predicted = column.predicted_cache_bytes_by_layer_type.get(kind, [])
             if any(predicted):
                 rows += _steps(predicted, MIB, series_name(slot, name, True))
-    return _frame(BY_LAYER_TYPE, rows, "MiB")
+    return _frame(BY_LAYER_TYPE, rows + measured, "MiB")
 
 
 def compare_colors(view) -> dict[str, str]:

@@ -9,7 +9,7 @@ import pytest
 
 from kvlab import models
 from kvlab.cli import main
-from kvlab.outputs import OutputError, check_writable, write_text
+from kvlab.cli.outputs import OutputError, check_writable, write_text
 from kvlab.ui.plan_view import parse_contexts
 
 LLAMA = "meta-llama/Llama-3.1-8B-Instruct"

@@ -28,7 +28,8 @@ def two_columns() -> RunView:
 def test_cache_frame_has_a_measured_and_a_predicted_series_per_column():
     frame = frames.cache_frame(two_columns())
     assert list(frame.columns) == ["token", "MiB", "series", "value"]
-    assert list(frame["series"].unique()) == ["1: dynamic", "1: dynamic predicted", "4: static", "4: static predicted"]
+    # predictions first: vega draws each measured line over its lighter prediction, not under it
+    assert list(frame["series"].unique()) == ["1: dynamic predicted", "4: static predicted", "1: dynamic", "4: static"]
     dynamic = frame[frame["series"] == "1: dynamic"]
     assert list(dynamic["token"]) == [1, 2, 3] and list(dynamic["MiB"]) == [1.0, 2.0, 3.0]
     assert list(dynamic["value"]) == ["1.00 MiB", "2.00 MiB", "3.00 MiB"]
@@ -152,3 +153,15 @@ def test_live_plot_updates_rebuild_one_update_after_a_series_appears_and_settle_
     settled = plots.settle(view)
     assert list(settled[plots.latency]["color_map"]) == ["1: dynamic", "2: static"]
     assert plots.legend not in settled and plots.cache in settled
+
+
+def test_one_latency_spike_does_not_flatten_the_axis_and_is_named():
+    view = two_columns()
+    view.columns[0].per_token_s = [0.5] + [0.020] * 30 + [12.0]  # a prefill and a 12 s stall among 20 ms steps
+    latency = frames.latency_frame(view)
+    top = frames.latency_limit(latency)
+    assert top == 100  # 1.5 × the decode steps' 95th percentile (60 ms), rounded up to 1, 2 or 5 × 10ⁿ
+    note = frames.clipped_note(latency, top)
+    assert note.startswith("latency axis cut at 100 ms: 2 points above it (1: dynamic; up to 12,000 ms")
+    view.columns[0].per_token_s = [0.020] * 31
+    assert frames.latency_limit(frames.latency_frame(view)) is None and frames.clipped_note(latency, None) == ""
