@@ -45,10 +45,19 @@ from .chat_view import (
     turns_frame,
 )
 from . import zerogpu
-from .compare_plots import line_plot, plot_update
+from .compare_plots import line_plot, roster_update
 from .knobs import card_form, knob_index, max_knobs, strategy_choices
 from .model_picker import model_dropdown
-from .plot_frames import TURN_COLORS, TURN_TOKENS, TURN_TTFT, turns_tokens_frame, turns_ttft_frame
+from .plot_frames import (
+    TURN_COLORS,
+    TURN_TOKENS,
+    TURN_TOKENS_SERIES,
+    TURN_TTFT,
+    TURN_TTFT_SERIES,
+    turn_labels,
+    turns_tokens_frame,
+    turns_ttft_frame,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -99,6 +108,7 @@ class ChatTab:
                                "Cache strategy", "kvlab-chat", outputs=False, elem_id="kvlab-chat-card", budget=True)
 
     def _build_conversation(self) -> None:
+        self.model_source = model_dropdown(self.spec0.source, elem_id="kvlab-chat-model")
         self.system = gr.Textbox(label="System prompt", lines=2, placeholder="(empty: the chat template's default)")
         self.chatbot = gr.Chatbot(label="Conversation", height=360, elem_id="kvlab-chatbot")
         with gr.Row():
@@ -122,10 +132,8 @@ class ChatTab:
         self.turn_info = gr.Markdown(elem_id="kvlab-chat-turn")
         self.turn_table = gr.Dataframe(label="Per turn", interactive=False, wrap=True)
         with gr.Row(elem_id="kvlab-chat-plots"):
-            self.ttft_plot = line_plot(TURN_TTFT, "kvlab-chat-ttft", color_map=TURN_COLORS)
-            self.tokens_plot = line_plot(TURN_TOKENS, "kvlab-chat-tokens", color_map=TURN_COLORS)
-        with gr.Accordion("Settings", open=False):
-            self.model_source = model_dropdown(self.spec0.source, elem_id="kvlab-chat-model")
+            self.ttft_plot = line_plot(TURN_TTFT, "kvlab-chat-ttft", color_map=turn_colors(TURN_TTFT_SERIES))
+            self.tokens_plot = line_plot(TURN_TOKENS, "kvlab-chat-tokens", color_map=turn_colors(TURN_TOKENS_SERIES))
 
     def _build_prefix(self) -> None:
         document, prompts = default_prefix_texts()
@@ -196,6 +204,17 @@ class ChatTab:
 
     # ----- handlers: each returns or yields {component: update} -----
 
+    def turn_plots(self, turns) -> dict:
+        """Both per-turn plots: every series drawn from the first turn on (`roster_update`), one whole-turn
+        category per turn on x (`turn_labels`); cleared before the first turn."""
+        if not turns:
+            return {self.ttft_plot: gr.update(value=None), self.tokens_plot: gr.update(value=None)}
+        order = turn_labels(turns)
+        return {self.ttft_plot: roster_update(turns_ttft_frame(turns), TURN_TTFT, TURN_COLORS, TURN_TTFT_SERIES,
+                                              sort=order),
+                self.tokens_plot: roster_update(turns_tokens_frame(turns), TURN_TOKENS, TURN_COLORS,
+                                                TURN_TOKENS_SERIES, sort=order)}
+
     def idle(self, state: ChatTabState | None, note: str, message=None, capacity: bool = False) -> dict:
         """The page between turns: the conversation, a notice, the last turn's stats; `message` refills the box."""
         session = state.session if state else None
@@ -203,8 +222,7 @@ class ChatTab:
         turns = session.turns if session else []
         updates = {self.chatbot: history, self.notice: note, self.capacity_row: gr.update(visible=capacity),
                    self.turn_info: turn_markdown(turns[-1] if turns else None), self.turn_table: turns_frame(turns),
-                   self.ttft_plot: plot_update(turns_ttft_frame(turns), TURN_COLORS),
-                   self.tokens_plot: plot_update(turns_tokens_frame(turns), TURN_COLORS),
+                   **self.turn_plots(turns),
                    self.state: state}
         if message is not None:
             updates[self.message] = message
@@ -371,6 +389,11 @@ class ChatTab:
 def _session_key(request: gr.Request | None) -> str:
     """The browser session's id (gradio's session hash); 'local' for calls made outside a request."""
     return getattr(request, "session_hash", None) or "local"
+
+
+def turn_colors(series: list[str]) -> dict[str, str]:
+    """The colour map of a per-turn plot: exactly its series (the map stays the same for the whole session)."""
+    return {name: TURN_COLORS[name] for name in series}
 
 
 def build_chat_tab(pool: ModelPool, default_spec: ModelSpec | None = None) -> ChatTab:

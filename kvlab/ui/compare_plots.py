@@ -67,8 +67,8 @@ def roster_update(frame, spec: frames.PlotSpec, colors: dict[str, str], roster: 
 
     The plot fixes its vega colour domain to the series present in the frame it builds its spec from (see
     `plot_update`), so a series whose first point comes after that frame would never be drawn. Here each
-    series of `roster` without a point yet gets one empty row (x and y missing: vega draws nothing for it,
-    but it is in the domain), and `color_map` is the whole roster from the first update of the run to the
+    series of `roster` without a point yet gets one empty row (y missing, x the frame's first x: vega draws
+    nothing for it, but it is in the domain), and `color_map` is the whole roster from the first update of the run to the
     last, so the spec never changes mid-run. An empty roster clears the plot."""
     if not roster:
         return plot_update(None, colors, **more)
@@ -76,7 +76,9 @@ def roster_update(frame, spec: frames.PlotSpec, colors: dict[str, str], roster: 
     missing = [name for name in roster if name not in present]
     if missing:
         nan = [float("nan")] * len(missing)
-        blank = pd.DataFrame({spec.x: nan, spec.y: nan, "series": missing, "value": [""] * len(missing)})
+        first_x = frame[spec.x].iloc[0] if frame is not None and not frame.empty else float("nan")
+        blank = pd.DataFrame({spec.x: [first_x] * len(missing), spec.y: nan, "series": missing,
+                              "value": [""] * len(missing)})
         frame = blank if frame is None or frame.empty else pd.concat([frame, blank], ignore_index=True)
     return gr.update(value=frame, color_map={name: colors.get(name, NO_COLOR) for name in roster}, **more)
 

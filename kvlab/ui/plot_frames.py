@@ -192,17 +192,28 @@ def switch_notes(view) -> str:
                      for column, slot in zip(view.columns, view.slots) for switch in column.switches)
 
 
+TURN_TTFT_SERIES = ["with reuse", "without reuse"]
+TURN_TOKENS_SERIES = ["reused", "prefilled"]
+"""Every series a per-turn plot can show, known before the first turn (`compare_plots.roster_update`)."""
+
+
+def turn_labels(turns) -> list[str]:
+    """The turn numbers as the per-turn plots' x categories (`"1"`, `"2"`, …): whole turns, never `1.5`."""
+    return [str(t.turn) for t in turns]
+
+
 def turns_ttft_frame(turns) -> pd.DataFrame:
-    """Per turn: TTFT with reuse and, when measured, without reuse (seconds)."""
-    rows = [(t.turn, t.ttft_s, "with reuse") for t in turns]
-    rows += [(t.turn, t.no_reuse_ttft_s, "without reuse") for t in turns if t.no_reuse_ttft_s is not None]
+    """Per turn (x: the turn number as a category, `turn_labels`): TTFT with reuse and, when measured, without
+    reuse (seconds)."""
+    rows = [(str(t.turn), t.ttft_s, "with reuse") for t in turns]
+    rows += [(str(t.turn), t.no_reuse_ttft_s, "without reuse") for t in turns if t.no_reuse_ttft_s is not None]
     return _frame(TURN_TTFT, rows, "s", 3)
 
 
 def turns_tokens_frame(turns) -> pd.DataFrame:
-    """Per turn: input tokens taken from the kept cache (`reused`) and prefilled."""
-    rows = [(t.turn, t.reused_tokens, "reused") for t in turns] + [(t.turn, t.prefilled_tokens, "prefilled")
-                                                                     for t in turns]
+    """Per turn (x as in `turns_ttft_frame`): input tokens taken from the kept cache (`reused`) and prefilled."""
+    rows = [(str(t.turn), t.reused_tokens, "reused") for t in turns]
+    rows += [(str(t.turn), t.prefilled_tokens, "prefilled") for t in turns]
     return _frame(TURN_TOKENS, rows, "tokens", 0)
 
 

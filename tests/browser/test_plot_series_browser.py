@@ -39,7 +39,7 @@ def run_perplexity(page, window: int) -> list[str]:
     set_slider(page, "ppl-window", window)
     page.locator("#ppl-run").click()
     status = page.locator("#ppl-status")
-    status.filter(has_text=re.compile(r"^token ([3-9]|\d\d+) of")).wait_for(timeout=RUN_TIMEOUT_S * 1000)
+    status.filter(has_text=re.compile(r"token ([3-9]|\d\d+) of")).wait_for(timeout=RUN_TIMEOUT_S * 1000)
     page.locator("#ppl-stop").click()
     status.filter(has_text=re.compile(r"(done|stopped): \d+ tokens per cache")).wait_for(timeout=RUN_TIMEOUT_S * 1000)
     table = page.locator("#ppl-table").inner_text()

@@ -62,7 +62,7 @@ def test_table_and_plot_have_one_entry_per_turn():
     assert {"ttft_s", "no_reuse_ttft_s", "saved_s", "decode_tok_s", "cache_bytes"} <= set(frame.columns)
     times, tokens = turns_ttft_frame(turns), turns_tokens_frame(turns)
     assert len(times) == 4 and len(tokens) == 4  # with/without reuse and reused/prefilled, per turn
-    assert set(times["series"]) == {"with reuse", "without reuse"} and list(times["turn"][:2]) == [1, 2]
+    assert set(times["series"]) == {"with reuse", "without reuse"} and list(times["turn"][:2]) == ["1", "2"]
     assert list(tokens[tokens["series"] == "reused"]["tokens"]) == [0, 44]
     assert all(value.endswith(" s") for value in times["value"])
     assert all(value.endswith(" tokens") for value in tokens["value"])
