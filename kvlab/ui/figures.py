@@ -184,7 +184,7 @@ def plan_figure(series: list[dict], room_gib: float | None, budget_gib: float | 
         ax.axvspan(limit, ax.get_xlim()[1], color="#999999", alpha=0.15, lw=0,
                    label=f"past max_position_embeddings ({limit:,})")
     ax.set(title=heading, xlabel="context length (tokens, log scale)", ylabel="KV cache (GiB, log scale)")
-    if series or absent:
-        ax.legend(fontsize=8, loc="upper left", frameon=False)
+    if series or absent:  # beside the axes, so no entry sits on the budget line or a curve
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0, frameon=False)
     _tidy(ax)
     return fig

@@ -267,7 +267,7 @@ class PlanView:
         bound = strategy.max_context_in_budget
         if bound == 0:
             return "none: weights alone exceed it" if self.weights_bytes > self.budget_bytes else "none"
-        return f"{bound:,} tokens"
+        return f"{bound:,} tokens" + (PAST_LIMIT_MARK if self.past_limit(bound) else "")
 
     def _cache_text(self, cell) -> str:
         text = gib_text(cell.cache_bytes)

@@ -167,3 +167,13 @@ def test_measure_it_for_real_carries_the_cards_to_compare():
 def test_gib_text():
     assert [gib_text(v) for v in (None, 0, GIB // 8, 31 * GIB, 113 * GIB, 1000)] == \
         ["—", "0", "0.125", "31.0", "113", "<0.001"]
+
+
+def test_a_max_context_past_max_position_embeddings_is_marked_and_the_legend_is_off_the_axes():
+    view = run_plan(form(model=LLAMA, contexts="1k, 128k", budget="80"))
+    dynamic = view.rows()[0]
+    assert dynamic[5].endswith(" tokens" + PAST_LIMIT_MARK)  # 65 GiB of cache room: past the model's 131,072
+    fig = view.figure()
+    fig.draw_without_rendering()
+    ax = fig.axes[0]
+    assert ax.get_legend().get_window_extent().x0 >= ax.get_window_extent().x1  # never over the budget line
