@@ -59,6 +59,10 @@ NOTE_CHARS = 48
 MORE_MARK = " ⓘ"
 """Ends a summary note cut to NOTE_CHARS: the whole note is in the notes below the table."""
 
+BUSY_MARK = " · ⚠ too busy for a fair comparison (why: the notes under the summary)"
+"""Ends the one-line finished status when the machine was too busy; the timing note itself is in
+`RunView.summary_notes`."""
+
 DISPLAY_COLUMNS = [
     ("column", "text"), ("status", "text"), ("ttft_s", "seconds"), ("decode_tok_s", "rate"), ("itl_ms_p50", "ms"),
     ("itl_ms_p99", "ms"),
@@ -277,8 +281,10 @@ class RunView:
         for c in self.columns:
             counts[c.status] = counts.get(c.status, 0) + 1
         detail = ", ".join(f"{n} {status}" for status, n in counts.items())
+        timing = {key: value for key, value in (self.done.timing if self.done else {}).items() if key != "note"}
+        busy = BUSY_MARK if timing.get("busy") else ""  # one line: the timing note goes under the summary
         return f"{'stopped' if phase == 'stopped' else 'finished'}{wall}: {tokens} tokens ({detail})" + \
-            timing_line(self.done.timing if self.done else {})
+            timing_line(timing) + busy
 
     def summary(self) -> tuple[list[dict], dict[str, int]]:
         """(report.summary_rows of the final results, metric -> index of the best row); empty before RunDone."""
@@ -302,10 +308,12 @@ class RunView:
         return headers, table
 
     def summary_notes(self) -> str:
-        """Markdown: every column's note in full, each distinct note once with the columns it belongs to, in a
-        closed `<details>` (the summary cells show the first NOTE_CHARS characters); '' when no note was cut."""
+        """Markdown: every column's note in full, each distinct note once with the columns it belongs to, and the
+        run's timing note (kept off the one-line status), in a closed `<details>` (the summary cells show the
+        first NOTE_CHARS characters); '' when there is nothing more to say."""
         rows, _ = self.summary()
-        notes: dict[str, list[str]] = {}
+        timing_note = (self.done.timing or {}).get("note") if self.done is not None else None
+        notes: dict[str, list[str]] = {timing_note: ["timing"]} if timing_note else {}
         for row in rows:
             if row["note"] and short_note(row["note"]) != row["note"]:
                 notes.setdefault(row["note"], []).append(str(row["column"]))
