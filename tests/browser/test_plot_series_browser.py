@@ -16,7 +16,8 @@ from kvlab.ui.plot_frames import perplexity_colors
 RUN_TIMEOUT_S = 600
 DRAWN_JS = """(plot) => ({
   strokes: [...document.querySelectorAll(`#${plot} svg.marks .mark-line path`)]
-             .filter(p => (p.getAttribute('d') || '').length > 20).map(p => p.getAttribute('stroke')),
+             .filter(p => p.getAttribute('stroke') && (p.getAttribute('d') || '').length > 20)
+             .map(p => p.getAttribute('stroke')),
   legend: [...document.querySelectorAll(`#${plot} svg.marks .role-legend-label text`)].map(t => t.textContent),
 })"""
 

@@ -17,6 +17,7 @@ REPLAYED_TIMEOUT_MS = 120_000
 def result_of(page) -> dict:
     """What a visitor reads of a finished result."""
     page.locator("#kv-summary").wait_for(state="visible")
+    page.wait_for_function("document.querySelector('#kv-exports').innerText.includes('kvlab-summary.csv')")
     snap = snapshot(page)
     return {"strategies": strategies(page), "texts": snap["texts"], "badges": snap["badges"],
             "summary": page.locator("#kv-summary").inner_text(),
