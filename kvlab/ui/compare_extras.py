@@ -53,7 +53,7 @@ class CompareExtras(CompareUpdates):
         is no longer kept says so in the status line."""
         run_id = dict(request.query_params).get(SHARE_PARAM) if request is not None else None
         if not run_id:
-            return {}
+            return {self.run_status: gr.skip()}  # an empty dict would read as one value for every output
         exports = shared_exports(run_id)
         if exports is None:
             return {self.run_status: line_html(f"✖ the shared result {run_id!r} is not kept on this server any "
@@ -65,7 +65,7 @@ class CompareExtras(CompareUpdates):
         <machine> at <time>`; a file that is not a replayable record says why in the status line. `exports`:
         the result's files when they are already kept here (a share link), else they are written."""
         if not path:
-            return {}
+            return {self.run_status: gr.skip()}
         try:
             replayed = load_record(path)
         except RecordError as err:
