@@ -164,7 +164,7 @@ class CompareTab(CompareExtras):
             self.summary = gr.Dataframe(value=None, headers=None, interactive=False, wrap=True, elem_id="kv-summary",
                                         label="Summary", max_height=900, column_widths=SUMMARY_WIDTHS)
             self.summary_notes = gr.Markdown("", elem_classes=["kv-small"], elem_id="kv-summary-notes")
-            gr.Markdown(f'<details class="kv-more"><summary>ⓘ what the columns mean</summary>\n\n{SUMMARY_HELP}'
+            gr.Markdown(f'<details class="kv-more"><summary>what the columns mean</summary>\n\n{SUMMARY_HELP}'
                         '\n\n</details>', elem_classes=["kv-small"])
             with gr.Row(equal_height=True):
                 self.exports = gr.File(label="Export: JSON record (replayable), summary CSV", file_count="multiple",

@@ -56,7 +56,7 @@ SUMMARY_HELP = (
 NOTE_CHARS = 48
 """Characters of a column's note shown in its summary cell; the whole notes follow the table once each
 (`summary_notes`), behind a toggle."""
-MORE_MARK = " ⓘ"
+MORE_MARK = " …"
 """Ends a summary note cut to NOTE_CHARS: the whole note is in the notes below the table."""
 
 BUSY_MARK = " · ⚠ too busy for a fair comparison (why: the notes under the summary)"
@@ -320,7 +320,7 @@ class RunView:
         if not notes:
             return ""
         items = "\n".join(f"- **{', '.join(columns)}**: {note}" for note, columns in notes.items())
-        return f"<details class=\"kv-more\"><summary>ⓘ notes in full</summary>\n\n{items}\n\n</details>"
+        return f"<details class=\"kv-more\"><summary>notes in full</summary>\n\n{items}\n\n</details>"
 
 
 def best_rows(rows: list[dict], metric: str, best: int) -> set[int]:

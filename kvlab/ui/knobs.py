@@ -137,7 +137,7 @@ def strategy_help(name: str) -> str:
     generated = doc.startswith(cls.__name__ + "(")
     if generated or not doc:
         return cls.summary
-    return f"{cls.summary}\n\n<details class=\"kv-more\"><summary>ⓘ knobs</summary>\n\n{' '.join(doc.split())}\n\n</details>"
+    return f"{cls.summary}\n\n<details class=\"kv-more\"><summary>about the knobs</summary>\n\n{' '.join(doc.split())}\n\n</details>"
 
 
 def availability(loaded, names: list[str] | None = None) -> dict[str, str | None]:

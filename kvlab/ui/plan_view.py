@@ -254,7 +254,7 @@ class PlanView:
 
     def column_widths(self) -> list[str]:
         """Table column widths (percent), in header order: the note gets the most room."""
-        fixed = {"strategy": 12, "weights": 5, "total": 6, "max": 10, "note": 22}
+        fixed = {"strategy": 12, "weights": 7, "total": 7, "max": 10, "note": 19}
         each = (100 - sum(fixed.values())) / len(self.contexts)
         return ([f"{fixed['strategy']}%"] + [f"{each:.1f}%"] * len(self.contexts)
                 + [f"{fixed[key]}%" for key in ("weights", "total", "max", "note")])

@@ -44,6 +44,10 @@ def share_html(run_id: str, param: str = "run") -> str:
 
 CSS = """
 .kv-header h1 { margin-bottom: 0; }
+/* table headers wrap between words, never inside one ("agreeme|nt") */
+#kv-summary th, #kv-summary th *, #plan-table th, #plan-table th * { word-break: normal !important;
+  overflow-wrap: normal !important; hyphens: none; }
+.kv-more summary { cursor: pointer; }
 /* gradio pulses the border of a streaming output for as long as it streams (an endless opacity animation: the
    browser draws a frame 60 times a second, on the cores a same-machine run is timed on); the border stays, still */
 .wrap.generating { animation: none !important; }

@@ -88,3 +88,18 @@ def test_an_old_or_foreign_file_says_why_in_the_status_line(fresh, tmp_path, con
     updates = fresh.replay(str(path), {})
     assert set(updates) == {fresh.run_status}
     assert "cannot replay this file" in updates[fresh.run_status] and message in updates[fresh.run_status]
+
+
+def test_a_share_link_opens_the_same_result_and_a_plain_page_load_changes_nothing(measured, fresh):
+    tab, final, _ = measured
+    link = final[tab.share]
+    run_id = link.split("?run=")[1].split('"')[0]
+    opened = fresh.open_shared({}, type("Request", (), {"query_params": {"run": run_id}})())
+    assert value(opened[fresh.summary]) == value(final[tab.summary])
+    assert opened[fresh.exports] == final[tab.exports] and run_id in opened[fresh.share]
+    assert [opened[fresh.cards[slot].strategy] for slot in range(4)] == [NO_STRATEGY, "dynamic", NO_STRATEGY, "static"]
+    assert value(opened[fresh.cards[1].text]) == value(final[tab.cards[1].text])
+    plain = fresh.open_shared({}, type("Request", (), {"query_params": {}})())
+    assert list(plain) == [fresh.run_status]  # a dict keyed by a component: gradio reads it as updates
+    gone = fresh.open_shared({}, type("Request", (), {"query_params": {"run": "run-nosuch"}})())
+    assert "not kept on this server any more" in gone[fresh.run_status]
