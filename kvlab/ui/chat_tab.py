@@ -45,7 +45,7 @@ from .chat_view import (
     turns_frame,
 )
 from . import zerogpu
-from .compare_plots import line_plot, roster_update
+from .compare_plots import line_plot, roster_colors, roster_update
 from .knobs import card_form, knob_index, max_knobs, strategy_choices
 from .model_picker import model_dropdown
 from .plot_frames import (
@@ -392,8 +392,9 @@ def _session_key(request: gr.Request | None) -> str:
 
 
 def turn_colors(series: list[str]) -> dict[str, str]:
-    """The colour map of a per-turn plot: exactly its series (the map stays the same for the whole session)."""
-    return {name: TURN_COLORS[name] for name in series}
+    """The colour map of a per-turn plot, as `roster_update` sends it (the map stays the same for the whole
+    session, so the plot's spec is built once, from its first frame)."""
+    return roster_colors(TURN_COLORS, series)
 
 
 def build_chat_tab(pool: ModelPool, default_spec: ModelSpec | None = None) -> ChatTab:

@@ -61,7 +61,14 @@ def plot_update(frame, colors: dict[str, str], domain: list[str] | None = None, 
     return gr.update(value=frame, color_map={name: colors.get(name, NO_COLOR) for name in names}, **more)
 
 
-def roster_update(frame, spec: frames.PlotSpec, colors: dict[str, str], roster: list[str], **more) -> dict:
+def roster_colors(colors: dict[str, str], roster: list[str], primer: bool = False) -> dict[str, str]:
+    """The colour map `roster_update` sends: exactly the roster's series, in upper-case hex (lower case for a
+    primer, so the map differs by case alone between a run's primer and its frames)."""
+    return {name: (str.lower if primer else str.upper)(colors.get(name, NO_COLOR)) for name in roster}
+
+
+def roster_update(frame, spec: frames.PlotSpec, colors: dict[str, str], roster: list[str], primer: bool = False,
+                  **more) -> dict:
     """`gr.update` of the native plot of `spec` to `frame`, drawing every series of `roster` (all the series
     the plot will show in this run, known before its first point) in its colour from the first frame on.
 
@@ -69,9 +76,16 @@ def roster_update(frame, spec: frames.PlotSpec, colors: dict[str, str], roster: 
     `plot_update`), so a series whose first point comes after that frame would never be drawn. Here each
     series of `roster` without a point yet gets one empty row (y missing, x the frame's first x: vega draws
     nothing for it, but it is in the domain), and `color_map` is the whole roster from the first update of the run to the
-    last, so the spec never changes mid-run. An empty roster clears the plot."""
+    last, so the spec never changes mid-run. An empty roster clears the plot.
+
+    A plot that showed another roster before (a second run) rebuilds its spec when the colour map changes,
+    but from the value it held before that update: so a run starts with a `primer` (no points, every series,
+    the colours in lower case) and its frames then carry the same colours in upper case, whose change
+    rebuilds the spec from the primer, which holds the whole roster."""
     if not roster:
         return plot_update(None, colors, **more)
+    if primer:
+        frame = None
     present = set(series_of(frame))
     missing = [name for name in roster if name not in present]
     if missing:
@@ -80,7 +94,7 @@ def roster_update(frame, spec: frames.PlotSpec, colors: dict[str, str], roster: 
         blank = pd.DataFrame({spec.x: [first_x] * len(missing), spec.y: nan, "series": missing,
                               "value": [""] * len(missing)})
         frame = blank if frame is None or frame.empty else pd.concat([frame, blank], ignore_index=True)
-    return gr.update(value=frame, color_map={name: colors.get(name, NO_COLOR) for name in roster}, **more)
+    return gr.update(value=frame, color_map=roster_colors(colors, roster, primer), **more)
 
 
 def series_of(frame) -> list[str]:

@@ -125,13 +125,13 @@ class PerplexityTab:
         caches = len(data[self.choices] or []) + len([s for s in (data[self.extra] or "").split(",") if s.strip()])
         return zerogpu.estimate_s(caches, int(data[self.tokens] or 1))
 
-    def plots(self, view: PerplexityView) -> dict:
+    def plots(self, view: PerplexityView, primer: bool = False) -> dict:
         """Both native plots redrawn from `view`, every cache of the run in its colour from the first frame on
-        (`roster_update`), even the caches that have no point yet."""
+        (`roster_update`), even the caches that have no point yet; `primer`: the run's first update."""
         ppl, nbytes = view.frames()
         colors, roster = view.colors(), list(view.nll)
-        return {self.ppl_plot: roster_update(ppl, PPL, colors, roster, caption=view.caption()),
-                self.bytes_plot: roster_update(nbytes, PPL_BYTES, colors, roster)}
+        return {self.ppl_plot: roster_update(ppl, PPL, colors, roster, primer, caption=view.caption()),
+                self.bytes_plot: roster_update(nbytes, PPL_BYTES, colors, roster, primer)}
 
     def _on_run(self, data: dict):
         yield from self.stream(self.request_from(data), data[self.session].get("stop") or threading.Event())
@@ -149,6 +149,7 @@ class PerplexityTab:
         # 2. Stream every cache in turns, redrawing at most every PLOT_EVERY_S.
         view = PerplexityView(list(plan.strategies), int(request.window), plan.input_ids.shape[1] - 1, plan.skipped,
                               plan.model_window)
+        yield {**self.plots(view, primer=True), self.status: view.progress_text()}
         last_plot = 0.0
         try:
             for step in stream_many(loaded, plan.input_ids, plan.strategies, stop):
