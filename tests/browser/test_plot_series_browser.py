@@ -17,7 +17,7 @@ RUN_TIMEOUT_S = 600
 DRAWN_JS = """(plot) => ({
   strokes: [...document.querySelectorAll(`#${plot} svg.marks .mark-line path`)]
              .filter(p => p.getAttribute('stroke') && (p.getAttribute('d') || '').length > 20)
-             .map(p => p.getAttribute('stroke')),
+             .map(p => p.getAttribute('stroke').toLowerCase()),
   legend: [...document.querySelectorAll(`#${plot} svg.marks .role-legend-label text`)].map(t => t.textContent),
 })"""
 
