@@ -6,10 +6,9 @@ ready and Stop idle; after a replay of the exported record in a third context, t
 No wall-clock time is asserted; waits only guard against a hung run.
 """
 
-from pathlib import Path
-
 from conftest import open_page
 from test_compare_browser import snapshot, strategies, wait_for_model, wait_for_status
+from test_native_plots_browser import newest_record
 
 REPLAYED_TIMEOUT_MS = 120_000
 
@@ -37,7 +36,7 @@ def open_link(browser, app_url: str, page) -> object:
     return other
 
 
-def test_a_share_link_shows_the_same_result_in_another_browser(page, browser, app_url, tmp_path):
+def test_a_share_link_shows_the_same_result_in_another_browser(page, browser, app_url):
     wait_for_model(page)
     page.locator("#kv-max-new input").fill("8")
     page.locator("#kv-col-2-strategy input").click()  # a third column changed from the preset: the link keeps it
@@ -56,10 +55,7 @@ def test_a_share_link_shows_the_same_result_in_another_browser(page, browser, ap
         shared.context.close()
 
     # After a replay: the exported record uploaded in a third context; that page's own link opens it again.
-    with page.expect_download() as download:
-        page.locator("#kv-exports a", has_text="kvlab-run.json").first.click()
-    record = Path(tmp_path / "kvlab-run.json")
-    download.value.save_as(record)
+    record = newest_record()  # the app runs on this machine: its export of the run just made
     replayer = open_page(browser, app_url)
     try:
         replayer.locator("#kv-replay-box").click()
