@@ -81,7 +81,6 @@ try:
     from kvlab.ui.inspect_tab import build_inspect_tab
     from kvlab.ui.perplexity_tab import build_perplexity_tab
     from kvlab.ui.plan_tab import build_plan_tab
-    from kvlab.ui.serving import calm_queue_polling, launch_kwargs
     from kvlab.ui.theme import CSS
 except ImportError as missing:
     sys.exit(f"kvlab: the package {missing.name or missing} is not installed here: {SETUP_HINT}")
@@ -126,7 +125,6 @@ def create_app(pool: ModelPool | None = None, preload: bool = True, loader=None)
         demo.unload(inspect.unload)
     # Light events (presets, strategy pickers, Stop) run at once; model-bound ones set their own limit.
     demo.queue(default_concurrency_limit=None, max_size=max_size)
-    calm_queue_polling(demo)  # gradio polls its queue every 1 ms: that slowed every timed step (kvlab.ui.serving)
     return demo
 
 
@@ -144,7 +142,7 @@ def launch() -> None:
     except ValueError as err:
         sys.exit(f"kvlab: {err}")
     try:
-        demo.launch(server_name="0.0.0.0", server_port=port, css=CSS, show_error=True, **launch_kwargs())
+        demo.launch(server_name="0.0.0.0", server_port=port, css=CSS, show_error=True)
     except OSError as err:
         sys.exit(f"kvlab: cannot serve on port {port} ({str(err).splitlines()[0]}): set GRADIO_SERVER_PORT "
                  "(or PORT) to a free port")

@@ -177,7 +177,7 @@ class Strategy:
 
     def warm_up_key(self) -> tuple:
         """What one-time set-up depends on: two strategies with the same key share it, so `warm_up` runs once
-        per process, model and key (`kvlab.timing.warm_up_columns`). Default: the registered name."""
+        per process, model and key (`kvlab.measure.warmup.warm_up_columns`). Default: the registered name."""
         return (self.name,)
 
     def warm_up(self, loaded, input_tokens: int = WARM_UP_INPUT_TOKENS) -> None:
