@@ -81,6 +81,7 @@ try:
     from kvlab.ui.inspect_tab import build_inspect_tab
     from kvlab.ui.perplexity_tab import build_perplexity_tab
     from kvlab.ui.plan_tab import build_plan_tab
+    from kvlab.ui.serving import calm_queue_polling
     from kvlab.ui.theme import CSS
 except ImportError as missing:
     sys.exit(f"kvlab: the package {missing.name or missing} is not installed here: {SETUP_HINT}")
@@ -125,6 +126,7 @@ def create_app(pool: ModelPool | None = None, preload: bool = True, loader=None)
         demo.unload(inspect.unload)
     # Light events (presets, strategy pickers, Stop) run at once; model-bound ones set their own limit.
     demo.queue(default_concurrency_limit=None, max_size=max_size)
+    calm_queue_polling(demo)  # gradio polls its queue every 1 ms: that slowed every timed step (kvlab.ui.serving)
     return demo
 
 

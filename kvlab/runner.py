@@ -274,7 +274,8 @@ def run_compare(
         baseline: index of the fidelity baseline column (default: first `dynamic`, else the first ok column).
 
     Raises:
-        ValueError: bad mode, no columns or too many (before anything runs).
+        ValueError: bad mode, no columns or too many, or an unknown `settings.timing_policy` (before anything
+            runs).
         StrategyError: a column spec names an unknown strategy or knob.
     """
     columns = checked_columns(columns, mode)
