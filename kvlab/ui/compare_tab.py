@@ -25,7 +25,8 @@ from kvlab.generation import MAX_NEW_TOKENS_CAP, encode_prompt
 from kvlab.measure import POLICIES
 from kvlab.models import DEVICES, DTYPES, ModelLoadError, ModelSpec
 from kvlab.presets import Preset, PresetError, list_presets, load_preset
-from kvlab.runner import MAX_COLUMNS, MODES, run_compare
+from kvlab.columns import MAX_COLUMNS, MODES
+from kvlab.runner import run_compare
 
 from .cards import StrategyCard, build_card
 from .compare_form import (

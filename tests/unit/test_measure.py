@@ -8,7 +8,8 @@ import time
 import pytest
 import torch
 
-from kvlab.cli import build_parser, resolve_compare
+from kvlab.cli import build_parser
+from kvlab.cli.compare import resolve_compare
 from kvlab.events import ColumnResult, RunDone, RunPhase
 from kvlab.generation import GenerationSettings
 from kvlab.report import best_marks, best_sets, summary_rows
