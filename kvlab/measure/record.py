@@ -69,8 +69,9 @@ def column_timing_from_v2(column: dict) -> dict:
 
 def upgrade_v2(record: dict) -> dict:
     """A version-2 Compare record in the version-3 layout: each column's flat timing fields nested under
-    `timing` (`column_timing_from_v2`), the run's `retimed` flag as its `policy`, the wait for quiet (`settle_s`)
-    dropped. Returns a new dict; `format_version` is left to the caller."""
+    `timing` (`column_timing_from_v2`), the run's `retimed` flag as its `policy` and the settings' `retime` as
+    their `timing_policy`, the wait for quiet (`settle_s`) dropped. Returns a new dict; `format_version` is
+    left to the caller."""
     columns = []
     for column in record.get("columns") or []:
         if not isinstance(column, dict):
@@ -84,4 +85,7 @@ def upgrade_v2(record: dict) -> dict:
         run["policy"] = "quiet" if run.get("retimed") else "live"
         for key in _V2_RUN_KEYS:
             run.pop(key, None)
-    return {**record, "columns": columns, "timing": run}
+    settings = dict(record.get("settings") or {})
+    if "retime" in settings:
+        settings["timing_policy"] = "quiet" if settings.pop("retime") else "live"
+    return {**record, "columns": columns, "timing": run, "settings": settings}

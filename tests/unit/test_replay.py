@@ -104,6 +104,7 @@ def test_a_version_2_record_made_by_an_older_kvlab_still_replays_with_its_timing
     replayed = load_record(path)
     assert replayed.record["format_version"] == RECORD_FORMAT_VERSION and replayed.record["timing"]["policy"] == "quiet"
     assert "settle_s" not in replayed.record["timing"] and "retimed" not in replayed.record["timing"]
+    assert GenerationSettings(**replayed.record["settings"]).timing_policy == "quiet"  # was `retime: true`
     by_name = {r.name: r for r in replayed.done.results}
     dynamic, flat = by_name["dynamic"], next(c for c in old["columns"] if c["name"] == "dynamic")
     assert dynamic.timing.policy == "quiet" and dynamic.decode_tok_s == flat["decode_tok_s"]
