@@ -18,7 +18,7 @@ from kvlab.strategies import make_strategy
 def quickstart(bundled):
     preset = load_preset("quickstart")
     prompt = encode_prompt(bundled.tokenizer, preset.prompt.text, preset.prompt.system)
-    # 32 of the preset's 64 tokens and no re-timing: these tests check tokens, bytes and fidelity, not timing.
+    # 32 of the preset's 64 tokens, live timing: these tests check tokens, bytes and fidelity, not timing.
     settings = preset.settings().with_overrides({"max_new_tokens": 32})
     events = list(run_compare(bundled, prompt, preset.build_columns(), settings, preset.mode))
     return {result.strategy + (f"/{result.knobs.get('backend')}" if result.strategy == "quantized" else ""): result
