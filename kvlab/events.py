@@ -94,7 +94,8 @@ class ColumnResult:
         self.peak_cache_bytes = max(self.cache_bytes, default=0)
 
     def fill_timing(self, per_token_s: list[float]) -> None:
-        """decode tok/s, the ITL figures and e2e latency from `per_token_s` (seconds per step, the first the prefill)."""
+        """decode tok/s, the ITL figures and e2e latency from `per_token_s` (seconds per step, the first the
+        prefill)."""
         decode = per_token_s[1:]
         total = sum(decode)
         self.decode_tok_s = len(decode) / total if decode and total > 0 else None

@@ -58,7 +58,8 @@ def _note(r: ColumnResult) -> str:
 
 def summary_rows(results: list[ColumnResult]) -> list[dict]:
     """One dict per column with the SUMMARY_COLUMNS keys (None where not measured), plus `use_cache`, `timing`
-    (the timing policy the figures come from, `kvlab.measure.POLICIES`) and `noise` (metric -> relative noise, a fraction);
+    (the timing policy the figures come from, `kvlab.measure.POLICIES`) and `noise` (metric -> relative noise,
+    a fraction);
     `cache_bytes_by_layer_type` is a dict (layer type -> bytes at the last step). The ITL mean and p90 and the
     end-to-end latency are in each column's JSON record (`ColumnResult.to_json`)."""
     rows = []

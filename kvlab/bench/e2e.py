@@ -2,8 +2,8 @@
 
 The quickstart preset's columns (those that can run here) through `kvlab.runner.run_compare` as the app and
 the CLI run them (fair mode, with fidelity scoring, the default timing policy), and with each optional pass
-changed (each other timing policy of `kvlab.measure.POLICIES`, fidelity off), against bare `model.generate` of the same columns one after
-another (`harness.bare_generate`). Both sides in one process after the model is loaded (start-up is the
+changed (each other timing policy of `kvlab.measure.POLICIES`, fidelity off), against bare `model.generate`
+of the same columns one after another (`harness.bare_generate`). Both sides in one process after the model is loaded (start-up is the
 startup section's), the same number of tokens (end-of-sequence ignored), the conditions interleaved and
 rotated so the machine's drift hits all of them. Reports kvlab seconds / bare seconds per condition. This
 module measures and builds the record; it prints and draws nothing.

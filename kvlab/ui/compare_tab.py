@@ -211,8 +211,9 @@ class CompareTab(CompareExtras):
                              [self.temperature, self.top_p, self.top_k], show_progress="hidden", **PRIVATE)
         self.form_outputs = [
             self.prompt, self.system, self.chat, self.max_new_tokens, self.decoding, self.temperature, self.top_p,
-            self.top_k, self.repetition_penalty, self.seed, self.ignore_eos, self.fidelity, self.timing_policy, self.mode,
-            self.baseline, self.model_source, self.dtype, self.device, self.preset_about, self.run_status, *strategies,
+            self.top_k, self.repetition_penalty, self.seed, self.ignore_eos, self.fidelity, self.timing_policy,
+            self.mode, self.baseline, self.model_source, self.dtype, self.device, self.preset_about, self.run_status,
+            *strategies,
             *[c for card in self.cards for c in card.form_outputs],
         ]
         self.preset.input(self.apply_preset, [self.preset, *model_inputs], self.form_outputs,
@@ -222,8 +223,8 @@ class CompareTab(CompareExtras):
         """Run (prepare, then the queued run, then re-enable), Stop, and the `compare` API."""
         self.run_inputs = {
             self.session, self.prompt, self.system, self.chat, self.max_new_tokens, self.decoding, self.temperature,
-            self.top_p, self.top_k, self.repetition_penalty, self.seed, self.ignore_eos, self.fidelity, self.timing_policy,
-            self.mode, self.baseline, self.preset, self.model_source, self.dtype, self.device,
+            self.top_p, self.top_k, self.repetition_penalty, self.seed, self.ignore_eos, self.fidelity,
+            self.timing_policy, self.mode, self.baseline, self.preset, self.model_source, self.dtype, self.device,
             *[card.strategy for card in self.cards], *[box for card in self.cards for box in card.knobs],
             *[box for card in self.cards for box in (card.budget, card.fallback)],
         }

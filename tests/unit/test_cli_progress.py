@@ -23,5 +23,5 @@ def test_compare_progress_names_every_column_as_it_starts_and_ends(tiny):
     assert "[column 3] no_cache: done, 5 tokens" in lines
     static = [line for line in lines if line.startswith("[column 2]")]
     assert static[0].endswith(": running") and "error" in static[-1] and "max_cache_len" in static[-1]
-    assert any(line.startswith("[run] retiming") for line in lines)  # the quiet policy re-times the columns in fair mode
+    assert any(line.startswith("[run] retiming") for line in lines)  # the quiet policy re-times in fair mode
     assert [r.status for r in done.results] == ["ok", "error", "ok"]
