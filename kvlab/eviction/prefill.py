@@ -50,6 +50,27 @@ class EvictionRecord:
     layers: dict[int, LayerEviction] = field(default_factory=dict)
     skipped: dict[int, str] = field(default_factory=dict)
 
+    def head_runs(self, layer_idx: int, seen_tokens: int) -> tuple[tuple[tuple[str, int, int], ...], ...]:
+        """Per KV head of layer `layer_idx`, (state, start, stop) runs over positions 0..seen_tokens-1: `held` or
+        `evicted` over the scored prompt, `held` after it (tokens fed later are all kept). The Inspect strip."""
+        mask = self.kept_mask(layer_idx).tolist()
+        heads = []
+        for row in mask:
+            runs: list[tuple[str, int, int]] = []
+            for position, kept in enumerate(row):
+                state = "held" if kept else "evicted"
+                if runs and runs[-1][0] == state:
+                    runs[-1] = (state, runs[-1][1], position + 1)
+                else:
+                    runs.append((state, position, position + 1))
+            if seen_tokens > self.prompt_tokens:
+                if runs and runs[-1][0] == "held":
+                    runs[-1] = ("held", runs[-1][1], seen_tokens)
+                else:
+                    runs.append(("held", self.prompt_tokens, seen_tokens))
+            heads.append(tuple(runs))
+        return tuple(heads)
+
     def kept_mask(self, layer_idx: int) -> torch.Tensor:
         """(kv_heads, prompt_tokens) bool: True where layer `layer_idx` kept the position."""
         layer = self.layers[layer_idx]

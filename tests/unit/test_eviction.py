@@ -132,3 +132,23 @@ def test_eviction_strategies_are_not_prefix_copies_but_serve_chat():
         strategy = make_strategy({"strategy": name})
         assert strategy.lossy and not strategy.usable_in_prefix and strategy.usable_in_chat
         assert not strategy.keeps_everything and not strategy.is_croppable
+
+
+def test_inspect_shows_kept_and_evicted_positions_per_head_with_scores(tiny):
+    from kvlab.inspector import InspectSession
+    from kvlab.ui.inspect_view import strip_html
+
+    settings = GenerationSettings(max_new_tokens=2, stop_at_eos=False, fidelity=False)
+    session = InspectSession(tiny, make_strategy({"strategy": "snapkv", "window_size": 8}),
+                             torch.arange(10, 10 + PROMPT_TOKENS)[None], settings)
+    record = session.step()
+    row = record.layers[0]
+    assert len(row.head_strips) == tiny.config.num_key_value_heads
+    runs = row.head_strips[0]
+    held = sum(stop - start for state, start, stop in runs if state == "held")
+    evicted = sum(stop - start for state, start, stop in runs if state == "evicted")
+    assert (held, evicted) == (PROMPT_TOKENS // 2, PROMPT_TOKENS // 2)
+    assert runs[-1] == ("held", runs[-1][1], PROMPT_TOKENS)  # the observation window is always kept
+    assert len(row.head_scores[0]) == PROMPT_TOKENS
+    page = strip_html(record)
+    assert 'data-layers="0-0/0"' in page and "score " in page
