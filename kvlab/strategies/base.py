@@ -235,6 +235,11 @@ class Strategy:
         """(imports, code building a variable `cache` or '' for none) for the reproduce-it snippet."""
         return [], ""
 
+    def generate_context_code(self) -> tuple[list[str], str]:
+        """(imports, a `with ...:` line the snippet's `generate()` call runs inside, or '') for a strategy that
+        acts through hooks during the prefill (the scored-eviction strategies)."""
+        return [], ""
+
     def generate_kwargs_code(self) -> str:
         """Extra `generate()` keyword arguments in the snippet."""
         return "cache=cache"

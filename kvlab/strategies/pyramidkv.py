@@ -32,10 +32,11 @@ class PyramidKV(SnapKV):
         return pyramid_kept_tokens(seq, self.target_ratio(seq, config, dtype), layer_idx, layers,
                                    self.window_size, self.beta)
 
-    def forward_code(self):
-        imports, lines = super().forward_code()
-        kept = (f"pyramid_kept_tokens(seq, {self.compression_ratio}, layer, model.config.num_hidden_layers, "
-                f"{self.window_size}, {self.beta})")
-        return ([*imports, "from kvlab.eviction.scoring import pyramid_kept_tokens"],
-                [line.replace(line[line.index("lambda seq, layer:"):line.rindex(")")], f"lambda seq, layer: {kept}")
-                 if "prune_at_prefill(" in line else line for line in lines])
+    def kept_code(self) -> str:
+        ratio = self.compression_ratio if not (self.target_tokens or self.target_mib) else "<ratio of the budget>"
+        return (f"pyramid_kept_tokens(seq, {ratio}, layer, model.config.num_hidden_layers, {self.window_size}, "
+                f"{self.beta})")
+
+    def prune_code(self):
+        imports, call = super().prune_code()
+        return [*imports, "from kvlab.eviction.scoring import pyramid_kept_tokens"], call

@@ -175,25 +175,42 @@ class ScoredEviction(Strategy):
         return out.logits[:, -1, :]
 
     def scorer_code(self) -> str:
-        """The call of this method's scoring function in the reproduce-it snippet, on `inputs`."""
+        """The call of this method's scoring function in the reproduce-it snippets, on `inputs`."""
         return f"{self.scorer_name}(inputs)"
+
+    def kept_code(self) -> str:
+        """The expression of the positions a layer keeps, of `seq` and `layer`, in the snippets."""
+        if self.target_tokens:
+            return f"max(1, min(seq, {self.target_tokens}))"
+        if self.target_mib:
+            return f"max(1, min(seq, {self.target_mib} * 2**20 // (2 * model.config.num_key_value_heads * " \
+                   "model.config.head_dim * model.dtype.itemsize * model.config.num_hidden_layers)))"
+        return f"max(1, int(seq * (1 - {self.compression_ratio})))"
+
+    def prune_code(self) -> tuple[list[str], str]:
+        """(imports, the `prune_at_prefill(...)` call) of the snippets."""
+        return ([f"from kvlab.eviction.scoring import {self.scorer_name}",
+                 "from kvlab.eviction.prefill import prune_at_prefill"],
+                f"prune_at_prefill(model, lambda inputs: {self.scorer_code()}, lambda seq, layer: {self.kept_code()})")
 
     def cache_code(self):
         return ["from transformers import DynamicCache"], "cache = DynamicCache(config=model.config)"
 
+    def generate_context_code(self) -> tuple[list[str], str]:
+        imports, call = self.prune_code()
+        note = "" if self.query_aware else (f"  # kvlab feeds the last {self.question_tokens} prompt tokens after "
+                                            "the pruning; generate() prunes the whole prompt")
+        return imports, f"with {call}:  # the prefill prunes each layer per KV head{note}"
+
     def forward_code(self) -> tuple[list[str], list[str]]:
-        kept = (f"max(1, min(seq, {self.target_tokens}))" if self.target_tokens
-                else f"max(1, int(seq * (1 - {self.compression_ratio})))")
-        if self.target_mib:
-            kept = "<tokens that fit target_mib>"
-        return ([f"from kvlab.eviction.scoring import {self.scorer_name}",
-                 "from kvlab.eviction.prefill import prune_at_prefill"], [
+        imports, call = self.prune_code()
+        return imports, [
             "position_ids = torch.arange(sequence.shape[1] - input_ids.shape[1], sequence.shape[1])[None]  "
             "# true positions: the pruned cache counts fewer tokens",
             "if cache.get_seq_length() == 0:  # prefill: prune each layer's cache per KV head by the method's score",
-            f"    with prune_at_prefill(model, lambda inputs: {self.scorer_code()}, lambda seq, layer: {kept}):",
+            f"    with {call}:",
             "        out = model(input_ids=input_ids, cache=cache, use_cache=True, position_ids=position_ids, "
             "logits_to_keep=1)",
             "else:",
             "    out = model(input_ids=input_ids, cache=cache, use_cache=True, position_ids=position_ids, "
-            "logits_to_keep=1)"])
+            "logits_to_keep=1)"]

@@ -152,3 +152,40 @@ def test_inspect_shows_kept_and_evicted_positions_per_head_with_scores(tiny):
     assert len(row.head_scores[0]) == PROMPT_TOKENS
     page = strip_html(record)
     assert 'data-layers="0-0/0"' in page and "score " in page
+
+
+@pytest.mark.parametrize("name", ["snapkv", "pyramidkv", "knorm"])
+def test_view_code_reproduces_the_column_with_generate(tiny, name):
+    """The snippet's `with prune_at_prefill(...)` line, evaluated as written around plain `generate()`, gives the
+    column's tokens."""
+    from transformers import DynamicCache
+
+    from kvlab.ui.code import code_snippet
+
+    strategy = make_strategy({"strategy": name, **SMALL_WINDOW.get(name, {})})
+    settings = GenerationSettings(max_new_tokens=6, stop_at_eos=False, fidelity=False)
+    snippet = code_snippet(strategy, settings, "hello", chat=False)
+    compile(snippet, name, "exec")
+    imports, call = strategy.prune_code()
+    assert f"with {call}:" in snippet
+    namespace = {"model": tiny.model}
+    exec("\n".join(imports), namespace)
+    ids = torch.arange(10, 10 + PROMPT_TOKENS)[None]
+    cache = DynamicCache(config=tiny.model.config)
+    with eval(call, namespace):
+        out = tiny.model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), cache=cache,
+                                  max_new_tokens=6, min_new_tokens=6, do_sample=False)
+    _, _, steps = run(tiny, {"strategy": name, **SMALL_WINDOW.get(name, {})}, new_tokens=6)
+    assert out[0, PROMPT_TOKENS:].tolist() == [s.token_id for s in steps]
+
+
+def test_plan_counts_the_kept_prompt_and_refuses_per_layer_budgets():
+    from kvlab.planner import PlanRequest, plan
+
+    strategies = ({"strategy": "dynamic"}, {"strategy": "knorm", "compression_ratio": 0.75},
+                  {"strategy": "snapkv", "target_tokens": 256}, {"strategy": "pyramidkv"})
+    result = plan(PlanRequest(contexts=(1000, 4000), dtype="float32", strategies=strategies)).to_json()
+    cells = [[cell["cache_bytes"] for cell in s["cells"]] for s in result["strategies"]]
+    assert cells[1] == [dense // 4 for dense in cells[0]]
+    assert cells[2] == [cells[0][0] * 256 // 1000] * 2
+    assert result["strategies"][3]["status"] == "error"
