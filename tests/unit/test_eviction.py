@@ -185,7 +185,7 @@ def test_plan_counts_the_kept_prompt_and_refuses_per_layer_budgets():
     strategies = ({"strategy": "dynamic"}, {"strategy": "knorm", "compression_ratio": 0.75},
                   {"strategy": "snapkv", "target_tokens": 256}, {"strategy": "pyramidkv"})
     result = plan(PlanRequest(contexts=(1000, 4000), dtype="float32", strategies=strategies)).to_json()
-    cells = [[cell["cache_bytes"] for cell in s["cells"]] for s in result["strategies"]]
+    cells = [[cell["cache_bytes"] for cell in s["contexts"]] for s in result["strategies"]]
     assert cells[1] == [dense // 4 for dense in cells[0]]
     assert cells[2] == [cells[0][0] * 256 // 1000] * 2
     assert result["strategies"][3]["status"] == "error"
