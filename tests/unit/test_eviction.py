@@ -135,7 +135,7 @@ def test_eviction_strategies_are_not_prefix_copies_but_serve_chat():
 
 
 def test_inspect_shows_kept_and_evicted_positions_per_head_with_scores(tiny):
-    from kvlab.inspector import InspectSession
+    from kvlab.inspect.inspector import InspectSession
     from kvlab.ui.inspect_view import strip_html
 
     settings = GenerationSettings(max_new_tokens=2, stop_at_eos=False, fidelity=False)
@@ -180,7 +180,7 @@ def test_view_code_reproduces_the_column_with_generate(tiny, name):
 
 
 def test_plan_counts_the_kept_prompt_and_refuses_per_layer_budgets():
-    from kvlab.planner import PlanRequest, plan
+    from kvlab.plan.planner import PlanRequest, plan
 
     strategies = ({"strategy": "dynamic"}, {"strategy": "knorm", "compression_ratio": 0.75},
                   {"strategy": "snapkv", "target_tokens": 256}, {"strategy": "pyramidkv"})
