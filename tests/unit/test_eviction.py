@@ -189,3 +189,27 @@ def test_plan_counts_the_kept_prompt_and_refuses_per_layer_budgets():
     assert cells[1] == [dense // 4 for dense in cells[0]]
     assert cells[2] == [cells[0][0] * 256 // 1000] * 2
     assert result["strategies"][3]["status"] == "error"
+
+
+@pytest.mark.parametrize("name", ["snapkv", "pyramidkv", "knorm"])
+def test_chat_serves_a_growing_conversation(tiny, name):
+    """A turn that reuses the cache appends its tokens whole to the pruned cache; a turn that rebuilds it (the
+    template re-tokenized the reply) prunes the whole conversation as its prompt. Either way the cache holds the
+    pruned prompt plus every token fed after it."""
+    import dataclasses
+
+    from kvlab.chat.session import ChatSession, ChatTurnDone
+
+    settings = GenerationSettings(max_new_tokens=4, stop_at_eos=False, fidelity=False)
+    knobs = {"window_size": 4} if "kv" in name else {}
+    chat = ChatSession(tiny, make_strategy({"strategy": name, **knobs}), dataclasses.replace(settings))
+    text = "Tell me about the rain in the mountains and the rivers that run to the sea, please."
+    stats = [next(e.stats for e in chat.send(message, baseline=False) if isinstance(e, ChatTurnDone))
+             for message in (text, "And then?")]
+    assert stats[1].action in ("reuse", "rebuild") and stats[1].reply_ids
+    pruned = stats[0].input_tokens if stats[1].action == "reuse" else stats[1].input_tokens
+    record = chat.cache.eviction
+    assert record.prompt_tokens == pruned
+    last = len(chat.cache.layers) - 1
+    held = chat.cache.layers[last].keys.shape[2]
+    assert held == record.layers[last].kept_tokens + len(chat.cached_ids) - pruned < len(chat.cached_ids)
