@@ -20,6 +20,7 @@ from pathlib import Path
 
 from .bundled import SOURCE_HELP
 from . import bench, chat_cli, inspector_cli, perplexity_cli, planner_cli
+from .needle import cli as needle_cli
 from .generation import encode_prompt
 from .strategies.base import parse_strategy_item, split_strategy_list
 from .report import format_table, run_record, summary_rows
@@ -216,7 +217,7 @@ def build_parser(prog: str = "kvlab") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     add_compare(sub)
-    for module in (chat_cli, perplexity_cli, planner_cli, inspector_cli, bench):
+    for module in (chat_cli, perplexity_cli, planner_cli, inspector_cli, bench, needle_cli):
         module.add_parser(sub)
     return parser
 
