@@ -113,3 +113,17 @@ def parse_grid(lengths, depths=DEFAULT_DEPTHS, seeds=(0,), new_tokens: int = DEF
         raise GridError(f"{len(grid.cells)} cells ({len(good_lengths)} lengths x {len(good_depths)} depths x "
                         f"{len(good_seeds)} seeds) is more than the {MAX_CELLS} a run may hold")
     return grid
+
+
+def expand_sweeps(items: list[str]) -> list[str]:
+    """Strategy items (compare syntax) with knob sweeps spelled out: `sink:window_length=64|128` ->
+    `sink:window_length=64`, `sink:window_length=128` (several swept knobs give every combination)."""
+    expanded: list[str] = []
+    for item in items:
+        variants = [""]
+        for k, part in enumerate(item.split(":")):
+            name, sep, values = part.partition("=")
+            options = [f"{name}{sep}{v}" for v in values.split("|")] if sep and "|" in values else [part]
+            variants = [f"{v}:{o}" if k else o for v in variants for o in options]
+        expanded.extend(variants)
+    return expanded
