@@ -5,7 +5,7 @@ Compare's decoder calls it: a sink cache streams a long prompt in window-sized c
 `new_tokens` greedy tokens follow. The key's teacher-forced log-probability reuses that one prefill: while the
 greedy tokens equal the key's tokens, the decode's own logits are the teacher-forced ones; at the first
 token that differs (or when the answer ends early) the rest of the key is fed through a copy of the cache
-(`copy.deepcopy`), or through the cache itself once decoding is over. Nothing is prefilled twice.
+(`fork_cache`), or through the cache itself once decoding is over. Nothing is prefilled twice.
 
 Scoring: `hit` when the key string appears in the decoded answer (as Quest's passkey script scores it,
 arXiv:2406.10774); `key_logprob` is the sum over the key's tokens (those of " " + key) of their
@@ -50,6 +50,20 @@ def first_key_token(tokenizer, key_ids) -> int:
     return 0
 
 
+def fork_cache(cache):
+    """An independent copy of `cache` to feed other tokens into (`copy.deepcopy`). Tensor subclasses that
+    cannot be deep-copied (quanto's packed tensors in a `QuantizedLayer`) are shared instead: transformers'
+    quantized layers replace them on update and never write into them (`QuantizedLayer.update`,
+    transformers/cache_utils.py), so the original stays as it was."""
+    try:
+        return copy.deepcopy(cache)
+    except RuntimeError:
+        memo = {id(value): value for layer in getattr(cache, "layers", [])
+                for value in vars(layer).values()
+                if isinstance(value, torch.Tensor) and type(value) is not torch.Tensor}
+        return copy.deepcopy(cache, memo)
+
+
 def _teacher_force(loaded, strategy, cache, sequence: torch.Tensor, to_feed) -> list[torch.Tensor]:
     """Feed `to_feed` one token at a time after `sequence` (1, seq) through `cache`; the log-softmax row
     (vocab,) after each."""
@@ -88,7 +102,7 @@ def run_cell(loaded, strategy, prompt: PasskeyPrompt, new_tokens: int, eos: set[
             if token != key[step] or done:
                 following_key = False
                 if step + 1 < len(key):
-                    fork = cache if done else copy.deepcopy(cache)
+                    fork = cache if done else fork_cache(cache)
                     rows += _teacher_force(loaded, strategy, fork, sequence, key[step:-1])
         if done:
             break

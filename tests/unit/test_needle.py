@@ -7,7 +7,8 @@ import threading
 import pytest
 import torch
 
-from kvlab.engine import score_continuation
+from kvlab.engine import Decoder, score_continuation
+from kvlab.generation import GenerationSettings
 from kvlab.needle.cell import run_cell
 from kvlab.needle.grid import MAX_CELLS, GridError, parse_grid, parse_tokens
 from kvlab.needle.prompt import ANSWER_PREFIX, INSTRUCTION, build_passkey_prompt, min_context_tokens, passkey_for
@@ -59,13 +60,17 @@ def _scored(tiny, strategy, prompt):
     return float(sum(rows[i, t] for i, t in enumerate(prompt.key_ids)))
 
 
-@pytest.mark.parametrize("spec", [{"strategy": "dynamic"}, {"strategy": "sink", "window_length": 64,
-                                                             "num_sink_tokens": 4}])
+@pytest.mark.parametrize("spec", [{"strategy": "dynamic"}, {"strategy": "sink", "window_length": 64},
+                                  {"strategy": "quantized", "backend": "quanto", "nbits": 2, "residual_length": 2}])
 def test_cell_key_logprob_matches_teacher_forced_scoring_whether_or_not_greedy_follows_the_key(tiny, spec):
     strategy = make_strategy(spec)
     prompt = build_passkey_prompt(tiny.tokenizer, 160, 0.5, seed=2)
     missed = run_cell(tiny, strategy, prompt, new_tokens=4)
     assert not missed.hit and missed.key_rank > 1
+    settings = GenerationSettings(max_new_tokens=4, stop_at_eos=False, fidelity=False)
+    cache = strategy.build_cache(tiny, len(prompt.prompt_ids) + 4)
+    decoded = Decoder(tiny, strategy, cache, list(prompt.prompt_ids), settings).run().token_ids
+    assert list(missed.answer_ids) == decoded  # the fork left the decoding cache as it was
     assert missed.key_logprob == pytest.approx(_scored(tiny, strategy, prompt), abs=1e-3)
     # A key made of the model's own greedy tokens: the decode's logits are the teacher-forced ones.
     greedy = run_cell(tiny, strategy, prompt, new_tokens=3).answer_ids
