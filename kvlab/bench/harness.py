@@ -24,7 +24,7 @@ from ..compute import compute
 
 T = TypeVar("T")
 
-SECTIONS = ("overhead", "fair", "parallel", "scaling", "startup", "roofline", "plan", "app")
+SECTIONS = ("overhead", "fair", "parallel", "scaling", "startup", "roofline", "plan", "app", "needle")
 RECORD_VERSION = 1
 
 PROMPT = "Explain what a key-value cache does in a transformer, in a few sentences."

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from .app_section import bench_app
 from .fair import bench_fair
+from .needle import bench_needle
 from ..environment import cores_available, load_average
 from .harness import PROMPT, RECORD_VERSION, SECTIONS, BenchSize, Context, make_check
 from .overhead import bench_overhead
@@ -33,6 +34,7 @@ RUNNERS = {
     "roofline": bench_roofline,
     "plan": bench_planning,
     "app": bench_app,
+    "needle": bench_needle,
 }
 """Each section's function, in `SECTIONS` order (a unit test holds them equal)."""
 

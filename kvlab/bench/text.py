@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from .app_section import RUNS
+from .needle import needle_lines
 
 HEADERS = ["section", "check", "median [min–max]", "target", "status"]
 LABEL_WIDTH = 16
@@ -184,6 +185,7 @@ DETAILS: dict[str, tuple[str, Callable[[dict], list[str]]]] = {
     "roofline": ("variants", roofline_lines),
     "plan": ("plan_s", plan_lines),
     "app": ("paths", app_lines),
+    "needle": ("ratio", needle_lines),
 }
 """Section -> (the key that says it has figures, the function writing its lines)."""
 

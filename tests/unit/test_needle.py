@@ -143,3 +143,15 @@ def test_summary_counts_hits_among_cells_not_gated_and_bytes_against_dense():
     rows = summarize(records, ["c0", "c1"], [0])
     assert (rows[0]["hits"], rows[0]["scored"], rows[0]["gated"]) == (1, 1, 1)
     assert (rows[1]["hits"], rows[1]["scored"], rows[1]["bytes_vs_dense"]) == (0, 1, 0.25)
+
+
+def test_bench_needle_section_times_kvlab_and_bare_generate_on_the_same_cells(tiny):
+    from kvlab.bench.harness import SIZES, Context
+    from kvlab.bench.needle import bench_needle, needle_lines
+
+    size = dataclasses.replace(next(iter(SIZES.values())), repeats=1)
+    section = bench_needle(Context(tiny, size, torch.tensor([[1, 2]]), lambda message: None, None))
+    assert section["cells"] == 6 and section["kvlab_s"]["n"] == section["bare_s"]["n"] == 1
+    assert section["ratio"]["median"] > 0 and section["checks"][0]["target"] == "<= 1.2"
+    assert 0 < section["where_kvlab_time_goes"]["prefill_s"] < section["kvlab_s"]["median"]
+    assert "ratio" in needle_lines(section)[1]
