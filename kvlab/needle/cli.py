@@ -14,13 +14,13 @@ import sys
 import threading
 from pathlib import Path
 
-from ..bundled import SOURCE_HELP
-
 PROG = "kvlab needle"
 DEFAULT_PRESET = "needle_passkey"
 
 
-def add_parser(sub, parents=()) -> None:
+def add_parser(sub, parents) -> None:
+    """Add the `needle` subcommand; `parents` holds the shared `--model/--dtype/--device` parent (the preset's
+    model where a flag is not given)."""
     p = sub.add_parser("needle", parents=list(parents),
                        help="passkey retrieval per cache strategy over context lengths x needle depths")
     p.add_argument("--preset", help=f"needle preset YAML file or name in presets/ (default {DEFAULT_PRESET})")
@@ -29,7 +29,6 @@ def add_parser(sub, parents=()) -> None:
     p.add_argument("--depths", help="needle depths in [0, 1], e.g. 0,0.5,1 (overrides the preset's)")
     p.add_argument("--seeds", help="seeds (each a different key and filler offset), e.g. 0,1,2")
     p.add_argument("--new-tokens", type=int, help="greedy tokens per answer")
-    p.add_argument("--model", help=SOURCE_HELP)
     p.add_argument("--json", help="write the record (every cell, its prompt, answer and scores) here")
     p.add_argument("--csv", help="write one CSV row per cell here")
     p.set_defaults(func=run)
@@ -56,7 +55,7 @@ def _plan(args):
 
 def _column(item: str):
     """A column for one `--strategies` item, or a rejected one carrying the reason (reported in its place)."""
-    from ..runner import Column
+    from ..columns import Column
     from ..strategies.base import parse_strategy_item
 
     try:
@@ -94,8 +93,10 @@ def run(args) -> int:
 
     try:
         preset, specs, values = _plan(args)
-        source = args.model or preset.model.source
-        loaded = load_model(ModelSpec(**{**preset.model.model_dump(), "source": source}),
+        model = preset.model.model_dump()
+        for flag, key in (("model", "source"), ("dtype", "dtype"), ("device", "device")):
+            model[key] = getattr(args, flag, None) or model[key]
+        loaded = load_model(ModelSpec(**model),
                             progress=lambda f, m: print(f"[model] {m}", file=sys.stderr))
         grid = parse_grid(values["lengths"], values["depths"], values["seeds"], values["new_tokens"],
                           max_positions=max_positions(loaded), min_tokens=min_context_tokens(loaded.tokenizer))

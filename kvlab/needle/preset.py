@@ -15,7 +15,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from ..presets import ModelSection, PresetError, presets_dir
-from ..runner import MAX_COLUMNS, Column
+from ..columns import MAX_COLUMNS, Column
 from ..strategies import STRATEGIES, StrategyError
 from .grid import DEFAULT_DEPTHS, DEFAULT_NEW_TOKENS, MAX_NEW_TOKENS
 

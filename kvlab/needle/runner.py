@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 from ..compute import compute
 from ..generation import eos_token_ids
-from ..runner import MAX_COLUMNS, Column
+from ..columns import MAX_COLUMNS, Column
 from ..timing import warm_up_columns
 from .cell import run_cell
 from .grid import Grid

@@ -21,7 +21,7 @@ from kvlab.models import ModelLoadError, ModelSpec
 from kvlab.needle.grid import DEFAULT_NEW_TOKENS, MAX_NEW_TOKENS, GridError, expand_sweeps, parse_grid, split_items
 from kvlab.needle.prompt import min_context_tokens
 from kvlab.needle.runner import NeedleDone, max_positions, run_needle
-from kvlab.runner import MAX_COLUMNS, Column
+from kvlab.columns import MAX_COLUMNS, Column
 from kvlab.strategies.base import parse_strategy_item
 
 from .compare_plots import plot_update

@@ -30,4 +30,4 @@ def test_needle_heatmaps_fill_live_and_the_pareto_plot_shows_every_column(page):
     pareto = page.locator("#needle-pareto").inner_text()
     for name in COLUMNS:
         assert name in pareto  # the plot's legend names every column
-    page.screenshot(path=str(DOCS / "needle-tab.png"), full_page=True)
+    page.screenshot(path=str(DOCS / "needle.png"), full_page=True)

@@ -66,3 +66,12 @@ def test_needle_presets_validate_and_stay_out_of_compares_list(tmp_path):
     with pytest.raises(PresetError, match="grid.new_tokens") as err:
         load_needle_preset(bad)
     assert "unknown strategy" in str(err.value)
+
+
+@pytest.mark.parametrize("name", sorted(list_needle_presets()))
+def test_every_needle_preset_runs_on_the_tiny_model(tiny, name):
+    preset = load_needle_preset(name)
+    grid = parse_grid(preset.grid.lengths[:1], preset.grid.depths, preset.grid.seeds[:1], 2)
+    done = list(run_needle(tiny, preset.columns, grid))[-1]
+    assert [c["status"] for c in done.record["columns"]] == ["ok"] * len(preset.columns)
+    assert len(done.records) == len(grid.cells) * len(preset.columns)
