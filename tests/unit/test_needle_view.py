@@ -55,6 +55,24 @@ def test_tab_streams_live_updates_and_reports_bad_input_in_its_status(tiny_pool)
     assert updates[-1][tab.heatmaps[3]]["visible"] is False and updates[-1][tab.download].endswith(".json")
 
 
+def test_redraw_puts_every_scored_column_on_the_pareto_plot_in_its_colour(tiny_pool):
+    from kvlab.needle.record import CellRecord
+    from kvlab.needle.runner import NeedleCell, NeedleStarted
+
+    with gr.Blocks():
+        tab = NeedleTab(tiny_pool).build()
+    view = NeedleView()
+    view.apply(NeedleStarted(["dynamic", "sink 4+60"], [(100, 0.0, 0), (100, 1.0, 0)], [0], []))
+    for column, depth, hit, size in ((0, 0.0, True, 400), (1, 0.0, False, 100), (0, 1.0, True, 400),
+                                     (1, 1.0, True, 100)):
+        view.apply(NeedleCell(CellRecord(column, view.columns[column], 100, 100, depth, 0, "12345", 10, "t", [1],
+                                         hit=hit, key_logprob=-1.0, cache_bytes=size)))
+    pareto = tab.redraw(view)[tab.pareto]
+    assert list(pareto["value"]["column"]) == ["dynamic", "sink 4+60"]
+    assert list(pareto["value"]["pareto"]) == ["front", "front"] and set(pareto["color_map"]) == set(view.columns)
+    assert "4 of 4 cells done" in tab.redraw(view)[tab.status]
+
+
 def test_needle_presets_validate_and_stay_out_of_compares_list(tmp_path):
     assert "needle_passkey" in list_needle_presets() and "needle_passkey" not in list_presets()
     preset = load_needle_preset("needle_passkey")
