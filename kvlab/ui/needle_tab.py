@@ -149,6 +149,7 @@ class NeedleTab:
                 path = Path(tempfile.mkdtemp(prefix="kvlab-needle-")) / "needle.json"
                 path.write_text(json.dumps(event.record, indent=1))
                 yield {**self.redraw(view), self.download: str(path)}
+                yield self.redraw(view)  # a native plot rebuilds its spec from the previous frame: settle on the last
             else:
                 yield self.redraw(view)
 

@@ -52,7 +52,7 @@ def test_tab_streams_live_updates_and_reports_bad_input_in_its_status(tiny_pool)
     assert "depth 2 is outside [0, 1]" in updates[-1][tab.status]
     filled = [len(u[tab.heatmaps[0]]["value"]) for u in updates[1:] if u[tab.heatmaps[0]].get("value") is not None]
     assert filled[0] == 1 and filled[-1] == 1 and len(updates) >= 5
-    assert updates[-1][tab.heatmaps[3]]["visible"] is False and updates[-1][tab.download].endswith(".json")
+    assert updates[-1][tab.heatmaps[3]]["visible"] is False and updates[-2][tab.download].endswith(".json")
 
 
 def test_redraw_puts_every_scored_column_on_the_pareto_plot_in_its_colour(tiny_pool):
