@@ -76,7 +76,7 @@ def test_redraw_puts_every_scored_column_on_the_pareto_plot_in_its_colour(tiny_p
 def test_needle_presets_validate_and_stay_out_of_compares_list(tmp_path):
     assert "needle_passkey" in list_needle_presets() and "needle_passkey" not in list_presets()
     preset = load_needle_preset("needle_passkey")
-    assert preset.grid.lengths[-1] == "2k" and len(preset.grid.depths) == 5
+    assert preset.grid.lengths[-1] == "2k" and len(preset.grid.depths) >= 5
     strategies = [c["strategy"] for c in preset.columns]
     assert strategies[0] == "dynamic" and {"sink", "quantized"} <= set(strategies)
     bad = tmp_path / "bad.yaml"
