@@ -126,7 +126,7 @@ class NeedleTab:
                 updates[plot] = gr.update(visible=False, value=None)
         pareto = view.pareto_frame()
         colors = {name: color for name, color in zip(view.columns, COLORS)}
-        updates[self.pareto] = plot_update(pareto, colors, list(pareto["column"]))
+        updates[self.pareto] = plot_update(pareto, colors, list(view.columns))  # every column in the colour domain
         updates[self.table] = view.table()
         return updates
 
