@@ -114,19 +114,24 @@ class NeedleTab:
             session["stop"].set()
 
     def redraw(self, view: NeedleView) -> dict:
-        """Every heatmap, the Pareto plot, the status and the table, from `view`."""
+        """Every heatmap, the Pareto plot, the status and the table, from `view`.
+
+        Each plot's colour domain is the series of the frame sent to it before (`plot_update`): a native plot
+        rebuilds its spec, legend and colour scale from its previous value when `color_map` changes, so a
+        series (a column, an outcome) that appears later is drawn in its colour one update on; the run's last
+        frame is sent twice."""
         updates = {self.status: view.status_text()}
-        domain = list(OUTCOME_COLORS)
         for i, plot in enumerate(self.heatmaps):
             if i < len(view.columns):
                 title = view.columns[i] + (f" — {view.messages[i]}" if i in view.messages else "")
-                updates[plot] = plot_update(view.heatmap_frame(i), OUTCOME_COLORS, domain, visible=True,
-                                            title=title[:90])
+                frame = view.heatmap_frame(i)
+                updates[plot] = plot_update(frame, OUTCOME_COLORS, view.sent_series(plot, list(frame["outcome"])),
+                                            visible=True, title=title[:90])
             else:
                 updates[plot] = gr.update(visible=False, value=None)
         pareto = view.pareto_frame()
         colors = {name: color for name, color in zip(view.columns, COLORS)}
-        updates[self.pareto] = plot_update(pareto, colors, list(view.columns))  # every column in the colour domain
+        updates[self.pareto] = plot_update(pareto, colors, view.sent_series(self.pareto, list(pareto["column"])))
         updates[self.table] = view.table()
         return updates
 

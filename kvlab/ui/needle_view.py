@@ -48,6 +48,14 @@ class NeedleView:
         self.records: list[CellRecord] = []
         self.record: dict | None = None
         self.stopped = False
+        self._sent: dict[object, list[str]] = {}
+
+    def sent_series(self, plot, series: list[str]) -> list[str]:
+        """The series last sent to `plot` (this frame's on the first call), remembering `series` for the next."""
+        series = list(dict.fromkeys(series))
+        previous = self._sent.get(plot, series)
+        self._sent[plot] = series
+        return previous
 
     def apply(self, event) -> None:
         if isinstance(event, NeedleStarted):
