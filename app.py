@@ -79,6 +79,7 @@ try:
     from kvlab.ui.chat_tab import build_chat_tab
     from kvlab.ui.compare_tab import build_compare_tab
     from kvlab.ui.inspect_tab import build_inspect_tab
+    from kvlab.ui.needle_tab import build_needle_tab
     from kvlab.ui.perplexity_tab import build_perplexity_tab
     from kvlab.ui.plan_tab import build_plan_tab
     from kvlab.ui.serving import calm_queue_polling
@@ -122,6 +123,8 @@ def create_app(pool: ModelPool | None = None, preload: bool = True, loader=None)
                 build_plan_tab(pool, compare, tabs, COMPARE_TAB, warm=preload)
             with gr.Tab("Inspect"):
                 inspect = build_inspect_tab(pool)
+            with gr.Tab("Needle"):
+                build_needle_tab(pool)
         demo.unload(chat.unload)
         demo.unload(inspect.unload)
     # Light events (presets, strategy pickers, Stop) run at once; model-bound ones set their own limit.

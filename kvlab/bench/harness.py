@@ -24,7 +24,7 @@ from ..compute import compute
 
 T = TypeVar("T")
 
-SECTIONS = ("overhead", "fair", "parallel", "scaling", "startup", "roofline", "plan", "e2e")
+SECTIONS = ("overhead", "fair", "parallel", "scaling", "startup", "roofline", "plan", "e2e", "needle")
 """The sections the installed bench runs, in order; the repository's `benchmarks/` adds more
 (`register_section`: the app and its browser, which need test-only packages)."""
 RECORD_VERSION = 1

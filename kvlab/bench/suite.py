@@ -17,6 +17,7 @@ from .fair import bench_fair
 from ..measure.environment import cores_available, load_average
 from .e2e import bench_e2e
 from .harness import EXTRA_SECTIONS, PROMPT, RECORD_VERSION, SECTIONS, BenchSize, Context, make_check
+from .needle import bench_needle
 from .overhead import bench_overhead
 from .parallel import bench_parallel
 from .planning import bench_planning
@@ -33,6 +34,7 @@ RUNNERS = {
     "roofline": bench_roofline,
     "plan": bench_planning,
     "e2e": bench_e2e,
+    "needle": bench_needle,
 }
 """Each section's function, in `SECTIONS` order (a unit test holds them equal)."""
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from .harness import EXTRA_SECTIONS
+from .needle import needle_lines
 
 HEADERS = ["section", "check", "median [min–max]", "target", "status"]
 LABEL_WIDTH = 16
@@ -149,6 +150,7 @@ DETAILS: dict[str, tuple[str, Callable[[dict], list[str]]]] = {
     "roofline": ("variants", roofline_lines),
     "plan": ("plan_s", plan_lines),
     "e2e": ("conditions", e2e_lines),
+    "needle": ("ratio", needle_lines),
 }
 """Section -> (the key that says it has figures, the function writing its lines)."""
 

@@ -17,7 +17,8 @@ from kvlab.runner import run_compare
 
 PRESETS_DIR = Path(__file__).resolve().parents[2] / "presets"
 PRESET_FILES = [path for path in sorted(PRESETS_DIR.glob("*.yaml"))
-                if not isinstance(yaml.safe_load(path.read_text()), list)]
+                if isinstance(yaml.safe_load(path.read_text()), dict) and "task" not in yaml.safe_load(path.read_text())]
+"""Comparison presets: not YAML lists (inputs of other commands) nor another tab's (`task: needle`)."""
 NEW_TOKENS = 4
 FINISHED = {"ok", "unavailable"}
 """`unavailable`: a strategy this machine or model cannot run (offloading without CUDA), reported with a reason."""
