@@ -61,8 +61,6 @@ def test_only_the_ui_imports_gradio():
     assert offenders([name for name in SOURCES if not starts_with(name, ("kvlab.ui",))], ("gradio",)) == {}
 
 
-@pytest.mark.xfail(reason="the bench's browser driver (kvlab/bench/app_browser.py) moves out of the package in "
-                          "the measurement wing's change", strict=False)
 def test_no_module_imports_playwright():
     assert offenders(list(SOURCES), ("playwright",)) == {}
 
