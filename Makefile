@@ -23,8 +23,8 @@ test: setup-test
 test-fast: setup-test
 	$(PYTHON) -m pytest -q -m unit tests
 
-bench: setup
-	$(PYTHON) -m kvlab bench
+bench: setup-test
+	$(PYTHON) -m benchmarks
 
 clean:
 	rm -rf .venv .pytest_cache artifacts build *.egg-info

@@ -113,9 +113,10 @@ try:
     from kvlab.ui.chat_tab import build_chat_tab
     from kvlab.ui.compare_tab import build_compare_tab
     from kvlab.ui.inspect_tab import build_inspect_tab
+    from kvlab.ui.needle_tab import build_needle_tab
     from kvlab.ui.perplexity_tab import build_perplexity_tab
     from kvlab.ui.plan_tab import build_plan_tab
-    from kvlab.ui.serving import calm_queue_polling, launch_kwargs
+    from kvlab.ui.serving import calm_queue_polling
     from kvlab.ui.theme import CSS
 except ImportError as missing:
     sys.exit(f"kvlab: the package {missing.name or missing} is not installed here: {SETUP_HINT}")
@@ -155,6 +156,8 @@ def create_app(pool: ModelPool | None = None, preload: bool = True, loader=None)
                 build_plan_tab(pool, compare, tabs, COMPARE_TAB, warm=preload)
             with gr.Tab("Inspect"):
                 inspect = build_inspect_tab(pool)
+            with gr.Tab("Needle"):
+                build_needle_tab(pool)
         compare.wire_page_load(demo)
         demo.unload(compare.unload)
         demo.unload(chat.unload)
@@ -175,7 +178,7 @@ def launch() -> None:
     except ValueError as err:
         sys.exit(f"kvlab: {err}")
     try:
-        demo.launch(server_name="0.0.0.0", server_port=port, css=CSS, show_error=True, **launch_kwargs())
+        demo.launch(server_name="0.0.0.0", server_port=port, css=CSS, show_error=True)
     except OSError as err:
         sys.exit(f"kvlab: cannot serve on port {port} ({str(err).splitlines()[0]}): set GRADIO_SERVER_PORT "
                  "(or PORT) to a free port")

@@ -176,7 +176,7 @@ class Decoder:
             the timed part, so leave it off where per-token times are compared.
         forced_ids: teacher-force these ids: step t still chooses a token (the same timed work) but keeps
             `forced_ids[t]`, so a re-run yields the same tokens and cache contents as the run it repeats
-            (`kvlab.timing`'s quiet re-timing). Iteration also ends after len(forced_ids) steps.
+            (the re-timing pass of `kvlab.measure`). Iteration also ends after len(forced_ids) steps.
 
     Raises:
         ValueError: `feed_from` out of range or empty input.

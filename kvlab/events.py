@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+from .measure.record import ColumnTiming
+
 
 @dataclass
 class ColumnResult:
@@ -30,17 +32,9 @@ class ColumnResult:
     fallbacks: each switch to a smaller cache (`kvlab.budget.Fallback.to_json`:
     at_token, from, to, reason, bytes_before, bytes_after, to_spec).
 
-    Timing (see `kvlab.timing`): `timing` is `quiet` when the figures above (ttft_s, decode_tok_s, itl_ms_*,
-    e2e_latency_s) come from the quiet re-timing pass after the live run (no page updates or memory sampling
-    during it; `quiet_per_token_s` its steps, over the first `quiet_tokens` tokens, `quiet_replaced_steps`
-    the indices of those steps that took their second timing: slow once, not when timed again
-    (`kvlab.timing.spike_steps`), or whose threads waited less for a CPU the second time
-    (`kvlab.timing.waited_steps`); `ttft_samples_s` its prefills), else `live`. `per_token_s` is always the
-    live run's steps (what the plots drew) and `live_ttft_s`, `live_decode_tok_s`, `live_itl_ms_p50`,
-    `live_itl_ms_p99` its figures (None when not re-timed). `timing_noise`: relative noise of each timing
-    figure (fractions, e.g. 0.02), which `kvlab.report.best_sets` uses to call two columns tied. `warm_up_s`:
-    seconds this run spent on the strategy's one-time set-up before the column's clock started (0.0 when this
-    process had already done it).
+    timing: how the timing figures above (ttft_s, decode_tok_s, itl_ms_*, e2e_latency_s) were taken
+    (`kvlab.measure.ColumnTiming`: the policy, each figure's relative noise, the warm-up seconds, and the live
+    figures when the policy replaced them). `per_token_s` is always the live run's steps (what the plots drew).
 
     status: `ok` (finished or stopped), `error` (bad settings or a failure while
     running) or `unavailable` (cannot run here; `message` says why).
@@ -83,17 +77,7 @@ class ColumnResult:
     is_baseline: bool = False
     budget_bytes: int | None = None
     fallbacks: list[dict] = field(default_factory=list)
-    timing: str = "live"
-    quiet_tokens: int = 0
-    quiet_per_token_s: list[float] = field(default_factory=list)
-    quiet_replaced_steps: list[int] = field(default_factory=list)
-    ttft_samples_s: list[float] = field(default_factory=list)
-    live_ttft_s: float | None = None
-    live_decode_tok_s: float | None = None
-    live_itl_ms_p50: float | None = None
-    live_itl_ms_p99: float | None = None
-    timing_noise: dict[str, float] = field(default_factory=dict)
-    warm_up_s: float | None = None
+    timing: ColumnTiming = field(default_factory=ColumnTiming)
 
     def to_json(self) -> dict:
         """The JSON record: every field, plus `prefill_s` (the same value as `ttft_s`, kept for records read by
@@ -106,10 +90,12 @@ class ColumnResult:
     def finish_decode_stats(self) -> None:
         """Fill `decode_tok_s`, the ITL figures and `e2e_latency_s` from the per-token latencies (the first token
         is prefill), and `peak_cache_bytes`."""
-        self._fill_timing(self.per_token_s)
+        self.fill_timing(self.per_token_s)
         self.peak_cache_bytes = max(self.cache_bytes, default=0)
 
-    def _fill_timing(self, per_token_s: list[float]) -> None:
+    def fill_timing(self, per_token_s: list[float]) -> None:
+        """decode tok/s, the ITL figures and e2e latency from `per_token_s` (seconds per step, the first the
+        prefill)."""
         decode = per_token_s[1:]
         total = sum(decode)
         self.decode_tok_s = len(decode) / total if decode and total > 0 else None
@@ -117,19 +103,6 @@ class ColumnResult:
         self.itl_ms_mean, self.itl_ms_p50, self.itl_ms_p90, self.itl_ms_p99 = (
             itl.get(key) for key in ("mean", "p50", "p90", "p99"))
         self.e2e_latency_s = sum(per_token_s) if per_token_s else None
-
-    def apply_quiet(self, per_token_s: list[float], ttft_samples_s: list[float]) -> None:
-        """Make the quiet re-timing's figures this column's: the live ones move to `live_*`, then TTFT (the
-        median of `ttft_samples_s`, seconds), decode tok/s, ITL and e2e latency come from `per_token_s`
-        (seconds per step, the first being the prefill); `timing` becomes `quiet`."""
-        self.live_ttft_s, self.live_decode_tok_s = self.ttft_s, self.decode_tok_s
-        self.live_itl_ms_p50, self.live_itl_ms_p99 = self.itl_ms_p50, self.itl_ms_p99
-        self.quiet_per_token_s, self.quiet_tokens = list(per_token_s), len(per_token_s)
-        self.ttft_samples_s = list(ttft_samples_s)
-        self._fill_timing(per_token_s)
-        samples = sorted(ttft_samples_s)
-        self.ttft_s = samples[len(samples) // 2] if samples else (per_token_s[0] if per_token_s else None)
-        self.timing = "quiet"
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -235,7 +208,7 @@ class FidelityScored:
 @dataclass(frozen=True)
 class RunPhase:
     """The run moved on to `phase`: `warm_up` (one-time set-up of the columns' backends, before any column's
-    clock) or `retiming` (the quiet re-timing pass after the live columns; the page pauses its updates).
+    clock) or another phase of its timing policy (`kvlab.measure`; the page pauses its updates).
     detail: one line for the status (e.g. what is being warmed)."""
 
     phase: str
@@ -244,8 +217,9 @@ class RunPhase:
 
 @dataclass(frozen=True)
 class RunDone:
-    """The run ended. wall_s: seconds from start to end. timing: how the figures were taken (`kvlab.timing.
-    run_timing`: retimed, load average, cores, noise, busy and its note; {} for records that predate it)."""
+    """The run ended. wall_s: seconds from start to end. timing: how the figures were taken
+    (`kvlab.measure.noise.run_timing`: policy, load average, cores, noise, busy and its note; {} for records
+    that predate it)."""
 
     results: list[ColumnResult]
     wall_s: float

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .measure.record import DEFAULT_POLICY, POLICIES
+
 MAX_NEW_TOKENS_CAP = int(os.environ.get("KVLAB_MAX_NEW_TOKENS", "4096"))
 MAX_PROMPT_TOKENS = int(os.environ.get("KVLAB_MAX_PROMPT_TOKENS", "8192"))
 
@@ -26,8 +28,8 @@ class GenerationSettings:
     repetition_penalty: > 0, 1.0 = off. seed: for sampling.
     stop_at_eos: end a column at the tokenizer's end-of-sequence token.
     fidelity: score every column against the baseline after the run.
-    retime: in fair mode, re-time every finished column quietly after the live run and report those figures
-        (`kvlab.timing`); False keeps the live figures.
+    timing_policy: how the timing figures are taken, one of `kvlab.measure.POLICIES` (`live`, the default:
+        the live run's figures after a warm-up; see docs/timing.md).
     """
 
     max_new_tokens: int = 64
@@ -39,7 +41,7 @@ class GenerationSettings:
     seed: int = 0
     stop_at_eos: bool = True
     fidelity: bool = True
-    retime: bool = True
+    timing_policy: str = DEFAULT_POLICY
 
     def problems(self) -> list[str]:
         """Human-readable reasons these settings are invalid (empty when valid)."""
@@ -48,6 +50,8 @@ class GenerationSettings:
             found.append(f"max_new_tokens must be between 1 and {MAX_NEW_TOKENS_CAP}, got {self.max_new_tokens!r}")
         if not self.repetition_penalty > 0:
             found.append(f"repetition_penalty must be > 0 (1.0 = off), got {self.repetition_penalty!r}")
+        if self.timing_policy not in POLICIES:
+            found.append(f"timing_policy must be one of {list(POLICIES)}, got {self.timing_policy!r}")
         if self.do_sample:
             if not self.temperature > 0:
                 found.append(f"temperature must be > 0 when sampling (use greedy for 0), got {self.temperature!r}")

@@ -155,16 +155,19 @@ def load_preset(path: str | Path) -> Preset:
 
 
 def list_presets() -> dict[str, Path]:
-    """Preset name (file stem) -> path, for every `*.yaml` in `presets_dir()` except plain YAML lists.
+    """Preset name (file stem) -> path, for every `*.yaml` in `presets_dir()` except plain YAML lists and
+    presets of another task.
 
     A file holding a YAML list is an input of another command (`chat --turns`,
-    `prefix --prompts`), not a comparison preset.
+    `prefix --prompts`), not a comparison preset; a mapping with a `task:` key (e.g. `task: needle`,
+    `kvlab.needle.preset`) is another tab's preset.
     """
-    return {p.stem: p for p in sorted(presets_dir().glob("*.yaml")) if not _is_yaml_list(p)}
+    return {p.stem: p for p in sorted(presets_dir().glob("*.yaml")) if not _is_other_input(p)}
 
 
-def _is_yaml_list(path: Path) -> bool:
+def _is_other_input(path: Path) -> bool:
     try:
-        return isinstance(yaml.safe_load(path.read_text()), list)
+        data = yaml.safe_load(path.read_text())
     except yaml.YAMLError:
         return False
+    return isinstance(data, list) or (isinstance(data, dict) and "task" in data)

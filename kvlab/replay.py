@@ -3,6 +3,7 @@ write, checked and turned into the runner's own result objects, so a run measure
 again elsewhere exactly as it was (`python -m kvlab compare --replay FILE`, the Compare tab's replay).
 
 A record carries `format: "kvlab.compare"` and `format_version` (see `kvlab.report.RECORD_FORMAT_VERSION`);
+a version-2 record is upgraded to the current layout as it is read (`kvlab.measure.record.upgrade_v2`);
 anything else (another tool's JSON, a record from before versioning, a newer layout) is refused with a message
 that says what was found. Reads only; runs no model.
 """
@@ -15,8 +16,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .events import ColumnResult, RunDone
+from .measure import ColumnTiming
+from .measure.record import upgrade_v2
 from .report import RECORD_FORMAT, RECORD_FORMAT_VERSION
 
+UPGRADED_VERSION = 2
+"""The older `format_version` that is still replayed, upgraded on load."""
 MAX_RECORD_BYTES = 64 * 2**20
 """Largest record file read (a 4,096-token, 8-column run is about 2 MB)."""
 
@@ -59,16 +64,16 @@ def read_record(source: str | Path | bytes) -> dict:
 
 
 def check_record(record: dict) -> None:
-    """Raise RecordError unless `record` is a Compare record of the current format version."""
+    """Raise RecordError unless `record` is a Compare record of the current format version or UPGRADED_VERSION."""
     kind, version = record.get("format"), record.get("format_version")
     if kind is None and "columns" in record and "model" in record:
         raise RecordError("this record was written by kvlab before records carried a format_version; run it again "
                           f"to get a record this version can replay (format_version {RECORD_FORMAT_VERSION})")
     if kind != RECORD_FORMAT:
         raise RecordError(f"not a kvlab Compare run record (format {kind!r}, expected {RECORD_FORMAT!r})")
-    if version != RECORD_FORMAT_VERSION:
+    if version not in (UPGRADED_VERSION, RECORD_FORMAT_VERSION):
         raise RecordError(f"record format_version {version!r} cannot be replayed by this kvlab, which reads "
-                          f"version {RECORD_FORMAT_VERSION}")
+                          f"versions {UPGRADED_VERSION} and {RECORD_FORMAT_VERSION}")
     if not isinstance(record.get("columns"), list) or not record["columns"]:
         raise RecordError("the record has no columns to replay")
 
@@ -83,7 +88,10 @@ def results_of(record: dict) -> list[ColumnResult]:
     results = []
     for position, column in enumerate(record["columns"]):
         try:
-            results.append(ColumnResult(**{key: value for key, value in column.items() if key in names}))
+            fields = {key: value for key, value in column.items() if key in names}
+            fields["timing"] = ColumnTiming.from_json(fields.get("timing") if isinstance(fields.get("timing"), dict)
+                                                      else None)
+            results.append(ColumnResult(**fields))
         except TypeError as err:
             raise RecordError(f"column {position + 1} of the record is incomplete: {err}") from err
     return results
@@ -105,5 +113,7 @@ def load_record(source: str | Path | bytes) -> Replayed:
     """
     record = read_record(source)
     check_record(record)
+    if record["format_version"] == UPGRADED_VERSION:
+        record = {**upgrade_v2(record), "format_version": RECORD_FORMAT_VERSION}
     done = RunDone(results_of(record), float(record.get("wall_s") or 0.0), bool(record.get("stopped")))
     return Replayed(record, done, replay_label(record))

@@ -38,7 +38,7 @@ BETTER = {"ttft_s": min, "decode_tok_s": max, "itl_ms_p50": min, "itl_ms_p99": m
 """Which direction is better, for marking the best value per metric."""
 
 TIMING_METRICS = ("ttft_s", "decode_tok_s", "itl_ms_p50", "itl_ms_p99")
-"""Metrics measured in time, whose rows carry a relative noise (`noise`, from `ColumnResult.timing_noise`)."""
+"""Metrics measured in time, whose rows carry a relative noise (`noise`, from `ColumnResult.timing.noise`)."""
 NOISE_SIGMAS = 2.0
 """Two timing figures differ only when they are further apart than this many times their combined noise."""
 
@@ -58,7 +58,8 @@ def _note(r: ColumnResult) -> str:
 
 def summary_rows(results: list[ColumnResult]) -> list[dict]:
     """One dict per column with the SUMMARY_COLUMNS keys (None where not measured), plus `use_cache`, `timing`
-    (`quiet` or `live`: where the timing figures come from) and `noise` (metric -> relative noise, a fraction);
+    (the timing policy the figures come from, `kvlab.measure.POLICIES`) and `noise` (metric -> relative noise,
+    a fraction);
     `cache_bytes_by_layer_type` is a dict (layer type -> bytes at the last step). The ITL mean and p90 and the
     end-to-end latency are in each column's JSON record (`ColumnResult.to_json`)."""
     rows = []
@@ -83,8 +84,8 @@ def summary_rows(results: list[ColumnResult]) -> list[dict]:
             "mean_kl": _round(r.mean_kl, 6),
             "note": _note(r),
             "use_cache": r.use_cache,
-            "timing": r.timing,
-            "noise": dict(r.timing_noise),
+            "timing": r.timing.policy,
+            "noise": dict(r.timing.noise),
         })
     return rows
 
@@ -171,19 +172,22 @@ def rows_to_csv(rows: list[dict]) -> str:
 
 
 RECORD_FORMAT = "kvlab.compare"
-RECORD_FORMAT_VERSION = 2
+RECORD_FORMAT_VERSION = 3
 """Version of the run record's layout (1: records before `format_version` existed; 2: adds `format_version`,
-`environment`, `measured_at` and the ITL figures per column)."""
+`environment`, `measured_at` and the ITL figures per column; 3: each column's timing fields nested in one
+`timing` record, `kvlab.measure.ColumnTiming`, and the run's `timing.policy`; version 2 is upgraded on
+load by `kvlab.measure.record.upgrade_v2`)."""
 
 
 def run_record(loaded, preset, settings, done: RunDone) -> dict:
-    """The JSON record of a run: its format, where and when it was measured (`kvlab.environment`), model
-    info, settings, mode, every column's result and how the run was timed (`timing`, `kvlab.timing.run_timing`:
-    quiet re-timing or live, load average, noise, whether the machine was too busy, and its note)."""
+    """The JSON record of a run: its format, where and when it was measured (`kvlab.measure.environment`), model
+    info, settings, mode, every column's result and how the run was timed (`timing`,
+    `kvlab.measure.noise.run_timing`: the policy, load average, noise, whether the machine was too busy, and its
+    note)."""
     from dataclasses import asdict
     from datetime import datetime, timezone
 
-    from .environment import environment
+    from .measure.environment import environment
 
     return {
         "format": RECORD_FORMAT,

@@ -22,15 +22,14 @@ a `kvlab.budget.Budget` steps through `kvlab.budget.ResilientSteps`, which moves
 it to a smaller cache before it would outgrow its budget (or after running out
 of memory); each switch is a `FallbackSwitched` event.
 
-Timing (`kvlab.timing`): before any column starts, each column's strategy pays
-its one-time set-up once per process (`Strategy.warm_up`, a `RunPhase("warm_up")`
-event when any is due; its seconds are `ColumnResult.warm_up_s`, never in TTFT).
-After the columns finish, in fair mode with `settings.retime`, a quiet pass
-re-times every finished column on its own tokens with no events or memory samples
-in between (`RunPhase("retiming")`); its figures become the column's and the live
-ones stay as `live_*`. Then fidelity against the baseline column is scored (see
-`kvlab.fidelity`). `RunDone.timing` says how the figures were taken and whether
-the machine was too busy. This module runs and measures; it does not render.
+Timing (`kvlab.measure`, one `Measurement` chosen by `settings.timing_policy`): before
+any column starts, each column's strategy pays its one-time set-up once per process
+(a `RunPhase("warm_up")` event when any is due; its seconds are
+`ColumnResult.timing.warm_up_s`, never in TTFT). After the columns finish, the
+policy may replace the live figures (the `quiet` policy re-times the columns in
+fair mode, with nothing relayed meanwhile). Then fidelity against the baseline
+column is scored (see `kvlab.fidelity`). `RunDone.timing` says how the figures were
+taken and whether the machine was too busy. This module runs; it does not render.
 """
 
 from __future__ import annotations
@@ -66,16 +65,8 @@ from .engine import Decoder, RunStopped
 from .generation import GenerationSettings, IncrementalDetokenizer
 from .memory import MemoryTracker
 from .strategies import Strategy, StrategyError
-from .timing import (
-    RETIME_MAX_TOKENS,
-    needs_warm_up,
-    quiet_steps,
-    run_timing,
-    sample_load,
-    timing_noise,
-    wait_for_quiet,
-    warm_up_columns,
-)
+from .measure import for_policy
+from .measure.noise import sample_load
 
 MEMORY_SAMPLE_EVERY_S = 0.25
 QUEUE_POLL_S = 0.05
@@ -229,7 +220,8 @@ def run_compare(
         baseline: index of the fidelity baseline column (default: first `dynamic`, else the first ok column).
 
     Raises:
-        ValueError: bad mode, no columns or too many (before anything runs).
+        ValueError: bad mode, no columns or too many, or an unknown `settings.timing_policy` (before anything
+            runs).
         StrategyError: a column spec names an unknown strategy or knob.
     """
     columns = checked_columns(columns, mode)
@@ -237,6 +229,7 @@ def run_compare(
     events, results = queue.Queue(), [None] * len(columns)  # results: a ColumnResult per column, in order
     turns = FreeTurns() if mode == "parallel" else ComputeTurns()
     started, loads = time.perf_counter(), [sample_load()]
+    measurement = for_policy(settings.timing_policy)
     sampler = _Sampler(MemoryTracker(loaded.device), started)
 
     def work(indices, threads: int | None):  # one worker thread's columns, each result into its slot
@@ -247,15 +240,15 @@ def run_compare(
     workers: list[threading.Thread] = []
     try:
         # 0. Every column's one-time set-up, before any column's clock starts.
-        warm_up_s = yield from _warm_up(loaded, columns, prompt_ids.shape[1], stop)
+        warm_up_s = yield from measurement.warm_up(loaded, columns, prompt_ids.shape[1])
         # 1. The columns, each in its own thread (one thread for all in sequential mode), events relayed live.
         with shared_threads(len(columns)) if mode == "parallel" else contextlib.nullcontext() as share:
             workers = _start_workers(work, len(columns), mode, share)
             yield from _relay(workers, events, sampler)
         # 2. A column whose thread died without a result is reported, never waited for.
         yield from _fill_missing(results, columns, prompt_ids.shape[1], warm_up_s)
-        # 3. The quiet re-timing pass (fair mode): its figures replace the live ones; nothing is relayed meanwhile.
-        retimed, (settle_s, settled) = yield from _retime(loaded, columns, results, prompt_ids, settings, mode, stop)
+        # 3. The timing policy's own pass, if any (nothing is relayed meanwhile), and every column's noise.
+        used = yield from measurement.finish(loaded, columns, results, prompt_ids, settings, mode, stop)
         loads.append(sample_load())
         # 4. Fidelity, one compute step per scored column, so other tabs' work can run in between.
         if settings.fidelity and not stop.is_set():
@@ -266,7 +259,7 @@ def run_compare(
         yield sampler.sample()
         threads = compute(torch.get_num_threads) if mode != "parallel" else torch.get_num_threads()
         yield RunDone(list(results), time.perf_counter() - started, stop.is_set(),
-                      run_timing(results, retimed, loads, threads, settle_s=settle_s, settled=settled))
+                      measurement.run_record(results, used, loads, threads))
     finally:
         _end_workers(workers, stop)
 
@@ -279,7 +272,7 @@ def _fill_missing(results: list, columns: list, input_tokens: int, warm_up_s: li
             results[i] = new_result(i, columns[i], input_tokens)
             results[i].status, results[i].message = "error", "the column's worker ended without a result"
             yield ColumnError(i, "error", results[i].message, results[i])
-        results[i].warm_up_s = warm_up_s[i]
+        results[i].timing.warm_up_s = warm_up_s[i]
 
 
 def _end_workers(workers: list[threading.Thread], stop: threading.Event) -> None:
@@ -297,47 +290,6 @@ def _start_thread(target, name: str, *args) -> threading.Thread:
     thread = threading.Thread(target=target, daemon=True, name=name, args=args)
     thread.start()
     return thread
-
-
-def _warm_up(loaded, columns: list[Column], input_tokens: int, stop: threading.Event):
-    """Generator: run every one-time set-up due on the compute thread (`kvlab.timing.warm_up_columns`), one
-    column at a time, yielding a `RunPhase("warm_up")` that names it and how far the set-ups are (`2 of 3`)
-    before each one due; once `stop` is set no further set-up starts. Returns its seconds per column (None
-    for a column not warmed)."""
-    strategies = [column.strategy for column in columns]
-    total, done, spent = len(needs_warm_up(loaded, strategies)), 0, []
-    for strategy in strategies:
-        cold = needs_warm_up(loaded, [strategy])
-        if cold and stop.is_set():
-            spent.append(None)
-            continue
-        if cold:
-            done += 1
-            yield RunPhase("warm_up", f"one-time set-up (not timed) of {', '.join(cold)}, {done} of {total}…")
-        spent += compute(warm_up_columns, loaded, [strategy], input_tokens)
-    return spent
-
-
-def _retime(loaded, columns, results, prompt_ids, settings, mode: str, stop: threading.Event):
-    """Generator: in fair mode with `settings.retime`, yield a `RunPhase("retiming")` and run the quiet pass
-    (`kvlab.timing.quiet_steps`) step by step on the compute thread, from this thread, with no events or
-    memory samples in between, once the rest of the machine is quiet (`kvlab.timing.wait_for_quiet`); returns
-    (whether it ran to the end, (the seconds it waited for quiet: None when it did not run, whether the machine
-    went quiet)). Every finished column gets its noise."""
-    retimed, settle = False, (None, True)
-    ok = [r for r in results if r.status == "ok" and r.token_ids]
-    if mode == "fair" and settings.retime and ok and not stop.is_set():
-        tokens = min(RETIME_MAX_TOKENS, max(len(r.token_ids) for r in ok))
-        yield RunPhase("retiming", f"re-timing {len(ok)} column{'s' if len(ok) > 1 else ''} quietly "
-                                   f"(up to {tokens} tokens each, page updates paused)…")
-        settle = wait_for_quiet(stop=stop)  # a browser on this machine finishes drawing the live run first
-        for _ in compute_iter(quiet_steps(loaded, columns, results, prompt_ids, settings, stop)):
-            pass
-        retimed = not stop.is_set()
-    for result in results:
-        if result.status == "ok" and not result.timing_noise:
-            result.timing_noise = timing_noise(result.per_token_s, [])
-    return retimed, settle
 
 
 def _start_workers(work, count: int, mode: str, share: int | None) -> list[threading.Thread]:

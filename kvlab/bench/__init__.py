@@ -1,6 +1,6 @@
 """`python -m kvlab bench`: is the instrument honest, and what does it cost?
 
-Eight sections, six of them measured side by side in one run with their
+Eight sections, most of them measured side by side in one run with their
 comparison runs interleaved (A, B, A, B... with the order alternating), so
 machine noise hits both sides; every figure is the median over the repeats with
 min–max beside it:
@@ -21,10 +21,12 @@ min–max beside it:
 - `plan`: seconds per plan of one catalog model (6 strategies × 5 contexts)
   after the planner's warm-up, as the Plan tab runs it, and the peak RSS the
   warm-up and plans add (the kernel's high-water mark).
-- `app`: the quickstart preset through a running `app.py`, by its `/compare`
-  API and from headless Chromium, the first run after start and a later one,
-  each against CLI fair runs of the same preset in the same bench run: app / CLI
-  of decode tok/s and TTFT per column, and rank flips.
+- `e2e`: from Run to the finished summary, the quickstart preset's columns
+  through kvlab (default, each other timing policy, no fidelity) over bare transformers
+  generating the same columns one after another.
+The repository's `benchmarks/` adds an `app` section (`python -m benchmarks
+--only app`: the app through its API and a headless browser against the CLI),
+kept out of the installed package.
 
 Strategies are resolved through kvlab's registry, so `--strategies` can put any
 registered strategy in the overhead, fair and scaling sections. Timed model work
@@ -38,18 +40,18 @@ No assertion is made on a time and the exit status is 0 whenever the bench ran.
 
 Modules: `harness` (sizes, figures, checks, timed runs), `strategy_sets`, one
 module per section (`overhead`, `fair`, `parallel`, `scaling`, `startup`,
-`roofline`, with `profiling`; `planning` for `plan`; `app_section` with
-`app_browser` for `app`), the child programs
+`roofline`, with `profiling`; `planning` for `plan`; `e2e`), the child programs
 `startup_child` and `import_time_child`, `suite` (one whole run), `text`
 (report and Markdown), `plots` (matplotlib), `cli` (flags). Measuring is apart from rendering; nothing
-here imports gradio (the app section talks to the app through `gradio_client`, imported when it runs).
+here imports gradio or a browser driver.
 """
 
 from .cli import add_parser, check_outputs, cmd_bench, parse_only
-from .harness import RECORD_VERSION, SECTIONS, SIZES, BenchSize, make_check, summarize
+from .harness import RECORD_VERSION, SECTIONS, SIZES, BenchSize, make_check, register_section, summarize
 from .suite import add_bandwidth_floor, run_bench
 from .text import format_markdown, format_report, status_of
 
 __all__ = ["RECORD_VERSION", "SECTIONS", "SIZES", "BenchSize", "add_bandwidth_floor", "add_parser", "check_outputs",
-           "cmd_bench", "format_markdown", "format_report", "make_check", "parse_only", "run_bench", "status_of",
+           "cmd_bench", "format_markdown", "format_report", "make_check", "parse_only", "register_section", "run_bench",
+           "status_of",
            "summarize"]

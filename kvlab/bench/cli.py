@@ -16,7 +16,7 @@ import signal
 import sys
 from pathlib import Path
 
-from .harness import SECTIONS, SIZES
+from .harness import SIZES, section_names
 from .strategy_sets import REPLACED_SECTIONS, parse_strategies
 from .text import format_markdown, format_report
 
@@ -24,18 +24,19 @@ DEFAULT_OUTPUT = Path("artifacts") / "bench"
 
 
 def parse_only(text: str | None) -> list[str]:
-    """The sections named in `--only` (comma list), in `SECTIONS` order; None means all.
+    """The sections named in `--only` (comma list), in `section_names()` order; None means all.
 
     Raises:
         ValueError: an unknown or empty list; the message lists the allowed sections.
     """
+    sections = section_names()
     if text is None:
-        return list(SECTIONS)
+        return list(sections)
     names = [part.strip() for part in text.split(",") if part.strip()]
-    unknown = [name for name in names if name not in SECTIONS]
+    unknown = [name for name in names if name not in sections]
     if unknown or not names:
-        raise ValueError(f"unknown section(s) {unknown or names}; allowed: {','.join(SECTIONS)}")
-    return [name for name in SECTIONS if name in names]
+        raise ValueError(f"unknown section(s) {unknown or names}; allowed: {','.join(sections)}")
+    return [name for name in sections if name in names]
 
 
 def add_parser(sub, parents=()) -> None:
@@ -43,9 +44,9 @@ def add_parser(sub, parents=()) -> None:
     p = sub.add_parser("bench", help="measure kvlab's own overhead, fairness, scaling, start-up, roofline, planner and "
                                           "the app against the CLI")
     p.add_argument("--size", choices=list(SIZES), default="full",
-                   help="smoke: under a minute on 2 quiet cores, checks the plumbing; small: a few minutes; "
+                   help="smoke: under a minute on 2 idle cores, checks the plumbing; small: a few minutes; "
                         "full (default): the README figures, about half an hour on 2 cores")
-    p.add_argument("--only", help=f"comma list of sections: {','.join(SECTIONS)}")
+    p.add_argument("--only", help=f"comma list of sections: {','.join(section_names())}")
     p.add_argument("--repeats", type=int, help="repeats per figure, scaling included (overrides the size's)")
     p.add_argument("--strategies",
                    help=f"replace the strategies of the {', '.join(REPLACED_SECTIONS)} sections; the syntax of "

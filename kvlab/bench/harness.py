@@ -24,8 +24,33 @@ from ..compute import compute
 
 T = TypeVar("T")
 
-SECTIONS = ("overhead", "fair", "parallel", "scaling", "startup", "roofline", "plan", "app")
+SECTIONS = ("overhead", "fair", "parallel", "scaling", "startup", "roofline", "plan", "e2e", "needle")
+"""The sections the installed bench runs, in order; the repository's `benchmarks/` adds more
+(`register_section`: the app and its browser, which need test-only packages)."""
 RECORD_VERSION = 1
+
+
+@dataclass(frozen=True)
+class ExtraSection:
+    """A section registered from outside the package: its function (Context -> record) and, for the report,
+    (the key that says it has figures, the function writing its lines) or None."""
+
+    run: Callable
+    details: tuple[str, Callable] | None = None
+
+
+EXTRA_SECTIONS: dict[str, ExtraSection] = {}
+"""Sections registered with `register_section`, run after SECTIONS."""
+
+
+def register_section(name: str, run: Callable, details: tuple[str, Callable] | None = None) -> None:
+    """Add a section the bench can run (`--only NAME`) after SECTIONS; see `ExtraSection`."""
+    EXTRA_SECTIONS[name] = ExtraSection(run, details)
+
+
+def section_names() -> tuple[str, ...]:
+    """Every section this bench can run, in order: SECTIONS, then the registered ones."""
+    return SECTIONS + tuple(name for name in EXTRA_SECTIONS if name not in SECTIONS)
 
 PROMPT = "Explain what a key-value cache does in a transformer, in a few sentences."
 FILLER = (
@@ -138,12 +163,11 @@ def rotated(items: Sequence[T], rep: int) -> list[T]:
 
 
 def settings_for(new_tokens: int):
-    """Greedy settings making exactly `new_tokens` tokens, fidelity scoring and the quiet re-timing off: the bench
-    times one generation of each column its own way (a re-timing pass would double the kvlab run's wall time,
-    and in fair mode replace the together figures with alone ones)."""
+    """Greedy settings making exactly `new_tokens` tokens, fidelity scoring off, the default (`live`) timing
+    policy: the bench times one generation of each column its own way."""
     from ..generation import GenerationSettings
 
-    return GenerationSettings(max_new_tokens=new_tokens, stop_at_eos=False, fidelity=False, retime=False)
+    return GenerationSettings(max_new_tokens=new_tokens, stop_at_eos=False, fidelity=False)
 
 
 def run_kvlab(loaded, prompt_ids, specs: list, new_tokens: int, mode: str = "fair") -> dict:

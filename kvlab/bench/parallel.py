@@ -14,7 +14,7 @@ from __future__ import annotations
 import statistics
 
 from ..compute import compute
-from ..environment import cores_available
+from ..measure.environment import cores_available
 from .harness import Context, interleaved, make_check, run_bare, run_bare_together, run_kvlab, summarize
 from .strategy_sets import FAIR_STRATEGIES
 

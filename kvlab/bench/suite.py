@@ -13,10 +13,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from pathlib import Path
 
-from .app_section import bench_app
 from .fair import bench_fair
-from ..environment import cores_available, load_average
-from .harness import PROMPT, RECORD_VERSION, SECTIONS, BenchSize, Context, make_check
+from ..measure.environment import cores_available, load_average
+from .e2e import bench_e2e
+from .harness import EXTRA_SECTIONS, PROMPT, RECORD_VERSION, SECTIONS, BenchSize, Context, make_check
+from .needle import bench_needle
 from .overhead import bench_overhead
 from .parallel import bench_parallel
 from .planning import bench_planning
@@ -32,15 +33,16 @@ RUNNERS = {
     "startup": bench_startup,
     "roofline": bench_roofline,
     "plan": bench_planning,
-    "app": bench_app,
+    "e2e": bench_e2e,
+    "needle": bench_needle,
 }
 """Each section's function, in `SECTIONS` order (a unit test holds them equal)."""
 
 
 def machine_info() -> dict:
     """CPU model, cores, memory (bytes), platform and library versions, torch threads, CUDA device if any
-    (`kvlab.environment.machine`)."""
-    from ..environment import machine
+    (`kvlab.measure.environment.machine`)."""
+    from ..measure.environment import machine
 
     return machine()
 
@@ -86,7 +88,7 @@ def run_section(name: str, ctx: Context) -> dict:
     """One section's record with its `elapsed_s` (seconds); an exception becomes `{"error", "checks"}`."""
     section_started = time.perf_counter()
     try:
-        section = RUNNERS[name](ctx)
+        section = (RUNNERS[name] if name in RUNNERS else EXTRA_SECTIONS[name].run)(ctx)
     except Exception as err:  # noqa: BLE001 - one failing section must not hide the others
         failed = make_check(name, f"{name} did not run", [], "—", None, f"{type(err).__name__}: {err}")
         section = {"error": failed["reason"], "checks": [dict(failed, met=False)]}

@@ -355,7 +355,8 @@ class ChatSession:
                                                     self.settings, reply, seed, stop, started, self.cached_ids.extend,
                                                     self.budget, self._switched):
                     yield ChatToken(token_id, delta)
-                if not self.strategy.is_streaming and held_tokens(self.cache) != len(self.cached_ids):
+                tracked = not (self.strategy.is_streaming or self.strategy.is_evicting)
+                if tracked and held_tokens(self.cache) != len(self.cached_ids):
                     raise RuntimeError(f"the cache holds {held_tokens(self.cache)} tokens but "
                                        f"{len(self.cached_ids)} ids were tracked")
             except Exception as err:  # noqa: BLE001 - a failure ends this turn only, reported as an event

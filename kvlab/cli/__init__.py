@@ -1,4 +1,4 @@
-"""Command line: `kvlab compare|chat|prefix|perplexity|plan|inspect|bench` (or `python -m kvlab ...`).
+"""Command line: `kvlab compare|chat|prefix|perplexity|plan|inspect|bench|needle` (or `python -m kvlab ...`).
 
 One parser with one subparser per subcommand. Each subcommand module in
 `SUBCOMMANDS` exposes `add_parser(subparsers, parents)`, which adds its
@@ -22,6 +22,7 @@ SUBCOMMANDS = (
     "kvlab.cli.plan",
     "kvlab.cli.inspect",
     "kvlab.bench",
+    "kvlab.needle.cli",
 )
 """Modules that each expose `add_parser(subparsers, parents)`, in the order `--help` lists them."""
 

@@ -180,7 +180,7 @@ def _fail(command: str, err: Exception) -> int:
     return EXIT_USAGE
 
 
-def _write_json(path: str | None, record: dict, quiet: bool = False) -> None:
+def _write_json(path: str | None, record: dict, silent: bool = False) -> None:
     """Write `record` to `path` (nothing when None) through a temporary file, so a reader or an interrupt
     never sees half a file."""
     if path:
@@ -188,7 +188,7 @@ def _write_json(path: str | None, record: dict, quiet: bool = False) -> None:
         partial = target.with_name(target.name + ".partial")
         partial.write_text(json.dumps(record, indent=1))
         os.replace(partial, target)
-        if not quiet:
+        if not silent:
             print(f"wrote {path}", file=sys.stderr)
 
 
@@ -232,7 +232,7 @@ def cmd_chat(args) -> int:
         status = 130
     finally:
         record["finished"] = status == 0
-        _write_json(args.json, record, quiet=False)
+        _write_json(args.json, record, silent=False)
     return status
 
 
@@ -255,7 +255,7 @@ def _chat_turns(session, turns: list[str], args, record: dict) -> int:
         stats = next(e.stats for e in events if isinstance(e, ChatTurnDone))
         match = "-" if stats.match is None else str(stats.match).lower()
         record["turns"].append(stats.to_json())
-        _write_json(args.json, record, quiet=True)  # saved before it is shown: a turn on screen is on disk
+        _write_json(args.json, record, silent=True)  # saved before it is shown: a turn on screen is on disk
         print(f"{stats.turn:>4} {stats.action:>8} {stats.reused_tokens:>6} {stats.prefilled_tokens:>9} "
               f"{_seconds(stats.ttft_s):>7} {_seconds(stats.no_reuse_ttft_s):>10} {match:>5}  "
               f"{stats.reply[:60]!r}", flush=True)

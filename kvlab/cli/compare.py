@@ -18,6 +18,7 @@ import sys
 import threading
 
 from ..generation import encode_prompt
+from ..measure import POLICIES
 from ..strategies.base import parse_strategy_item, split_strategy_list
 from ..report import format_table, run_record, summary_rows
 
@@ -42,8 +43,8 @@ def add_parser(sub, parents) -> None:
     p.add_argument("--seed", type=int)
     p.add_argument("--ignore-eos", action="store_true", help="keep generating past the end-of-sequence token")
     p.add_argument("--no-fidelity", action="store_true", help="skip the teacher-forced fidelity scoring")
-    p.add_argument("--no-retime", action="store_true",
-                   help="fair mode: keep the live figures instead of re-timing every column quietly after the run")
+    p.add_argument("--timing", choices=list(POLICIES),
+                   help="how timing figures are taken (default live: the live run after a warm-up; see docs/timing.md)")
     p.add_argument("--mode", choices=["fair", "parallel", "sequential"])
     p.add_argument("--json", help="write the full record to this file")
     p.add_argument("--replay", metavar="FILE",
@@ -112,8 +113,8 @@ def _apply_flags(data: dict, args) -> None:
         generation["stop_at_eos"] = False
     if args.no_fidelity:
         generation["fidelity"] = False
-    if args.no_retime:
-        generation["retime"] = False
+    if args.timing:
+        generation["timing_policy"] = args.timing
     if args.mode:
         data["mode"] = args.mode
     if args.fallback:

@@ -55,7 +55,9 @@ class LayerRow:
     it can hold (None: grows). key_shape / value_shape: the full-precision tensors, (batch, kv_heads, seq,
     head_dim); quantized_shape: the shape the quantized keys stand for (None when not quantized). bytes: all
     it holds; parts: LAYER_PARTS -> bytes; devices: device -> bytes. strip: (state, start, stop) runs over
-    sequence positions, states from STRIP_STATES.
+    sequence positions, states from STRIP_STATES. head_strips: for a layer pruned by a scored-eviction strategy,
+    the same runs per KV head, and head_scores the method's score of each scored prompt position per head
+    (`kvlab.eviction.prefill.EvictionRecord`); empty otherwise.
     """
 
     layers: tuple[int, int]
@@ -71,6 +73,8 @@ class LayerRow:
     parts: dict[str, int]
     devices: dict[str, int]
     strip: tuple[tuple[str, int, int], ...]
+    head_strips: tuple[tuple[tuple[str, int, int], ...], ...] = ()
+    head_scores: tuple[tuple[float, ...], ...] = ()
 
     @property
     def count(self) -> int:
@@ -233,12 +237,24 @@ def layer_types(config, count: int) -> list[str]:
     return [types[i] if i < len(types) else "full_attention" for i in range(count)]
 
 
+def _with_eviction(row: LayerRow, record, seen_tokens: int) -> LayerRow:
+    """`row` with the kept/evicted positions per KV head and their scores, when `record` (a pruned cache's
+    `EvictionRecord`) pruned this layer; the layer's own strip then shows head 0's."""
+    index = row.layers[0]
+    if record is None or index not in record.layers:
+        return row
+    heads = record.head_runs(index, seen_tokens)
+    scores = tuple(tuple(round(float(x), 6) for x in head) for head in record.layers[index].scores.tolist())
+    return replace(row, strip=heads[0], head_strips=heads, head_scores=scores)
+
+
 def layer_rows(cache, config, seen_tokens: int, max_shown: int = MAX_LAYERS_SHOWN) -> tuple[LayerRow, ...]:
     """A `LayerRow` per layer of `cache` (none for no cache); with more than `max_shown` layers, neighbouring
     layers that read the same are collapsed into one row spanning them."""
     layers = list(getattr(cache, "layers", None) or [])
     types = layer_types(config, len(layers))
-    rows = [layer_row(layer, i, types[i], seen_tokens) for i, layer in enumerate(layers)]
+    rows = [_with_eviction(layer_row(layer, i, types[i], seen_tokens), getattr(cache, "eviction", None), seen_tokens)
+            for i, layer in enumerate(layers)]
     if len(rows) <= max_shown:
         return tuple(rows)
     collapsed: list[LayerRow] = []

@@ -47,6 +47,8 @@ class Strategy:
         is_streaming: evicts tokens by its own rule and streams past its window (a sink
             cache), so the ids that went through it are not a prefix it holds.
         is_sliding: needs the model's own sliding-window layers (unavailable without them).
+        is_evicting: prunes the prompt's keys/values at prefill by a score (the scored-eviction strategies), so the
+            cache holds fewer positions than went through it and a copy of it does not hold the whole prefix.
         follows_layer_types: its cache is built from the model's config (`config.layer_types`), so on a hybrid
             model each sliding layer keeps only its window, as transformers' default cache does.
     Derived: `keeps_everything`, `is_compileable`, `usable_in_chat`,
@@ -61,6 +63,7 @@ class Strategy:
     is_croppable: ClassVar[bool] = False
     is_streaming: ClassVar[bool] = False
     is_sliding: ClassVar[bool] = False
+    is_evicting: ClassVar[bool] = False
     title_knobs: ClassVar[tuple[str, ...]] = ()
     label: str = ""
 
@@ -136,7 +139,7 @@ class Strategy:
     @property
     def usable_in_prefix(self) -> bool:
         """A copy of its prefilled cache holds the whole prefix (keeps a cache and does not stream)."""
-        return self.use_cache and not self.is_streaming
+        return self.use_cache and not self.is_streaming and not self.is_evicting
 
     def capacity(self, max_total_tokens: int) -> int | None:
         """Most tokens its cache can hold for a run of at most `max_total_tokens` tokens, or None when it grows
@@ -177,7 +180,7 @@ class Strategy:
 
     def warm_up_key(self) -> tuple:
         """What one-time set-up depends on: two strategies with the same key share it, so `warm_up` runs once
-        per process, model and key (`kvlab.timing.warm_up_columns`). Default: the registered name."""
+        per process, model and key (`kvlab.measure.warmup.warm_up_columns`). Default: the registered name."""
         return (self.name,)
 
     def warm_up(self, loaded, input_tokens: int = WARM_UP_INPUT_TOKENS) -> None:
@@ -230,6 +233,11 @@ class Strategy:
 
     def cache_code(self) -> tuple[list[str], str]:
         """(imports, code building a variable `cache` or '' for none) for the reproduce-it snippet."""
+        return [], ""
+
+    def generate_context_code(self) -> tuple[list[str], str]:
+        """(imports, a `with ...:` line the snippet's `generate()` call runs inside, or '') for a strategy that
+        acts through hooks during the prefill (the scored-eviction strategies)."""
         return [], ""
 
     def generate_kwargs_code(self) -> str:

@@ -85,16 +85,19 @@ def code_snippet(strategy, settings, prompt_text: str, system: str = "", chat: b
         model_source: `bundled`, a hub id or a local folder; dtype: a `kvlab.models.DTYPES` name.
     """
     # 1. Imports, the model and tokenizer.
-    lines = _preamble(strategy, model_source, dtype)
+    context_imports, context = strategy.generate_context_code()
+    lines = _preamble(strategy, model_source, dtype, context_imports)
     # 2. The prompt, the cache and the generate call.
     lines += _prompt_lines(prompt_text, system, chat)
     lines.append(f"max_new_tokens = {settings.max_new_tokens}")
     _, cache_line = strategy.cache_code()
     if cache_line:
         lines.append(cache_line)
-    call = ",\n    ".join(_generate_kwargs(strategy, settings, lines))
+    indent = "    " if context else ""
+    call = f",\n{indent}    ".join(_generate_kwargs(strategy, settings, lines))
     lines += [
-        f"out = model.generate(\n    {call},\n)",
+        *([context] if context else []),
+        f"{indent}out = model.generate(\n{indent}    {call},\n{indent})",
         "print(tokenizer.decode(out[0, inputs[\"input_ids\"].shape[1]:], skip_special_tokens=True))",
     ]
     return "\n".join(lines) + "\n"

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from kvlab.budget import require_cache
 from kvlab.bundled import bundled_model
 from kvlab.generation import GenerationSettings
+from kvlab.measure import DEFAULT_POLICY
 from kvlab.models import ModelLoadError, ModelSpec
 from kvlab.presets import Preset, PromptSpec, load_preset
 from kvlab.columns import MAX_COLUMNS, MODES, Column
@@ -55,7 +56,7 @@ class RunRequest:
     seed: float | int | None = 0
     ignore_eos: bool = False
     fidelity: bool = True
-    retime: bool = True
+    timing_policy: str = DEFAULT_POLICY
     mode: str = "fair"
     baseline: str = "auto"
     preset: str | None = None
@@ -77,7 +78,7 @@ class RunRequest:
             seed=_as_int(self.seed) or 0,
             stop_at_eos=not self.ignore_eos,
             fidelity=bool(self.fidelity),
-            retime=bool(self.retime),
+            timing_policy=self.timing_policy or DEFAULT_POLICY,
         )
 
     def model_spec(self) -> ModelSpec:

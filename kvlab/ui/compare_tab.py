@@ -22,6 +22,7 @@ import gradio as gr
 
 from kvlab.events import RunPhase
 from kvlab.generation import MAX_NEW_TOKENS_CAP, encode_prompt
+from kvlab.measure import POLICIES
 from kvlab.models import DEVICES, DTYPES, ModelLoadError, ModelSpec
 from kvlab.presets import Preset, PresetError, list_presets, load_preset
 from kvlab.columns import MAX_COLUMNS, MODES
@@ -47,6 +48,7 @@ from .knobs import card_form, max_knobs, strategy_choices
 from .loader import CONCURRENCY, MODEL_CONCURRENCY_ID, BackgroundLoader, device_present
 from .model_picker import model_bar
 from .theme import line_html
+from .timing_text import POLICY_INFO
 
 logger = logging.getLogger(__name__)
 
@@ -144,8 +146,8 @@ class CompareTab(CompareExtras):
                                         elem_id="kv-baseline", info="auto: the first dynamic column")
             self.fidelity = gr.Checkbox(bool(generation.fidelity), label="score fidelity", elem_id="kv-fidelity",
                                         info="teacher-forced, after the columns finish")
-            self.retime = gr.Checkbox(bool(generation.retime), label="quiet re-timing", elem_id="kv-retime",
-                                      info="fair mode: time each column again, page paused")
+            self.timing_policy = gr.Dropdown(list(POLICIES), value=generation.timing_policy, label="timing",
+                                             elem_id="kv-timing", info=POLICY_INFO)
 
     def _build_cards(self, start: Preset) -> None:
         self.cards: list[StrategyCard] = []
@@ -213,8 +215,9 @@ class CompareTab(CompareExtras):
                              [self.temperature, self.top_p, self.top_k], show_progress="hidden", **PRIVATE)
         self.form_outputs = [
             self.prompt, self.system, self.chat, self.max_new_tokens, self.decoding, self.temperature, self.top_p,
-            self.top_k, self.repetition_penalty, self.seed, self.ignore_eos, self.fidelity, self.retime, self.mode,
-            self.baseline, self.model_source, self.dtype, self.device, self.preset_about, self.run_status, *strategies,
+            self.top_k, self.repetition_penalty, self.seed, self.ignore_eos, self.fidelity, self.timing_policy,
+            self.mode, self.baseline, self.model_source, self.dtype, self.device, self.preset_about, self.run_status,
+            *strategies,
             *[c for card in self.cards for c in card.form_outputs],
         ]
         self.preset.input(self.apply_preset, [self.preset, *model_inputs], self.form_outputs,
@@ -224,8 +227,8 @@ class CompareTab(CompareExtras):
         """Run (prepare, then the queued run, then re-enable), Stop, and the `compare` API."""
         self.run_inputs = {
             self.session, self.prompt, self.system, self.chat, self.max_new_tokens, self.decoding, self.temperature,
-            self.top_p, self.top_k, self.repetition_penalty, self.seed, self.ignore_eos, self.fidelity, self.retime,
-            self.mode, self.baseline, self.preset, self.model_source, self.dtype, self.device,
+            self.top_p, self.top_k, self.repetition_penalty, self.seed, self.ignore_eos, self.fidelity,
+            self.timing_policy, self.mode, self.baseline, self.preset, self.model_source, self.dtype, self.device,
             *[card.strategy for card in self.cards], *[box for card in self.cards for box in card.knobs],
             *[box for card in self.cards for box in (card.budget, card.fallback)],
         }
@@ -296,7 +299,7 @@ class CompareTab(CompareExtras):
             self.top_k: gr.update(value=generation.top_k, interactive=sampling),
             self.repetition_penalty: generation.repetition_penalty, self.seed: generation.seed,
             self.ignore_eos: not generation.stop_at_eos, self.fidelity: generation.fidelity,
-            self.retime: generation.retime,
+            self.timing_policy: generation.timing_policy,
             self.mode: preset.mode, self.baseline: self._baseline_value(preset),
             self.model_source: preset.model.source,
             self.dtype: preset.model.dtype if preset.model.dtype in self.dtypes else self.dtypes[0],
@@ -343,7 +346,7 @@ class CompareTab(CompareExtras):
             max_new_tokens=data[self.max_new_tokens], decoding=data[self.decoding],
             temperature=data[self.temperature], top_p=data[self.top_p], top_k=data[self.top_k],
             repetition_penalty=data[self.repetition_penalty], seed=data[self.seed],
-            ignore_eos=data[self.ignore_eos], fidelity=data[self.fidelity], retime=data[self.retime],
+            ignore_eos=data[self.ignore_eos], fidelity=data[self.fidelity], timing_policy=data[self.timing_policy],
             mode=data[self.mode],
             baseline=data[self.baseline], preset=data[self.preset], model_source=data[self.model_source],
             dtype=data[self.dtype], device=data[self.device],
@@ -405,7 +408,7 @@ class CompareTab(CompareExtras):
             view.stop_requested = stop.is_set()
             now = time.monotonic()
             if view.done is not None or (now - last_text < TEXT_EVERY_S and not isinstance(event, RunPhase)):
-                continue  # a new phase is shown at once: the quiet re-timing sends nothing while it runs
+                continue  # a new phase is shown at once: a timing policy's own pass sends nothing
             updates = self._column_updates(view, changed)
             updates[self.run_status] = line_html(view.progress_text(), "busy")
             plotted = now >= plot_due

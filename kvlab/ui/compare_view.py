@@ -34,7 +34,7 @@ from kvlab.events import (
 from kvlab.report import LABELS, best_marks, best_sets, by_layer_type_text, candidates, summary_rows
 
 from .figures import MIB
-from .timing_text import phase_text, quiet_readout, timing_line
+from .timing_text import TIMING_HELP, phase_text, policy_readout, timing_line
 
 BEST_MARK = " ★"
 MISSING = "–"
@@ -42,8 +42,7 @@ SUMMARY_HELP = (
     "★ marks the best value per metric among finished columns; timing figures closer than their measured noise "
     "are marked as ties (all or none). **TTFT**: prefill + first token. "
     "**decode tok/s**: generated tokens per second of compute (in fair mode each column is timed alone). "
-    "In fair mode the timing figures come from a quiet re-timing of each column after the live run (the same "
-    "tokens, page updates paused; the cards show the live rate beside it); the plots are the live run. "
+    f"{TIMING_HELP} "
     "**ITL p50 / p99**: inter-token latency, the median and 99th percentile of the decode steps after the "
     "first token, in ms (as vLLM's and GuideLLM's benchmarks report it; the mean, p90 and end-to-end latency "
     "are in the JSON and CSV). "
@@ -151,9 +150,9 @@ class ColumnView:
             return ""
         parts = [f"{self.tokens} token{'s' if self.tokens != 1 else ''}"]
         rate = self.tok_s()
-        quiet = quiet_readout(self.result, rate)
-        if quiet or rate is not None:
-            parts.append(quiet or f"{rate:.1f} tok/s")
+        shown = policy_readout(self.result, rate)
+        if shown or rate is not None:
+            parts.append(shown or f"{rate:.1f} tok/s")
         if self.cache_bytes:
             parts.append(f"cache {format_mib(self.cache_bytes[-1])}")
         result = self.result

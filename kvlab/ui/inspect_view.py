@@ -217,9 +217,27 @@ def _cells(runs, width: int, per_cell: int) -> list[str]:
     return states
 
 
+def _strip_row(label: str, runs, width: int, per_cell: int, tokens: list[str] | None, scores, key: str) -> str:
+    """One strip row: a cell per position coloured by its state, the position, token and (for a scored
+    eviction's KV head) the method's score in its tooltip."""
+    cells = []
+    for cell, state in enumerate(_cells(runs, width, per_cell)):
+        start = cell * per_cell
+        where = str(start) if per_cell == 1 else f"{start}–{start + per_cell - 1}"
+        token = f" {tokens[start]!r}" if tokens and per_cell == 1 and start < len(tokens) else ""
+        score = f" score {scores[start]:.4g}" if per_cell == 1 and start < len(scores) else ""
+        cells.append(f'<i class="kv-tok kv-st-{state or "none"}" title="{html.escape(where + token)}: '
+                     f'{html.escape(STATE_LABELS.get(state, "not seen") + score)}"></i>')
+    counts = ", ".join(f"{state} {stop - start}" for state, start, stop in runs)
+    return (f'<div class="kv-strip-row" data-layers="{key}"><span class="kv-strip-label">'
+            f'{html.escape(label)}<br><small>{html.escape(counts)}</small></span>'
+            f'<span class="kv-strip-cells">{"".join(cells)}</span></div>')
+
+
 def strip_html(record: StepRecord | None, tokens: list[str] | None = None) -> str:
     """The token strip: per layer row (collapsed ranges as in the table) one cell per sequence position coloured
-    by its state (STRIP_STATES), with a legend; cells carry the position and token as a tooltip."""
+    by its state (STRIP_STATES), with a legend; cells carry the position and token as a tooltip. A layer pruned
+    by a scored-eviction strategy gets a row per KV head, each position's score in its tooltip."""
     if record is None or not record.layers:
         why = "no cache: every step recomputes the whole sequence" if record is not None else "no step yet"
         return f'<div class="kv-strip-empty">{html.escape(why)}</div>'
@@ -230,18 +248,11 @@ def strip_html(record: StepRecord | None, tokens: list[str] | None = None) -> st
     for row in record.layers:
         first, last = row.layers
         label = f"layer {first}" if first == last else f"layers {first}–{last}"
-        states = _cells(row.strip, width, per_cell)
-        cells = []
-        for cell, state in enumerate(states):
-            start = cell * per_cell
-            where = str(start) if per_cell == 1 else f"{start}–{start + per_cell - 1}"
-            token = f" {tokens[start]!r}" if tokens and per_cell == 1 and start < len(tokens) else ""
-            cells.append(f'<i class="kv-tok kv-st-{state or "none"}" title="{html.escape(where + token)}: '
-                         f'{html.escape(STATE_LABELS.get(state, "not seen"))}"></i>')
-        counts = ", ".join(f"{state} {stop - start}" for state, start, stop in row.strip)
-        parts.append(f'<div class="kv-strip-row" data-layers="{first}-{last}"><span class="kv-strip-label">'
-                     f'{html.escape(label)}<br><small>{html.escape(counts)}</small></span>'
-                     f'<span class="kv-strip-cells">{"".join(cells)}</span></div>')
+        parts.append(_strip_row(label, row.strip, width, per_cell, tokens, (), f"{first}-{last}"))
+        for head, runs in enumerate(row.head_strips):
+            scores = row.head_scores[head] if head < len(row.head_scores) else ()
+            key = f"{first}-{last}/{head}"
+            parts.append(_strip_row(f"  KV head {head}", runs, width, per_cell, tokens, scores, key))
     scale = "" if per_cell == 1 else f" · one cell = {per_cell} positions"
     legend = "".join(f'<span><i class="kv-tok kv-st-{state}"></i>{html.escape(STATE_LABELS[state])}</span>'
                      for state in STRIP_STATES)

@@ -1,10 +1,18 @@
-"""What the Compare tab says about timing: the phase line (warm-up, quiet re-timing), a column's quiet rate
-beside its live one, and the run's timing note (`kvlab.timing.run_timing`). Pure text; no gradio."""
+"""What the Compare tab says about timing: the policy's help, the phase line (warm-up, re-timing), a column's
+re-timed rate beside its live one, and the run's timing note (`kvlab.measure.noise.run_timing`). Pure text; no
+gradio."""
 
 from __future__ import annotations
 
 PHASES = ("warm_up", "retiming")
 """The `RunPhase`s that have a line of their own; any other leaves the page's usual text."""
+
+POLICY_INFO = "live: this run's figures; quiet: each column timed again after the run (slower)"
+"""The one line beside the timing policy picker (docs/timing.md has the rest)."""
+TIMING_HELP = ("The timing figures are the live run's, after a one-time warm-up; the `quiet` timing policy times "
+               "each column again after the run and shows those (the cards show the live rate beside them); the "
+               "plots are always the live run.")
+"""The summary help's sentence on where the timing figures come from."""
 
 
 def phase_text(phase, tokens: int) -> str | None:
@@ -17,9 +25,9 @@ def phase_text(phase, tokens: int) -> str | None:
     return f"columns finished ({tokens} tokens); {phase.detail}"
 
 
-def quiet_readout(result, live_rate: float | None) -> str | None:
+def policy_readout(result, live_rate: float | None) -> str | None:
     """`24.3 tok/s (live 18.1)` for a column whose figures come from the quiet re-timing, else None."""
-    if result is None or getattr(result, "timing", "live") != "quiet" or result.decode_tok_s is None:
+    if result is None or result.timing.policy != "quiet" or result.decode_tok_s is None:
         return None
     live = f" (live {live_rate:.1f})" if live_rate is not None else ""
     return f"{result.decode_tok_s:.1f} tok/s{live}"
@@ -31,8 +39,8 @@ def timing_line(timing: dict) -> str:
     if not timing:
         return ""
     parts = []
-    if timing.get("retimed"):
-        parts.append(f"timing: quiet re-timing of up to {timing.get('retime_max_tokens')} tokens per column")
+    if timing.get("policy") == "quiet":
+        parts.append(f"timing: quiet re-timing of up to {timing.get('max_tokens')} tokens per column")
     if timing.get("replaced_steps"):
         n = timing["replaced_steps"]
         parts.append(f"{n} interrupted step{'s' if n != 1 else ''} timed again")

@@ -24,11 +24,10 @@ def test_the_budget_preset_shows_two_switches(page):
     chain = page.locator("#kv-col-1-fallback input").input_value()
     assert chain == ("quantized:backend=hqq:residual_length=48 > sink:window_length=48")
     assert page.locator("#kv-col-0-budget input").input_value() == ""
-    # Enough tokens for both switches (the second comes near token 160); fidelity and the quiet re-timing are
-    # other tests' subject and would only add minutes here.
+    # Enough tokens for both switches (the second comes near token 160); fidelity is other tests' subject and
+    # would only add minutes here.
     page.locator("#kv-max-new input").fill(str(NEW_TOKENS))
     page.locator("#kv-fidelity input[type=checkbox]").uncheck()
-    page.locator("#kv-retime input[type=checkbox]").uncheck()
 
     page.click("#kv-run")
     snap = wait_for_status(page, "finished", "stopped", "✖")

@@ -90,9 +90,9 @@ def value(update) -> str:
 def test_compare_api_matches_the_cli(client, tmp_path):
     record = client.predict("quickstart", None, MATCH_TOKENS, api_name="/compare")
     cli_json = tmp_path / "cli.json"
-    # Fidelity scoring and the quiet re-timing run after generation and do not change token ids.
+    # Fidelity scoring runs after generation and does not change token ids.
     subprocess.run([sys.executable, "-m", "kvlab", "compare", "--preset", "quickstart", "--json", str(cli_json),
-                    "--max-new-tokens", str(MATCH_TOKENS), "--no-fidelity", "--no-retime"], cwd=REPO_ROOT, check=True,
+                    "--max-new-tokens", str(MATCH_TOKENS), "--no-fidelity"], cwd=REPO_ROOT, check=True,
                    timeout=CLI_TIMEOUT_S, capture_output=True)
     cli = json.loads(cli_json.read_text())
     assert record["preset"] == "quickstart"

@@ -18,8 +18,8 @@ from kvlab.strategies import make_strategy
 def quickstart(bundled):
     preset = load_preset("quickstart")
     prompt = encode_prompt(bundled.tokenizer, preset.prompt.text, preset.prompt.system)
-    # 32 of the preset's 64 tokens and no re-timing: these tests check tokens, bytes and fidelity, not timing.
-    settings = preset.settings().with_overrides({"max_new_tokens": 32, "retime": False})
+    # 32 of the preset's 64 tokens, live timing: these tests check tokens, bytes and fidelity, not timing.
+    settings = preset.settings().with_overrides({"max_new_tokens": 32})
     events = list(run_compare(bundled, prompt, preset.build_columns(), settings, preset.mode))
     return {result.strategy + (f"/{result.knobs.get('backend')}" if result.strategy == "quantized" else ""): result
             for result in events[-1].results}, events
@@ -91,7 +91,7 @@ def test_quanto_and_hqq_keep_their_own_backend_over_two_runs(bundled):
 def test_cli_json_has_the_promised_fields_and_exit_codes(tmp_path):
     out = tmp_path / "run.json"
     cmd = [sys.executable, "-m", "kvlab", "compare", "--prompt", "Say hi.", "--strategies",
-           "dynamic,static,quantized:backend=fp8", "--max-new-tokens", "5", "--json", str(out), "--no-retime"]
+           "dynamic,static,quantized:backend=fp8", "--max-new-tokens", "5", "--json", str(out)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr
     record = json.loads(out.read_text())

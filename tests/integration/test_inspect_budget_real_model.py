@@ -56,9 +56,9 @@ def test_cli_inspect_writes_one_record_per_step_and_matches_a_compare_column(tmp
 
 def test_the_budget_preset_switches_twice_and_keeps_the_text(tmp_path):
     out = tmp_path / "budget.json"
-    # 180 tokens take both switches (the second comes near token 160); the re-timing is not this test's subject.
+    # 180 tokens take both switches (the second comes near token 160); timing is not this test's subject.
     proc = subprocess.run([sys.executable, "-m", "kvlab", "compare", "--preset", "budget_fallback", "--json", str(out),
-                           "--max-new-tokens", "180", "--no-retime"], capture_output=True, text=True,
+                           "--max-new-tokens", "180"], capture_output=True, text=True,
                           timeout=CLI_TIMEOUT_S)
     assert proc.returncode == 0, proc.stderr
     free, column = json.loads(out.read_text())["columns"]

@@ -269,10 +269,10 @@ def test_plan_section_memory_check_is_not_judged_without_proc(tiny, monkeypatch,
 
 
 def test_the_bench_times_one_generation_per_column():
-    """The quiet re-timing would run every column a second time inside the kvlab run the overhead section times
+    """A re-timing policy would run every column a second time inside the kvlab run the overhead section times
     (halving its tok/s against bare generate) and, in fair mode, replace the together figures with alone ones."""
     from kvlab.bench.harness import settings_for
 
     settings = settings_for(12)
     assert settings.max_new_tokens == 12 and not settings.stop_at_eos
-    assert settings.retime is False and settings.fidelity is False
+    assert settings.timing_policy == "live" and settings.fidelity is False

@@ -1,15 +1,17 @@
 """The bench's app section from synthetic run records: ratios per column, the CLI reference, rank flips
 beyond noise, the checks and the report lines (no app, browser or model is started here)."""
 
-from kvlab.bench.app_section import RUNS, app_section, rank_flips
+from benchmarks.app_section import RUNS, app_section, rank_flips
+from benchmarks.app_text import app_lines
 from kvlab.bench.harness import SIZES, Context
-from kvlab.bench.text import app_lines, status_of
+from kvlab.bench.text import status_of
 
 
 def record(rates: dict, noise: float = 0.01, busy: bool = False) -> dict:
-    """A run record with one ok column per name (decode tok/s given, TTFT 0.1 s, live at 80 %)."""
-    columns = [{"name": name, "status": "ok", "decode_tok_s": rate, "ttft_s": 0.1, "live_decode_tok_s": 0.8 * rate,
-                "live_ttft_s": 0.12, "timing_noise": {"decode_tok_s": noise}} for name, rate in rates.items()]
+    """A run record with one ok column per name (decode tok/s given, TTFT 0.1 s, live at 80 %: re-timed)."""
+    columns = [{"name": name, "status": "ok", "decode_tok_s": rate, "ttft_s": 0.1,
+                "timing": {"policy": "quiet", "live": {"decode_tok_s": 0.8 * rate, "ttft_s": 0.12},
+                           "noise": {"decode_tok_s": noise}}} for name, rate in rates.items()]
     columns.append({"name": "offloaded", "status": "unavailable", "decode_tok_s": None})
     timing = {"load_average": 1.0, "busy": busy, "note": "⚠ busy" if busy else ""}
     return {"columns": columns, "timing": timing}
@@ -129,7 +131,7 @@ def test_cpu_shares_count_the_app_tree_under_the_current_label_only():
     import sys
     import time
 
-    from kvlab.bench.cpu_share import KINDS, CpuShares
+    from benchmarks.cpu_share import KINDS, CpuShares
 
     spin = "import time\nend = time.process_time() + 0.6\nwhile time.process_time() < end: pass\n"
     with CpuShares(sample_s=0.1) as cpu:

@@ -17,7 +17,8 @@ from kvlab.runner import run_compare
 
 PRESETS_DIR = Path(__file__).resolve().parents[2] / "presets"
 PRESET_FILES = [path for path in sorted(PRESETS_DIR.glob("*.yaml"))
-                if not isinstance(yaml.safe_load(path.read_text()), list)]
+                if isinstance(yaml.safe_load(path.read_text()), dict) and "task" not in yaml.safe_load(path.read_text())]
+"""Comparison presets: not YAML lists (inputs of other commands) nor another tab's (`task: needle`)."""
 NEW_TOKENS = 4
 FINISHED = {"ok", "unavailable"}
 """`unavailable`: a strategy this machine or model cannot run (offloading without CUDA), reported with a reason."""
@@ -31,7 +32,7 @@ def test_the_preset_folder_holds_presets():
 def test_every_preset_runs_on_the_tiny_model(tiny, path):
     preset = load_preset(path)
     columns = preset.build_columns()
-    settings = preset.settings().with_overrides({"max_new_tokens": NEW_TOKENS, "retime": False})
+    settings = preset.settings().with_overrides({"max_new_tokens": NEW_TOKENS})
     prompt_ids = encode_prompt(tiny.tokenizer, preset.prompt.text, preset.prompt.system, preset.prompt.chat)
     events = list(run_compare(tiny, prompt_ids, columns, settings, preset.mode, baseline=preset.baseline))
     done = events[-1]

@@ -1,6 +1,7 @@
 """Run records: serving-style latency figures, the versioned record with its environment, and replaying it."""
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -8,10 +9,13 @@ import torch
 from kvlab.cli import main
 from kvlab.events import ColumnResult, latency_summary_ms, percentile
 from kvlab.generation import GenerationSettings
+from kvlab.measure import ColumnTiming
 from kvlab.presets import parse_preset
 from kvlab.replay import RecordError, load_record
 from kvlab.report import RECORD_FORMAT_VERSION, SUMMARY_COLUMNS, rows_to_csv, run_record, summary_rows
 from kvlab.runner import collect, run_compare
+
+FIXTURES = Path(__file__).parent.parent / "fixtures"
 
 
 def test_itl_percentiles_and_end_to_end_latency_follow_the_serving_benchmarks():
@@ -52,7 +56,8 @@ def test_a_record_replays_into_the_same_summary(record, tmp_path):
     path = tmp_path / "run.json"
     path.write_text(json.dumps(record))
     replayed = load_record(path)
-    original = summary_rows([ColumnResult(**{k: v for k, v in c.items() if k in ColumnResult.__dataclass_fields__})
+    original = summary_rows([ColumnResult(**{k: v for k, v in c.items() if k in ColumnResult.__dataclass_fields__
+                                             and k != "timing"}, timing=ColumnTiming(**c["timing"]))
                              for c in record["columns"]])
     assert summary_rows(replayed.done.results) == original
     assert rows_to_csv(summary_rows(replayed.done.results)).splitlines()[0] == ",".join(SUMMARY_COLUMNS)
@@ -88,3 +93,28 @@ def test_the_cli_replays_a_record_and_refuses_what_it_cannot(record, tmp_path, c
     (tmp_path / "bad.json").write_text("{")
     assert main(["compare", "--replay", str(tmp_path / "bad.json")]) == 2
     assert "not a JSON file" in capsys.readouterr().err
+
+
+def test_a_version_2_record_made_by_an_older_kvlab_still_replays_with_its_timing_nested():
+    """tests/fixtures/record_v2_quickstart.json: `python -m kvlab compare --preset quickstart --max-new-tokens 4
+    --json ...` from the kvlab that wrote format_version 2 (flat live_*/quiet_* fields, quiet re-timing)."""
+    path = FIXTURES / "record_v2_quickstart.json"
+    old = json.loads(path.read_text())
+    assert old["format_version"] == 2 and "live_decode_tok_s" in old["columns"][1]
+    replayed = load_record(path)
+    assert replayed.record["format_version"] == RECORD_FORMAT_VERSION and replayed.record["timing"]["policy"] == "quiet"
+    assert "settle_s" not in replayed.record["timing"] and "retimed" not in replayed.record["timing"]
+    assert GenerationSettings(**replayed.record["settings"]).timing_policy == "quiet"  # was `retime: true`
+    by_name = {r.name: r for r in replayed.done.results}
+    dynamic, flat = by_name["dynamic"], next(c for c in old["columns"] if c["name"] == "dynamic")
+    assert dynamic.timing.policy == "quiet" and dynamic.decode_tok_s == flat["decode_tok_s"]
+    assert dynamic.timing.live["decode_tok_s"] == flat["live_decode_tok_s"]
+    assert dynamic.timing.live["ttft_s"] == flat["live_ttft_s"]
+    assert dynamic.timing.noise == flat["timing_noise"] and dynamic.timing.warm_up_s == flat["warm_up_s"]
+    assert dynamic.timing.ttft_samples_s == flat["ttft_samples_s"]
+    assert dynamic.timing.per_token_s == flat["quiet_per_token_s"]
+    rows = summary_rows(replayed.done.results)
+    assert [row["status"] for row in rows] == [c["status"] for c in old["columns"]]
+    assert rows[1]["timing"] == "quiet" and rows[1]["noise"] == flat["timing_noise"]
+    unavailable = by_name["offloaded"]
+    assert unavailable.timing.policy == "live" and unavailable.timing.live == {}

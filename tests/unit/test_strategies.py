@@ -15,6 +15,13 @@ MATRIX = {
     "quantized": {"backend": "quanto", "nbits": 2, "residual_length": 4},
     "sliding_window": {},
     "sink": {"window_length": 32, "num_sink_tokens": 4},
+    "snapkv": {"window_size": 8},
+    "pyramidkv": {"window_size": 8},
+    "tova": {},
+    "observed_attention": {},
+    "knorm": {},
+    "expected_attention": {},
+    "random": {"seed": 1},
 }
 
 

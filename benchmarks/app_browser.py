@@ -76,32 +76,13 @@ def run_in_browser(url: str, runs: int, new_tokens: int | None, say, mark=lambda
             browser.close()
 
 
-IDLE_BATCHES = 3
-"""Slowed frame batches (`kvlab.ui.serving`'s idle-frame script) the page must reach after a run before the
-CLI run between two browser runs starts: the page has changed nothing for about 30 frames and then
-250 + 500 ms, so it has finished drawing the run."""
-
-
-IDLE_TIMEOUT_MS = 60_000
-"""Longest wait for the page to go idle before the CLI run between two browser runs starts anyway."""
-IDLE_JS = """(start) => {
-  const frames = window.__kvlabIdleFrames;
-  if (!frames) return true;  // a page served without the script: nothing to wait for
-  window.requestAnimationFrame(() => {});  // a frame asked for on every poll, so the count moves on its own
-  return frames.slowed >= start + %d;
-}""" % IDLE_BATCHES
+SETTLE_MS = 2000
+"""After a run, the page is left this long to finish drawing before the CLI run between two browser runs."""
 
 
 def _wait_until_idle(page, say) -> None:
-    """Return once the page's idle-frame script has slowed IDLE_BATCHES more batches of frames (the page is
-    idle), polling every POLL_MS, or after IDLE_TIMEOUT_MS (said through `say`). Raises nothing of its own."""
-    from playwright.sync_api import TimeoutError as PlaywrightTimeout
-
-    start = page.evaluate("(window.__kvlabIdleFrames || {}).slowed || 0")
-    try:
-        page.wait_for_function(IDLE_JS, arg=start, polling=POLL_MS, timeout=IDLE_TIMEOUT_MS)
-    except PlaywrightTimeout:
-        say(f"app: the page did not go idle within {IDLE_TIMEOUT_MS // 1000} s; the CLI run starts anyway")
+    """Leave the page SETTLE_MS to finish drawing the run it just showed. Raises nothing of its own."""
+    page.wait_for_timeout(SETTLE_MS)
 
 
 def _one_run(page, url: str, run: int, say, mark) -> dict:

@@ -1,13 +1,12 @@
-"""Timing on the tiny model and synthetic numbers: the one-time warm-up, the quiet re-timing pass, noise-aware
-best marks and the busy-machine note. Behaviour only: no test asserts how long anything took."""
+"""kvlab.measure on the tiny model and synthetic numbers: the one-time warm-up, the two timing policies (live,
+and the quiet re-timing pass with spike re-timing), noise-aware best marks and the busy-machine note.
+Behaviour only: no test asserts how long anything took."""
 
 import threading
 import time
 
 import pytest
 import torch
-
-from kvlab import timing
 
 from kvlab.cli import build_parser
 from kvlab.cli.compare import resolve_compare
@@ -17,22 +16,14 @@ from kvlab.report import best_marks, best_sets, summary_rows
 from kvlab.runner import collect, run_compare
 from kvlab.strategies import Strategy, make_strategy
 from kvlab.strategies.dynamic import Dynamic
-from kvlab.timing import (
-    RETIME_MAX_TOKENS,
-    RUN_DELAY_STEP_S,
-    SPIKE_RATIO,
-    TTFT_REPEATS,
-    RunDelay,
-    _QuietRun,
-    run_timing,
-    spike_steps,
-    timing_noise,
-    waited_steps,
-)
+from kvlab.measure import POLICIES, for_policy
+from kvlab.measure.noise import run_timing, timing_noise
+from kvlab.measure.quiet import RETIME_MAX_TOKENS, SPIKE_RATIO, TTFT_REPEATS, apply_quiet, quiet_summary, spike_steps
 from kvlab.ui.compare_view import BEST_MARK, RunView
 
 PROMPT = torch.tensor([[1, 400, 401, 402, 403, 404]])
 GREEDY = GenerationSettings(max_new_tokens=12, stop_at_eos=False, fidelity=False)
+QUIET = GenerationSettings(max_new_tokens=12, stop_at_eos=False, fidelity=False, timing_policy="quiet")
 
 
 class Recording(Dynamic):
@@ -55,7 +46,7 @@ class Recording(Dynamic):
 
 def test_quiet_retiming_feeds_the_live_tokens_and_replaces_the_summary_figures(tiny):
     log = []
-    done = collect(run_compare(tiny, PROMPT, [Recording(log, "retime-a"), {"strategy": "static"}], GREEDY))
+    done = collect(run_compare(tiny, PROMPT, [Recording(log, "retime-a"), {"strategy": "static"}], QUIET))
     result = done.results[0]
     fed = [entry[1] for entry in log if entry[0] == "forward"]
     live, extra_prefills = fed[:12], fed[12:12 + TTFT_REPEATS - 1]
@@ -63,30 +54,41 @@ def test_quiet_retiming_feeds_the_live_tokens_and_replaces_the_summary_figures(t
     assert quiet == live  # the same ids, step by step: the same tokens and the same cache contents
     assert replay == live[:len(replay)]  # a step slow by chance on this tiny model is timed again on a replay
     assert extra_prefills == [live[0]] * (TTFT_REPEATS - 1)
-    assert result.timing == "quiet" and result.quiet_tokens == len(result.token_ids) == 12
-    assert len(result.quiet_per_token_s) == 12 and len(result.ttft_samples_s) == TTFT_REPEATS
-    decode = result.quiet_per_token_s[1:]
+    timing = result.timing
+    assert timing.policy == "quiet" and len(timing.per_token_s) == len(result.token_ids) == 12
+    assert len(timing.ttft_samples_s) == TTFT_REPEATS
+    decode = timing.per_token_s[1:]
     assert result.decode_tok_s == pytest.approx(len(decode) / sum(decode))
-    assert result.ttft_s == sorted(result.ttft_samples_s)[1]
+    assert result.ttft_s == sorted(timing.ttft_samples_s)[1]
     live_decode = result.per_token_s[1:]
-    assert result.live_decode_tok_s == pytest.approx(len(live_decode) / sum(live_decode))
-    assert result.live_ttft_s == result.per_token_s[0]
+    assert timing.live["decode_tok_s"] == pytest.approx(len(live_decode) / sum(live_decode))
+    assert timing.live["ttft_s"] == result.per_token_s[0]
     row = summary_rows(done.results)[0]
     assert row["timing"] == "quiet" and row["decode_tok_s"] == round(result.decode_tok_s, 2)
     assert set(row["noise"]) == {"ttft_s", "decode_tok_s", "itl_ms_p50", "itl_ms_p99"}
-    assert done.timing["retimed"] is True and done.results[1].timing == "quiet"
-    assert "live_decode_tok_s" in result.to_json()
+    assert done.timing["policy"] == "quiet" and done.results[1].timing.policy == "quiet"
+    assert done.timing["max_tokens"] == RETIME_MAX_TOKENS
+    assert result.to_json()["timing"]["live"]["decode_tok_s"] == timing.live["decode_tok_s"]
 
 
-@pytest.mark.parametrize("settings, mode", [(GenerationSettings(max_new_tokens=6, stop_at_eos=False, fidelity=False,
-                                                                  retime=False), "fair"), (GREEDY, "parallel")])
-def test_no_retiming_when_switched_off_or_not_fair(tiny, settings, mode):
+@pytest.mark.parametrize("settings, mode", [(GREEDY, "fair"), (QUIET, "parallel")])
+def test_the_live_policy_by_default_and_no_retiming_outside_fair_mode(tiny, settings, mode):
+    assert GenerationSettings().timing_policy == "live"
     events = list(run_compare(tiny, PROMPT, [{"strategy": "dynamic"}], settings, mode))
     result = events[-1].results[0]
-    assert result.timing == "live" and result.live_decode_tok_s is None and result.quiet_per_token_s == []
+    assert result.timing.policy == "live" and result.timing.live == {} and result.timing.per_token_s == []
     assert "retiming" not in [e.phase for e in events if isinstance(e, RunPhase)]
-    assert events[-1].timing["retimed"] is False
-    assert result.timing_noise  # live figures still carry their noise for the best marks
+    assert events[-1].timing["policy"] == "live" and "live_vs_quiet" not in events[-1].timing
+    live_decode = result.per_token_s[1:]
+    assert result.decode_tok_s == pytest.approx(len(live_decode) / sum(live_decode))
+    assert result.timing.noise  # live figures carry their noise for the best marks
+
+
+def test_an_unknown_policy_is_refused_with_the_allowed_ones():
+    with pytest.raises(ValueError, match=r"timing policy must be one of \['live', 'quiet'\]"):
+        for_policy("calm")
+    assert "timing_policy must be one of ['live', 'quiet']" in GenerationSettings(timing_policy="calm").problems()[0]
+    assert POLICIES == ("live", "quiet")
 
 
 def test_spikes_are_judged_against_their_fastest_neighbours_never_the_prefill_or_a_trend():
@@ -130,111 +132,24 @@ class Spiking(Dynamic):
         return super().forward(loaded, cache, sequence, new_tokens)
 
 
-def test_an_interrupted_step_takes_its_second_timing_and_a_step_slow_every_time_stays(tiny, monkeypatch):
-    # The 1.5x rule alone: on a busy machine the run-delay rule may also time step 5 again (and take its
-    # second timing, as slow); that rule has tests of its own below.
-    monkeypatch.setattr(timing, "waited_steps", lambda times, delays: [])
+def test_an_interrupted_step_takes_its_second_timing_and_a_step_slow_every_time_stays(tiny):
     interrupted, genuine = Spiking(always=False), Spiking(always=True)
-    done = collect(run_compare(tiny, PROMPT, [interrupted, genuine], GREEDY))
+    done = collect(run_compare(tiny, PROMPT, [interrupted, genuine], QUIET))
     first, second = done.results
     step = Spiking.SLOW_STEP
-    assert step in first.quiet_replaced_steps and first.quiet_per_token_s[step] < Spiking.SLOW_S
-    assert step not in second.quiet_replaced_steps and second.quiet_per_token_s[step] >= Spiking.SLOW_S
+    assert step in first.timing.replaced_steps and first.timing.per_token_s[step] < Spiking.SLOW_S
+    assert step not in second.timing.replaced_steps and second.timing.per_token_s[step] >= Spiking.SLOW_S
     assert interrupted.prefills == genuine.prefills == 2 + TTFT_REPEATS  # live, extra prefills, quiet, one replay
-    assert done.timing["replaced_steps"] == len(first.quiet_replaced_steps) + len(second.quiet_replaced_steps) >= 1
-    assert first.to_json()["quiet_replaced_steps"] == first.quiet_replaced_steps
-
-
-def test_steps_that_waited_for_a_cpu_are_picked_only_when_the_column_waited_enough_in_all():
-    times = [0.1] + [0.04] * 20
-    waits = [0.05] + [0.0] * 20  # the prefill's wait is never counted
-    assert waited_steps(times, waits) == []
-    waits[3], waits[9] = 0.005, RUN_DELAY_STEP_S  # 7 ms of 0.8 s: 0.9 %, under the column's share
-    assert waited_steps(times, waits) == []
-    waits[12] = 0.004  # 11 ms of 0.8 s: the column waited enough; the steps that waited 2 ms or more
-    assert waited_steps(times, waits) == [3, 9, 12]
-    waits[1] = 0.0015  # under the step's threshold
-    assert waited_steps(times, waits) == [3, 9, 12]
-    assert waited_steps(times, [None] * len(times)) == []  # no figures: nothing picked
-
-
-def test_a_waited_step_takes_the_timing_whose_threads_waited_less_whatever_its_time():
-    run = _QuietRun(None, None, None, None, 0, [], {})
-    run.times = [0.1] + [0.04] * 10
-    run.delays = [0.0] + [0.0] * 10
-    run.delays[2], run.delays[5] = 0.004, 0.006
-    assert run.start_recheck() and run.waited == [2, 5] and run.times == []
-    run.times = [0.1] + [0.04] * 5
-    run.times[2], run.times[5] = 0.045, 0.03  # step 2: slower the second time, but it waited less
-    run.delays = [0.0, 0.0, 0.001, 0.0, 0.0, 0.008]  # step 5: it waited more the second time
-    assert not run.rechecking()  # the replay reached the last waited step
-    assert run.finish_recheck() == [2]
-    assert run.times[2] == 0.045 and run.times[5] == 0.04 and run.delays[5] == 0.006
-
-
-def test_run_delay_counts_the_time_a_thread_waited_for_its_cpu():
-    import os
-    import subprocess
-    import sys
-
-    if not os.path.exists(f"/proc/self/task/{threading.get_native_id()}/schedstat") or \
-            not hasattr(os, "sched_setaffinity"):
-        pytest.skip("no per-thread scheduler statistics here (Linux's /proc/self/task/<tid>/schedstat)")
-    cpu = sorted(os.sched_getaffinity(0))[0]
-
-    def busy_step(delay: RunDelay, seconds: float) -> float:
-        before = delay.before()
-        start = time.perf_counter()
-        while time.perf_counter() - start < seconds:
-            pass
-        return delay.after(before, time.perf_counter() - start)
-
-    old = os.sched_getaffinity(0)
-    os.sched_setaffinity(0, {cpu})  # this thread alone on one CPU
-    spin = "import time\nwhile True: pass\n"
-    competitors = []
-    try:
-        alone = busy_step(RunDelay(), 0.3)
-        competitors = [subprocess.Popen([sys.executable, "-c", spin]) for _ in range(2)]
-        for proc in competitors:
-            os.sched_setaffinity(proc.pid, {cpu})
-        delay = RunDelay()
-        busy_step(delay, 0.05)  # finds the team: this thread
-        assert delay.team == [threading.get_native_id()]
-        start = time.perf_counter()
-        shared = busy_step(delay, 0.3)
-        wall = time.perf_counter() - start
-    finally:
-        for proc in competitors:
-            proc.kill()
-            proc.wait()
-        os.sched_setaffinity(0, old)
-    # Two busy processes on its CPU: the thread gets about a third of it and waits for the rest (alone, it
-    # waits only for whatever else the machine runs there).
-    assert shared > 0.3 * wall and shared > alone
-
-
-def test_a_real_quiet_pass_records_each_steps_wait(tiny, monkeypatch):
-    import os
-
-    if not os.path.exists(f"/proc/self/task/{threading.get_native_id()}/schedstat"):
-        pytest.skip("no per-thread scheduler statistics here (Linux's /proc/self/task/<tid>/schedstat)")
-    seen = []
-    real = timing.waited_steps
-    monkeypatch.setattr(timing, "waited_steps", lambda times, delays: seen.append((list(times), list(delays)))
-                        or real(times, delays))
-    collect(run_compare(tiny, PROMPT, [Dynamic(), Dynamic()], GREEDY))
-    assert len(seen) == 2  # one per column, after its quiet pass
-    for times, delays in seen:
-        assert len(delays) == len(times) == GREEDY.max_new_tokens
-        assert all(isinstance(d, float) and d >= 0.0 for d in delays[1:])
+    assert done.timing["replaced_steps"] == len(first.timing.replaced_steps) + len(second.timing.replaced_steps) >= 1
+    assert first.to_json()["timing"]["replaced_steps"] == first.timing.replaced_steps
 
 
 def test_retiming_covers_at_most_the_cap(tiny):
-    settings = GenerationSettings(max_new_tokens=RETIME_MAX_TOKENS + 6, stop_at_eos=False, fidelity=False)
+    settings = GenerationSettings(max_new_tokens=RETIME_MAX_TOKENS + 6, stop_at_eos=False, fidelity=False,
+                                  timing_policy="quiet")
     result = collect(run_compare(tiny, PROMPT, [{"strategy": "dynamic"}], settings)).results[0]
     assert len(result.token_ids) == RETIME_MAX_TOKENS + 6
-    assert result.quiet_tokens == RETIME_MAX_TOKENS and len(result.per_token_s) == RETIME_MAX_TOKENS + 6
+    assert len(result.timing.per_token_s) == RETIME_MAX_TOKENS and len(result.per_token_s) == RETIME_MAX_TOKENS + 6
 
 
 def test_warm_up_runs_once_per_process_on_the_compute_thread_before_any_step(tiny):
@@ -245,8 +160,8 @@ def test_warm_up_runs_once_per_process_on_the_compute_thread_before_any_step(tin
     assert len(warm_ups) == 1 and log[0][0] == "warm_up"
     assert warm_ups[0][1].startswith("kvlab-compute")
     assert warm_ups[0][2] == PROMPT.shape[1]  # the run's prompt length: the shapes the run will use
-    assert first.results[0].warm_up_s is not None and first.results[1].warm_up_s == 0.0
-    assert second.results[0].warm_up_s == 0.0
+    assert first.results[0].timing.warm_up_s is not None and first.results[1].timing.warm_up_s == 0.0
+    assert second.results[0].timing.warm_up_s == 0.0
     assert first.results[0].ttft_s is not None
 
 
@@ -314,30 +229,30 @@ def test_noise_ignores_a_steady_trend():
 def quiet_result(index, name, live, quiet, noise=0.01):
     result = ColumnResult(index=index, name=name, strategy="dynamic", knobs={}, status="ok", per_token_s=live)
     result.finish_decode_stats()
-    result.apply_quiet(quiet, quiet[:1])
-    result.timing_noise = {"decode_tok_s": noise}
+    apply_quiet(result, quiet, quiet[:1])
+    result.timing.noise = {"decode_tok_s": noise}
     return result
 
 
 @pytest.mark.parametrize("loads, busy", [([9.0, 8.5], True), ([1.5, None], False), ([None], False)])
 def test_busy_note_follows_the_load_average(loads, busy):
     results = [quiet_result(0, "dynamic", [0.1, 0.08, 0.08], [0.1, 0.04, 0.04])]
-    timing = run_timing(results, True, loads, threads=2, cores=2)
+    timing = run_timing(results, "quiet", loads, threads=2, cores=2)
     assert timing["busy"] is busy and bool(timing["note"]) is busy
-    assert timing["live_vs_quiet"] == pytest.approx(0.5)
+    assert quiet_summary(results)["live_vs_quiet"] == pytest.approx(0.5)
     if busy:
         assert "too busy for a fair comparison" in timing["note"] and "load average 9.0 on 2 cores" in timing["note"]
 
 
 def test_busy_note_follows_the_noise():
     results = [quiet_result(0, "dynamic", [0.1, 0.04, 0.04], [0.1, 0.04, 0.04], noise=0.2)]
-    timing = run_timing(results, True, [0.5], threads=2, cores=2)
+    timing = run_timing(results, "quiet", [0.5], threads=2, cores=2)
     assert timing["busy"] and "varied by ±20%" in timing["note"]
 
 
 def test_the_runner_and_the_page_say_when_the_machine_was_busy(tiny, monkeypatch):
     monkeypatch.setattr("kvlab.runner.sample_load", lambda: 50.0)
-    done = collect(run_compare(tiny, PROMPT, [{"strategy": "dynamic"}], GREEDY))
+    done = collect(run_compare(tiny, PROMPT, [{"strategy": "dynamic"}], QUIET))
     assert done.timing["busy"] and done.timing["load_average"] == 50.0
     view = RunView(["dynamic"])
     view.apply(done)
@@ -359,7 +274,7 @@ def test_the_page_shows_phases_quiet_rates_and_tied_marks():
         column.status, column.per_token_s = "done", list(result.per_token_s)
     view.apply(RunPhase("retiming", "re-timing 2 columns quietly…"))
     assert "re-timing 2 columns quietly" in view.progress_text()
-    view.apply(RunDone(results, 1.0, False, {"retimed": True, "retime_max_tokens": 64}))
+    view.apply(RunDone(results, 1.0, False, {"policy": "quiet", "max_tokens": 64}))
     assert view.columns[0].readout().startswith("3 tokens · 25.0 tok/s (live 12.5)")
     headers, table = view.summary_table()
     rate = headers.index("decode tok/s")
@@ -367,75 +282,20 @@ def test_the_page_shows_phases_quiet_rates_and_tied_marks():
     assert BEST_MARK not in table[0][rate]
 
 
-def test_cli_no_retime_flag():
-    args = build_parser().parse_args(["compare", "--preset", "quickstart", "--no-retime"])
-    assert resolve_compare(args)["settings"].retime is False
+def test_cli_timing_flag(capsys):
+    args = build_parser().parse_args(["compare", "--preset", "quickstart", "--timing", "quiet"])
+    assert resolve_compare(args)["settings"].timing_policy == "quiet"
     args = build_parser().parse_args(["compare", "--preset", "quickstart"])
-    assert resolve_compare(args)["settings"].retime is True
+    assert resolve_compare(args)["settings"].timing_policy == "live"
+    with pytest.raises(SystemExit) as exit_info:
+        build_parser().parse_args(["compare", "--preset", "quickstart", "--timing", "calm"])
+    assert exit_info.value.code == 2 and "invalid choice: 'calm'" in capsys.readouterr().err
 
 
 def test_the_status_line_says_how_many_interrupted_steps_were_timed_again():
     from kvlab.ui.timing_text import timing_line
 
-    base = {"retimed": True, "retime_max_tokens": 64}
+    base = {"policy": "quiet", "max_tokens": 64}
     assert "interrupted" not in timing_line({**base, "replaced_steps": 0})
     assert " · 1 interrupted step timed again" in timing_line({**base, "replaced_steps": 1})
     assert " · 3 interrupted steps timed again" in timing_line({**base, "replaced_steps": 3})
-
-
-class FakeMachine:
-    """The rest of the machine's cumulative CPU seconds as `wait_for_quiet` samples it, on a fake clock: `busy`
-    lists the cores used in each successive window (the last value repeats)."""
-
-    def __init__(self, busy):
-        self.busy, self.now, self.cpu, self.windows = list(busy), 0.0, 0.0, 0
-
-    def sample(self):
-        return self.cpu
-
-    def sleep(self, seconds):
-        cores = self.busy[min(self.windows, len(self.busy) - 1)]
-        self.now, self.cpu, self.windows = self.now + seconds, self.cpu + cores * seconds, self.windows + 1
-
-    def clock(self):
-        return self.now
-
-
-def _wait(machine, **kwargs):
-    from kvlab.timing import wait_for_quiet
-
-    return wait_for_quiet(sample=machine.sample, sleep=machine.sleep, clock=machine.clock, **kwargs)
-
-
-def test_the_quiet_pass_waits_for_the_rest_of_the_machine_to_go_quiet_and_no_longer():
-    from kvlab.timing import SETTLE_MAX_S, SETTLE_QUIET_WINDOWS, SETTLE_WINDOW_S
-
-    quiet = FakeMachine([0.0])
-    assert _wait(quiet) == (pytest.approx(SETTLE_QUIET_WINDOWS * SETTLE_WINDOW_S), True)
-    drawing = FakeMachine([0.8, 0.5, 0.3, 0.02])  # a browser finishing the live run's last update
-    assert _wait(drawing) == (pytest.approx((3 + SETTLE_QUIET_WINDOWS) * SETTLE_WINDOW_S), True)
-    flicker = FakeMachine([0.0, 0.5, 0.0, 0.0])  # a quiet window, then a busy one: the count starts again
-    assert _wait(flicker) == (pytest.approx((2 + SETTLE_QUIET_WINDOWS) * SETTLE_WINDOW_S), True)
-    busy = FakeMachine([1.0])
-    waited, went_quiet = _wait(busy)
-    assert SETTLE_MAX_S <= waited < SETTLE_MAX_S + SETTLE_WINDOW_S + 1e-9 and went_quiet is False
-    late = FakeMachine([1.0] * (round(SETTLE_MAX_S / SETTLE_WINDOW_S) - SETTLE_QUIET_WINDOWS) + [0.0])
-    assert _wait(late)[1] is True  # quiet in the last windows before the limit: quiet
-    stop = threading.Event()
-    stop.set()
-    assert _wait(FakeMachine([1.0]), stop=stop) == (0.0, True)
-    from kvlab.timing import wait_for_quiet
-
-    assert wait_for_quiet(sample=lambda: None, sleep=lambda s: pytest.fail("no figure: no wait")) == (0.0, True)
-
-
-def test_a_machine_that_never_went_quiet_is_named_busy():
-    from kvlab.timing import SETTLE_MAX_S
-
-    results = [ColumnResult(index=0, name="dynamic", strategy="dynamic", knobs={}, status="ok")]
-    calm = run_timing(results, True, [1.0], threads=2, cores=2, settle_s=0.4)
-    assert calm["settle_s"] == 0.4 and calm["busy"] is False
-    late = run_timing(results, True, [1.0], threads=2, cores=2, settle_s=SETTLE_MAX_S, settled=True)
-    assert late["busy"] is False
-    busy = run_timing(results, True, [1.0], threads=2, cores=2, settle_s=SETTLE_MAX_S + 0.1, settled=False)
-    assert busy["busy"] is True and "kept the cores busy" in busy["note"]

@@ -4,7 +4,7 @@ the rest of the machine, per run.
 A daemon thread samples every SAMPLE_S seconds: the cumulative CPU seconds (user + system) of each
 descendant process of the bench (`psutil`), sorted into `app` (the app process and its children), `browser`
 (Chromium's processes) and `bench` (this process and its other children: Playwright's driver, gradio_client),
-and the machine's busy seconds (`psutil.cpu_times`, `kvlab.timing.busy_cpu_s`). `rest` is the machine's
+and the machine's busy seconds (`psutil.cpu_times`, `busy_cpu_s`). `rest` is the machine's
 busy time less those three: other processes and the kernel, and also the last SAMPLE_S seconds at most of
 a process that ended between two samples (its time is in the machine's total but no longer in a snapshot).
 Each share is CPU seconds over the run's wall seconds, in cores (2.0 = both cores of a 2-core machine all
@@ -22,9 +22,13 @@ SAMPLE_S = 1.0
 KINDS = ("app", "browser", "bench", "rest")
 
 
-def _busy_s() -> float:
-    from ..timing import busy_cpu_s
+def busy_cpu_s(times) -> float:
+    """Busy seconds in one `psutil.cpu_times()` record: user, nice, system, irq, softirq (guest time is
+    already inside user and nice; idle, iowait and steal are not work done here)."""
+    return sum(getattr(times, name, 0.0) for name in ("user", "nice", "system", "irq", "softirq"))
 
+
+def _busy_s() -> float:
     return busy_cpu_s(psutil.cpu_times())
 
 

@@ -6,7 +6,7 @@ CLI, then `python app.py` launched as a user would (free port,
 `KVLAB_READY_FILE`, see `kvlab.readiness`) and run through its `/compare` API
 with gradio_client (the first run after start), CLI, the API again (a later
 run), and with that app stopped, CLI; then a second fresh app run from
-headless Chromium (`kvlab.bench.app_browser`: click Run, read the JSON
+headless Chromium (`benchmarks.app_browser`: click Run, read the JSON
 export), CLI, the browser again, and with the app and browser stopped, CLI.
 Each app run's reference is the mean of the CLI runs just before and just
 after it, per column, so a machine whose speed drifts (another tenant's load:
@@ -15,9 +15,9 @@ app run it judges. The CLI run between an app's two runs shares the machine
 with that app, and for the browser path with its open page, both idle; the
 record says how much of the cores they used meanwhile (`between_cpu`). The
 CLI runs' own spread (`cli_repeat_decode_ratio`) is the run's noise floor
-(`kvlab.bench.cpu_share` records who used the cores during each app run: the
+(`benchmarks.cpu_share` records who used the cores during each app run: the
 app, the browser, the bench, the rest of the machine). Per column and per run it reports app / CLI of decode
-tok/s and of TTFT (the summary's figures: quiet re-timing in fair mode), the
+tok/s and of TTFT (the summary's figures, as the record's timing policy took them), the
 live figures beside them, and rank flips (two columns ordered oppositely by
 decode tok/s although both the app and the CLI tell them apart beyond their
 noise, `kvlab.report.within_noise`). The browser runs on this machine, on the
@@ -38,11 +38,12 @@ import threading
 import time
 from pathlib import Path
 
-from ..readiness import READY_FILE_ENV
-from ..report import within_noise
+from kvlab.bench.harness import Context, make_check
+from kvlab.bench.startup import _keep_tail, _stop, _wait_for_app, child_env, free_port
+from kvlab.readiness import READY_FILE_ENV
+from kvlab.report import within_noise
+
 from .cpu_share import CpuShares
-from .harness import Context, make_check
-from .startup import _keep_tail, _stop, _wait_for_app, child_env, free_port
 
 PRESET = "quickstart"
 RATIO_TARGET = 0.95
@@ -66,7 +67,7 @@ def cli_run(ctx: Context, folder: Path, label: str) -> dict:
     Raises:
         RuntimeError: the command failed (its last stderr lines in the message).
     """
-    from ..models import cache_dir
+    from kvlab.models import cache_dir
 
     env, root = child_env(cache_dir())
     out = folder / f"cli-{len(list(folder.glob('cli-*.json')))}.json"
@@ -88,7 +89,7 @@ class RunningApp:
         self.say, self.proc, self.folder, self.tail, self.reader = say, None, None, [], None
 
     def __enter__(self) -> "RunningApp":
-        from ..models import cache_dir
+        from kvlab.models import cache_dir
 
         env, root = child_env(cache_dir())
         port = free_port()
@@ -162,10 +163,13 @@ def browser_runs(ctx: Context, cpu: CpuShares, between=lambda: None) -> list[dic
 
 
 def figures(record: dict) -> dict[str, dict]:
-    """Column name -> its figures (decode tok/s, TTFT in s, the live ones, the noise) for the ok columns."""
+    """Column name -> its figures (decode tok/s, TTFT in s, the live ones: the same under the `live` timing
+    policy, the noise) for the ok columns of a version-3 record."""
+    timing = {c["name"]: c.get("timing") or {} for c in record["columns"]}
     return {c["name"]: {"decode_tok_s": c.get("decode_tok_s"), "ttft_s": c.get("ttft_s"),
-                        "live_decode_tok_s": c.get("live_decode_tok_s"), "live_ttft_s": c.get("live_ttft_s"),
-                        "noise": c.get("timing_noise") or {}}
+                        "live_decode_tok_s": (timing[c["name"]].get("live") or c).get("decode_tok_s"),
+                        "live_ttft_s": (timing[c["name"]].get("live") or c).get("ttft_s"),
+                        "noise": timing[c["name"]].get("noise") or {}}
             for c in record["columns"] if c.get("status") == "ok" and c.get("decode_tok_s")}
 
 

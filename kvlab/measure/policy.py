@@ -1,0 +1,74 @@
+"""The runner's one door into measurement: `Measurement`, chosen by a timing policy (`kvlab.measure.POLICIES`).
+
+A run calls `warm_up` before any column's clock starts, `finish` once the live columns are done (the `quiet`
+policy re-times them there, in fair mode) and `run_record` for the run's timing record. Each is a generator
+where it may announce a phase (`RunPhase`) to the page. This module chooses and sequences; the work is in
+`warmup`, `quiet` and `noise`.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+from ..compute import compute, compute_iter
+from ..events import RunPhase
+from .noise import run_timing, timing_noise
+from .quiet import RETIME_MAX_TOKENS, quiet_steps, quiet_summary
+from .record import POLICIES
+from .warmup import needs_warm_up, warm_up_columns
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """How one run is measured. policy: one of POLICIES (`live`: the live run's figures after a warm-up;
+    `quiet`: those figures re-timed after the run in fair mode, see `kvlab.measure.quiet`).
+
+    Raises:
+        ValueError: an unknown policy; the message lists the allowed ones.
+    """
+
+    policy: str = "live"
+
+    def __post_init__(self):
+        if self.policy not in POLICIES:
+            raise ValueError(f"timing policy must be one of {list(POLICIES)}, got {self.policy!r}")
+
+    def warm_up(self, loaded, columns: list, input_tokens: int):
+        """Generator: a `RunPhase("warm_up")` when any column's strategy still needs its one-time set-up, then
+        every set-up due, run on the compute thread; returns the seconds it took per column (None where the
+        column cannot run)."""
+        strategies = [column.strategy for column in columns]
+        cold = needs_warm_up(loaded, strategies)
+        if cold:
+            yield RunPhase("warm_up", f"one-time set-up (not timed) of {', '.join(cold)}…")
+        return compute(warm_up_columns, loaded, strategies, input_tokens)
+
+    def finish(self, loaded, columns: list, results: list, prompt_ids, settings, mode: str,
+               stop: threading.Event):
+        """Generator: under `quiet` in fair mode, a `RunPhase("retiming")` and the re-timing pass, step by step
+        on the compute thread with nothing relayed meanwhile; then every finished column without one gets its
+        noise from its live steps. Returns the policy the columns' figures now follow (`live` when the pass did
+        not run or was stopped)."""
+        used = "live"
+        ok = [r for r in results if r.status == "ok" and r.token_ids]
+        if self.policy == "quiet" and mode == "fair" and ok and not stop.is_set():
+            tokens = min(RETIME_MAX_TOKENS, max(len(r.token_ids) for r in ok))
+            yield RunPhase("retiming", f"re-timing {len(ok)} column{'s' if len(ok) > 1 else ''} quietly "
+                                       f"(up to {tokens} tokens each, page updates paused)…")
+            for _ in compute_iter(quiet_steps(loaded, columns, results, prompt_ids, settings, stop)):
+                pass
+            used = "live" if stop.is_set() else "quiet"
+        for result in results:
+            if result.status == "ok" and not result.timing.noise:
+                result.timing.noise = timing_noise(result.per_token_s, [])
+        return used
+
+    @staticmethod
+    def run_record(results: list, used: str, loads: list, threads: int) -> dict:
+        """The run's timing record (`kvlab.measure.noise.run_timing`), with the quiet figures when `used` is
+        `quiet`."""
+        record = run_timing(results, used, loads, threads)
+        if used == "quiet":
+            record.update(quiet_summary(results))
+        return record

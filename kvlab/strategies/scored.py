@@ -1,0 +1,216 @@
+"""The shared part of the scored-eviction strategies (kvpress's `ScorerPress`, kvpress `presses/scorer_press.py`).
+
+A scored-eviction strategy prefills the prompt into a `DynamicCache` while `kvlab.eviction.prefill` hooks prune
+each layer to the positions its scoring function ranks highest, per KV head; decode then grows the pruned cache
+one token at a time, as dynamic does. Later forwards pass each token's true index as `position_ids`, since the
+pruned cache counts fewer tokens than went through it (kvpress keeps the rotary positions counting the same way).
+
+Budget knobs (one of them): `compression_ratio` (fraction of the prompt's pairs removed, kvpress's meaning),
+`target_tokens` (positions each head keeps), `target_mib` (MiB the pruned prompt may hold, summed over the pruned
+layers). `query_aware: false` with `question_tokens: N` compresses the prompt without its last N tokens (the
+question) and feeds them afterwards, as kvpress's pipeline does; `query_aware: true` compresses the whole prompt.
+Sliding-window layers (Gemma 3) are not pruned, as kvpress leaves them: they keep their window.
+
+Not done here: compression during decoding (kvpress's DecodingPress), batches of several rows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from .base import Strategy, StrategyError, require_int
+
+MIB = 1 << 20
+DEFAULT_COMPRESSION_RATIO = 0.5
+"""kvlab's default (kvpress's presses default to 0.0, which keeps everything)."""
+
+
+def _pruned_cache_class():
+    from transformers import DynamicCache
+
+    class PrunedCache(DynamicCache):
+        """A `DynamicCache` whose prompt was pruned at prefill; `eviction` holds the `EvictionRecord`
+        (what each layer kept, with the scores), for the Inspect view."""
+
+        eviction = None
+
+    return PrunedCache
+
+
+_PRUNED_CACHE = None
+
+
+def pruned_cache(config):
+    """A fresh `PrunedCache(config=config)` (a `DynamicCache` with an `eviction` record slot)."""
+    global _PRUNED_CACHE
+    if _PRUNED_CACHE is None:
+        _PRUNED_CACHE = _pruned_cache_class()
+    return _PRUNED_CACHE(config=config)
+
+
+@dataclass
+class ScoredEviction(Strategy):
+    """Base of the scored-eviction strategies; a subclass sets `name`, `paper`, `kvpress_file` and `score`."""
+
+    lossy = True
+    is_evicting = True
+    paper: ClassVar[str] = ""
+    kvpress_file: ClassVar[str] = ""
+    scorer_name: ClassVar[str] = ""
+    title_knobs = ("compression_ratio", "target_tokens", "target_mib")
+    compression_ratio: float = DEFAULT_COMPRESSION_RATIO
+    target_tokens: int = 0
+    target_mib: float = 0.0
+    query_aware: bool = True
+    question_tokens: int = 0
+
+    def __post_init__(self):
+        ratio = self.compression_ratio
+        if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0 <= ratio < 1:
+            raise StrategyError(f"compression_ratio must be a number in [0, 1) (fraction of the prompt's pairs "
+                                f"removed), got {ratio!r}")
+        require_int("target_tokens", self.target_tokens, 0)
+        mib = self.target_mib
+        if isinstance(mib, bool) or not isinstance(mib, (int, float)) or mib < 0:
+            raise StrategyError(f"target_mib must be a number >= 0 (0: use compression_ratio), got {mib!r}")
+        if self.target_tokens and mib:
+            raise StrategyError("give target_tokens or target_mib, not both (0 turns one off)")
+        if not isinstance(self.query_aware, bool):
+            raise StrategyError(f"query_aware must be true or false, got {self.query_aware!r}")
+        require_int("question_tokens", self.question_tokens, 0)
+        if not self.query_aware and not self.question_tokens:
+            raise StrategyError("query_aware: false needs question_tokens >= 1 (the prompt's last tokens that "
+                                "are fed after compression)")
+
+    def title(self) -> str:
+        if self.target_tokens:
+            return f"{self.name} {self.target_tokens} tok"
+        if self.target_mib:
+            return f"{self.name} {self.target_mib:g} MiB"
+        return f"{self.name} {self.compression_ratio:g}"
+
+    def caveat(self) -> str:
+        return ("the prompt's keys/values were pruned per layer and head after prefill; decoded tokens are all kept"
+                + ("" if self.query_aware else f"; the last {self.question_tokens} prompt tokens were fed afterwards"))
+
+    def unavailable_reason(self, loaded) -> str | None:
+        from ..eviction.prefill import decoder_of
+
+        layers = getattr(decoder_of(loaded.model), "layers", None)
+        if not layers or not hasattr(layers[0].self_attn, "q_proj"):
+            return "needs Llama-style attention modules (a q_proj projection) to score positions"
+        return None
+
+    def check_fits(self, prompt_tokens: int, max_new_tokens: int) -> None:
+        if self.question_tokens and self.question_tokens >= prompt_tokens:
+            raise StrategyError(f"question_tokens ({self.question_tokens}) must be less than the prompt's "
+                                f"{prompt_tokens} tokens")
+
+    def score(self, inputs):
+        """(batch, kv_heads, seq) scores of one layer's prompt positions (`kvlab.eviction.scoring.LayerInputs`)."""
+        raise NotImplementedError
+
+    def target_ratio(self, seq: int, config, dtype) -> float:
+        """The compression ratio the budget knobs give for a compressed part of `seq` tokens."""
+        if not (self.target_tokens or self.target_mib):
+            return float(self.compression_ratio)
+        return 1.0 - self.budget_tokens(seq, config, dtype) / seq
+
+    def budget_tokens(self, seq: int, config, dtype) -> int:
+        """Positions per head `target_tokens` or `target_mib` allow out of `seq` (at least 1, at most seq)."""
+        if self.target_tokens:
+            return max(1, min(seq, self.target_tokens))
+        from ..accounting import bytes_per_token, layer_windows
+
+        windows = layer_windows(config)
+        per_layer = bytes_per_token(config, dtype) // max(len(windows), 1)
+        pruned_layers = max(1, sum(1 for w in windows if not w))
+        return max(1, min(seq, int(self.target_mib * MIB) // (per_layer * pruned_layers)))
+
+    def kept_tokens(self, seq: int, layer_idx: int, config, dtype) -> int:
+        """Positions each KV head of layer `layer_idx` keeps out of `seq` (uniform across layers here)."""
+        from ..eviction.scoring import kept_tokens
+
+        if self.target_tokens or self.target_mib:
+            return self.budget_tokens(seq, config, dtype)
+        return kept_tokens(seq, self.compression_ratio)
+
+    def build_cache(self, loaded, max_total_tokens: int):
+        return pruned_cache(loaded.config)
+
+    def forward(self, loaded, cache, sequence, new_tokens: int):
+        """Prefill (cache empty) under the pruning hooks, the question after it when not `query_aware`; any later
+        forward at the tokens' true positions. Returns (1, vocab) logits."""
+        from ..eviction.prefill import EvictionRecord, prune_at_prefill, true_position_ids
+
+        total = sequence.shape[1]
+        if cache.get_seq_length() > 0:
+            return self._feed(loaded, cache, sequence, new_tokens)
+        compressed = total if self.query_aware else total - self.question_tokens
+        config, dtype = loaded.config, loaded.model.dtype
+        record = EvictionRecord()
+        with prune_at_prefill(loaded.model, self.score,
+                              lambda seq, layer: self.kept_tokens(seq, layer, config, dtype), record):
+            out = loaded.model(input_ids=sequence[:, :compressed], cache=cache, use_cache=True,
+                               position_ids=true_position_ids(compressed, compressed, sequence.device),
+                               logits_to_keep=1)
+        cache.eviction = record
+        if compressed == total:
+            return out.logits[:, -1, :]
+        return self._feed(loaded, cache, sequence, total - compressed)
+
+    def _feed(self, loaded, cache, sequence, new_tokens: int):
+        """Feed the last `new_tokens` after pruning; one token per forward when the layers hold different
+        lengths (PyramidKV), because transformers builds one causal mask from layer 0's length."""
+        from ..eviction.prefill import true_position_ids
+
+        total = sequence.shape[1]
+        lengths = {layer.keys.shape[2] for layer in cache.layers if getattr(layer, "keys", None) is not None}
+        step = new_tokens if len(lengths) <= 1 else 1
+        out = None
+        for end in range(total - new_tokens + step, total + 1, step):
+            out = loaded.model(input_ids=sequence[:, end - step:end], cache=cache, use_cache=True,
+                               position_ids=true_position_ids(end, step, sequence.device), logits_to_keep=1)
+        return out.logits[:, -1, :]
+
+    def scorer_code(self) -> str:
+        """The call of this method's scoring function in the reproduce-it snippets, on `inputs`."""
+        return f"{self.scorer_name}(inputs)"
+
+    def kept_code(self) -> str:
+        """The expression of the positions a layer keeps, of `seq` and `layer`, in the snippets."""
+        if self.target_tokens:
+            return f"max(1, min(seq, {self.target_tokens}))"
+        if self.target_mib:
+            return f"max(1, min(seq, {self.target_mib} * 2**20 // (2 * model.config.num_key_value_heads * " \
+                   "model.config.head_dim * model.dtype.itemsize * model.config.num_hidden_layers)))"
+        return f"max(1, int(seq * (1 - {self.compression_ratio})))"
+
+    def prune_code(self) -> tuple[list[str], str]:
+        """(imports, the `prune_at_prefill(...)` call) of the snippets."""
+        return ([f"from kvlab.eviction.scoring import {self.scorer_name}",
+                 "from kvlab.eviction.prefill import prune_at_prefill"],
+                f"prune_at_prefill(model, lambda inputs: {self.scorer_code()}, lambda seq, layer: {self.kept_code()})")
+
+    def cache_code(self):
+        return ["from transformers import DynamicCache"], "cache = DynamicCache(config=model.config)"
+
+    def generate_context_code(self) -> tuple[list[str], str]:
+        imports, call = self.prune_code()
+        note = "" if self.query_aware else (f"  # kvlab feeds the last {self.question_tokens} prompt tokens after "
+                                            "the pruning; generate() prunes the whole prompt")
+        return imports, f"with {call}:  # the prefill prunes each layer per KV head{note}"
+
+    def forward_code(self) -> tuple[list[str], list[str]]:
+        imports, call = self.prune_code()
+        return imports, [
+            "position_ids = torch.arange(sequence.shape[1] - input_ids.shape[1], sequence.shape[1])[None]  "
+            "# true positions: the pruned cache counts fewer tokens",
+            "if cache.get_seq_length() == 0:  # prefill: prune each layer's cache per KV head by the method's score",
+            f"    with {call}:",
+            "        out = model(input_ids=input_ids, cache=cache, use_cache=True, position_ids=position_ids, "
+            "logits_to_keep=1)",
+            "else:",
+            "    out = model(input_ids=input_ids, cache=cache, use_cache=True, position_ids=position_ids, "
+            "logits_to_keep=1)"]

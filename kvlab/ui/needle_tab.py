@@ -1,0 +1,164 @@
+"""The Needle tab: passkey retrieval per cache strategy, live heatmaps and recall against cache bytes.
+
+Inputs: the model, the columns (compare syntax, knob sweeps as `sink:window_length=64|128|256`), the grid
+(lengths such as `512,1k,2k`, depths, seeds) and the greedy tokens per answer. Outputs: one heatmap per
+column (context length x depth; hit, miss or beyond the model on one shared colour scale, a hover with the
+answer, key, key log-prob and cache MiB) filling in as cells finish, a plot of hit rate against mean cache
+MiB with the Pareto front, the summary table and the JSON record to download. This module lays out and
+wires; the view model is `kvlab.ui.needle_view`'s, the run `kvlab.needle.runner`'s.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+import threading
+from pathlib import Path
+
+import gradio as gr
+
+from kvlab.models import ModelLoadError, ModelSpec
+from kvlab.needle.grid import DEFAULT_NEW_TOKENS, MAX_NEW_TOKENS, GridError, expand_sweeps, parse_grid, split_items
+from kvlab.needle.prompt import min_context_tokens
+from kvlab.needle.runner import NeedleDone, max_positions, run_needle
+from kvlab.columns import MAX_COLUMNS, Column
+from kvlab.strategies.base import parse_strategy_item
+
+from .compare_plots import plot_update
+from .loader import CONCURRENCY, MODEL_CONCURRENCY_ID
+from .model_picker import model_dropdown
+from .needle_view import OUTCOME_COLORS, NeedleView
+from .theme import COLORS
+
+DEFAULT_COLUMNS = "dynamic, sink:window_length=128, quantized:backend=quanto:nbits=4"
+DEFAULT_LENGTHS = "256, 512, 1k"
+DEFAULT_DEPTHS = "0, 0.25, 0.5, 0.75, 1"
+HEATMAP_HEIGHT_PX = 220
+PRIVATE = {"concurrency_limit": None, "api_visibility": "private"}
+EXPLAIN = (
+    "Does each cache keep the model right at long context? Every cell hides a 5-digit pass key in filler text "
+    "(the passkey prompt of Landmark Attention, Mohtashami & Jaggi 2023, arXiv:2305.16300, as reused by LongLoRA "
+    "and Quest; raw text), prefills it through each column's cache and asks for the key. A **hit** is the key in "
+    "the greedy answer. A cell the dense column misses is **beyond the model** in every column. Sweep a knob "
+    "with `|`, e.g. `sink:window_length=64|128|256`.")
+
+
+def column_specs(text: str) -> list[Column]:
+    """Columns from compare syntax with sweeps expanded; a bad item becomes a rejected column (its message in
+    its own place). Raises ValueError when there is none or more than MAX_COLUMNS."""
+    items = expand_sweeps(split_items((text or "").replace(" ", "")))
+    if not items:
+        raise ValueError("name at least one column, e.g. dynamic, sink:window_length=128")
+    if len(items) > MAX_COLUMNS:
+        raise ValueError(f"at most {MAX_COLUMNS} columns (sweeps included), got {len(items)}")
+    columns = []
+    for item in items:
+        try:
+            columns.append(Column.or_rejected(parse_strategy_item(item), title=item))
+        except ValueError as err:
+            columns.append(Column(None, rejected=str(err), title=item))
+    return columns
+
+
+class NeedleTab:
+    """The Needle tab's components and handlers; `pool` is the app's shared ModelPool."""
+
+    def __init__(self, pool):
+        self.pool = pool
+
+    def build(self) -> "NeedleTab":
+        gr.Markdown(EXPLAIN)
+        with gr.Row():
+            self.source = model_dropdown("bundled", scale=2, elem_id="needle-model")
+            self.columns = gr.Textbox(DEFAULT_COLUMNS, label="columns (compare syntax)", scale=3,
+                                      elem_id="needle-columns")
+        with gr.Row():
+            self.lengths = gr.Textbox(DEFAULT_LENGTHS, label="context lengths (tokens)", elem_id="needle-lengths")
+            self.depths = gr.Textbox(DEFAULT_DEPTHS, label="needle depths (0 = first, 1 = last)",
+                                     elem_id="needle-depths")
+            self.seeds = gr.Textbox("0", label="seeds (keys and filler offsets)", elem_id="needle-seeds")
+            self.new_tokens = gr.Slider(1, MAX_NEW_TOKENS, value=DEFAULT_NEW_TOKENS, step=1,
+                                        label="new tokens per answer", elem_id="needle-new-tokens")
+        with gr.Row():
+            self.run_button = gr.Button("Run needle", variant="primary", elem_id="needle-run")
+            self.stop_button = gr.Button("Stop", elem_id="needle-stop")
+        self.status = gr.Markdown("", elem_id="needle-status")
+        with gr.Row(elem_id="needle-heatmaps"):
+            self.heatmaps = [gr.ScatterPlot(None, x="tokens", y="depth", color="outcome", title=f"column {i + 1}",
+                                            x_title="context tokens", y_title="needle depth",
+                                            tooltip=["outcome", "answer", "key", "key_logprob", "cache_MiB"],
+                                            color_map=OUTCOME_COLORS, height=HEATMAP_HEIGHT_PX, visible=False,
+                                            elem_id=f"needle-heatmap-{i}", min_width=260)
+                             for i in range(MAX_COLUMNS)]
+        self.pareto = gr.ScatterPlot(None, x="cache_MiB", y="hit_rate", color="column", title="hit rate vs cache",
+                                     x_title="mean cache MiB", y_title="hit rate (cells not gated)",
+                                     tooltip=["column", "hit_rate", "cache_MiB", "pareto"], elem_id="needle-pareto",
+                                     height=300)
+        self.table = gr.Dataframe(label="per column", interactive=False, elem_id="needle-table")
+        self.download = gr.File(label="record (JSON)", elem_id="needle-record")
+        self.session = gr.State({})
+        outputs = [self.status, *self.heatmaps, self.pareto, self.table, self.download]
+        self.run_button.click(self.prepare, self.session, self.status, **PRIVATE).then(
+            self.stream, [self.session, self.source, self.columns, self.lengths, self.depths, self.seeds,
+                          self.new_tokens], outputs, concurrency_limit=CONCURRENCY,
+            concurrency_id=MODEL_CONCURRENCY_ID, api_visibility="private")
+        self.stop_button.click(self.stop, self.session, None, **PRIVATE)
+        return self
+
+    def prepare(self, session: dict) -> str:
+        session["stop"] = threading.Event()
+        return "waiting for a free slot…"
+
+    def stop(self, session: dict) -> None:
+        if session.get("stop") is not None:
+            session["stop"].set()
+
+    def redraw(self, view: NeedleView) -> dict:
+        """Every heatmap, the Pareto plot, the status and the table, from `view`.
+
+        Each plot's colour domain is the series of the frame sent to it before (`plot_update`): a native plot
+        rebuilds its spec, legend and colour scale from its previous value when `color_map` changes, so a
+        series (a column, an outcome) that appears later is drawn in its colour one update on; the run's last
+        frame is sent twice."""
+        updates = {self.status: view.status_text()}
+        for i, plot in enumerate(self.heatmaps):
+            if i < len(view.columns):
+                title = view.columns[i] + (f" — {view.messages[i]}" if i in view.messages else "")
+                frame = view.heatmap_frame(i)
+                updates[plot] = plot_update(frame, OUTCOME_COLORS, view.sent_series(plot, list(frame["outcome"])),
+                                            visible=True, title=title[:90])
+            else:
+                updates[plot] = gr.update(visible=False, value=None)
+        pareto = view.pareto_frame()
+        colors = {name: color for name, color in zip(view.columns, COLORS)}
+        updates[self.pareto] = plot_update(pareto, colors, view.sent_series(self.pareto, list(pareto["column"])))
+        updates[self.table] = view.table()
+        return updates
+
+    def stream(self, session, source, columns_text, lengths, depths, seeds, new_tokens):
+        """Load, check and run the grid, yielding {component: update}; bad input ends with a message."""
+        stop = session.get("stop") or threading.Event()
+        yield {self.status: "loading the model…"}
+        try:
+            columns = column_specs(columns_text)
+            loaded = self.pool.get(ModelSpec(source=(source or "").strip() or "bundled"))
+            grid = parse_grid(lengths, depths, seeds, int(new_tokens), max_positions=max_positions(loaded),
+                              min_tokens=min_context_tokens(loaded.tokenizer))
+        except (ValueError, GridError, ModelLoadError) as err:
+            yield {self.status: f"⚠️ {err}"}
+            return
+        view = NeedleView()
+        for event in run_needle(loaded, columns, grid, stop):
+            view.apply(event)
+            if isinstance(event, NeedleDone):
+                path = Path(tempfile.mkdtemp(prefix="kvlab-needle-")) / "needle.json"
+                path.write_text(json.dumps(event.record, indent=1))
+                yield {**self.redraw(view), self.download: str(path)}
+                yield self.redraw(view)  # a native plot rebuilds its spec from the previous frame: settle on the last
+            else:
+                yield self.redraw(view)
+
+
+def build_needle_tab(pool) -> NeedleTab:
+    """Build the Needle tab inside the current `gr.Tab`; returns it."""
+    return NeedleTab(pool).build()

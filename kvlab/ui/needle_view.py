@@ -1,0 +1,111 @@
+"""The Needle tab's view model: events of a needle run in, plot frames, status and summary table out.
+
+`NeedleView.apply(event)` takes `kvlab.needle.runner` events; `heatmap_frame(i)` gives column i's cells as
+points (context length x depth, one outcome colour scale shared by every column: hit, miss, beyond the model)
+with the answer, key, key log-prob and cache bytes for the hover; `pareto_frame()` puts every column on hit
+rate against mean cache bytes and marks the Pareto front (no other column has a higher or equal hit rate
+with fewer or equal bytes, one of them strictly). Pure: no gradio, no model.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from kvlab.needle.record import CellRecord, summarize
+from kvlab.needle.runner import NeedleCell, NeedleColumnError, NeedleDone, NeedleStarted
+
+HIT, MISS, GATED, ERROR = "hit", "miss", "beyond the model", "error"
+OUTCOME_COLORS = {HIT: "#2e7d32", MISS: "#c62828", GATED: "#9e9e9e", ERROR: "#6a1b9a"}
+"""The one colour scale every column's heatmap uses."""
+HEATMAP_FIELDS = ("tokens", "depth", "outcome", "answer", "key", "key_logprob", "cache_MiB", "seed")
+PARETO_FIELDS = ("column", "cache_MiB", "hit_rate", "pareto")
+MIB = 2 ** 20
+
+
+def outcome(record: CellRecord) -> str:
+    """The cell's colour class: gated cells are 'beyond the model' whatever the column answered."""
+    if record.status != "ok":
+        return ERROR
+    if record.gated:
+        return GATED
+    return HIT if record.hit else MISS
+
+
+def pareto_front(points: list[tuple[float, float]]) -> list[bool]:
+    """For (bytes, rate) points: True where no other point has bytes <= and rate >= with one strictly better."""
+    return [not any(b2 <= b and r2 >= r and (b2 < b or r2 > r) for b2, r2 in points) for b, r in points]
+
+
+class NeedleView:
+    """What the page shows of one run, updated one event at a time."""
+
+    def __init__(self):
+        self.columns: list[str] = []
+        self.cells: list[tuple[int, float, int]] = []
+        self.dense: list[int] = []
+        self.problems: list[str] = []
+        self.messages: dict[int, str] = {}
+        self.records: list[CellRecord] = []
+        self.record: dict | None = None
+        self.stopped = False
+        self._sent: dict[object, list[str]] = {}
+
+    def sent_series(self, plot, series: list[str]) -> list[str]:
+        """The series last sent to `plot` (this frame's on the first call), remembering `series` for the next."""
+        series = list(dict.fromkeys(series))
+        previous = self._sent.get(plot, series)
+        self._sent[plot] = series
+        return previous
+
+    def apply(self, event) -> None:
+        if isinstance(event, NeedleStarted):
+            self.columns, self.cells = list(event.columns), list(event.cells)
+            self.dense, self.problems = list(event.dense_columns), list(event.problems)
+        elif isinstance(event, NeedleColumnError):
+            self.messages[event.column] = f"{event.status}: {event.message}"
+        elif isinstance(event, NeedleCell):
+            self.records.append(event.record)
+        elif isinstance(event, NeedleDone):
+            self.records, self.record, self.stopped = list(event.records), event.record, event.stopped
+
+    def heatmap_frame(self, column: int) -> pd.DataFrame:
+        """Column `column`'s finished cells, one row each with HEATMAP_FIELDS (tokens as text, so lengths are
+        evenly spaced categories)."""
+        rows = [(f"{r.target_tokens}", r.depth, outcome(r), r.answer_text, r.key,
+                 round(r.key_logprob, 2) if r.key_logprob is not None else None,
+                 round(r.cache_bytes / MIB, 2) if r.cache_bytes is not None else None, r.seed)
+                for r in self.records if r.column == column]
+        return pd.DataFrame(rows, columns=HEATMAP_FIELDS)
+
+    def summary(self) -> list[dict]:
+        return summarize(self.records, self.columns, self.dense)
+
+    def pareto_frame(self) -> pd.DataFrame:
+        """One point per column that has scored cells: mean cache MiB, hit rate, on the Pareto front or not."""
+        rows = [row for row in self.summary() if row["hit_rate"] is not None and row["mean_cache_bytes"] is not None]
+        front = pareto_front([(row["mean_cache_bytes"], row["hit_rate"]) for row in rows])
+        data = [(row["strategy"], round(row["mean_cache_bytes"] / MIB, 2), round(row["hit_rate"], 3),
+                 "front" if on else "dominated") for row, on in zip(rows, front)]
+        return pd.DataFrame(data, columns=PARETO_FIELDS)
+
+    def table(self) -> pd.DataFrame:
+        """The summary per column, for the page."""
+        rows = [{"column": row["strategy"], "hits / scored": f"{row['hits']} / {row['scored']}",
+                 "gated": row["gated"],
+                 "mean key log-prob (nats)": None if row["mean_key_logprob"] is None else round(row["mean_key_logprob"], 2),
+                 "mean cache MiB": None if row["mean_cache_bytes"] is None else round(row["mean_cache_bytes"] / MIB, 2),
+                 "bytes vs dense": None if row["bytes_vs_dense"] is None else round(row["bytes_vs_dense"], 2),
+                 "note": self.messages.get(row["column"], "")} for row in self.summary()]
+        return pd.DataFrame(rows)
+
+    def status_text(self) -> str:
+        """Progress (cells finished of cells planned), the grid's problems and how it ended."""
+        planned = len(self.cells) * max(1, len(self.columns) - len(self.messages))
+        lines = [f"{len([r for r in self.records if r.status == 'ok'])} of {planned} cells done"]
+        if not self.dense:
+            lines.append("no column keeps every token on this model, so no cell is gated")
+        lines += [f"⚠️ {problem}" for problem in self.problems]
+        if self.record is not None:
+            lines.append(f"stopped after {self.record['wall_s']:.1f} s" if self.stopped
+                         else f"finished in {self.record['wall_s']:.1f} s")
+        return "  \n".join(lines)

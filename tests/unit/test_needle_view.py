@@ -1,0 +1,95 @@
+"""The Needle tab's view model, its column parsing with sweeps, the tab's stream on the tiny model, presets."""
+
+import gradio as gr
+import pytest
+
+from kvlab.needle.grid import expand_sweeps, parse_grid
+from kvlab.needle.preset import list_needle_presets, load_needle_preset
+from kvlab.needle.runner import run_needle
+from kvlab.presets import PresetError, list_presets
+from kvlab.ui.needle_tab import NeedleTab, column_specs
+from kvlab.ui.needle_view import GATED, HEATMAP_FIELDS, MISS, NeedleView, pareto_front
+
+
+def test_sweeps_expand_into_columns_and_bad_items_stay_in_their_place():
+    assert expand_sweeps(["sink:window_length=64|128:num_sink_tokens=0|4", "dynamic"]) == [
+        "sink:window_length=64:num_sink_tokens=0", "sink:window_length=64:num_sink_tokens=4",
+        "sink:window_length=128:num_sink_tokens=0", "sink:window_length=128:num_sink_tokens=4", "dynamic"]
+    columns = column_specs("dynamic, sink:window_length=64|128, nope")
+    assert [c.describe() for c in columns[:3]] == ["dynamic", "sink 4+60", "sink 4+124"]
+    assert columns[3].strategy is None and "unknown strategy" in columns[3].rejected
+    with pytest.raises(ValueError, match="at most 8 columns"):
+        column_specs("sink:window_length=16|32|48|64|80|96|112|128|144")
+
+
+def test_pareto_front_keeps_points_no_other_beats():
+    assert pareto_front([(10, 1.0), (5, 1.0), (5, 0.5), (1, 0.2)]) == [False, True, False, True]
+
+
+def test_view_fills_heatmaps_with_one_outcome_scale_and_puts_every_column_on_the_pareto_plot(tiny):
+    view = NeedleView()
+    grid = parse_grid("120", "0,1", "0", 2)
+    for event in run_needle(tiny, [{"strategy": "dynamic"}, {"strategy": "sink", "window_length": 64}], grid):
+        view.apply(event)
+    frame = view.heatmap_frame(1)
+    assert list(frame.columns) == list(HEATMAP_FIELDS) and len(frame) == 2
+    dense = {r.cell: r.hit for r in view.records if r.column == 0}
+    assert all(o == (GATED if not dense[(120, d, 0)] else o) for d, o in zip(frame["depth"], frame["outcome"]))
+    assert set(frame["outcome"]) <= {GATED, MISS, "hit"}
+    pareto = view.pareto_frame()
+    assert list(pareto["column"]) == [c for c, row in zip(view.columns, view.summary()) if row["scored"]]
+    assert "4 of 4 cells done" in view.status_text() and "finished in" in view.status_text()
+
+
+def test_tab_streams_live_updates_and_reports_bad_input_in_its_status(tiny_pool):
+    with gr.Blocks():
+        tab = NeedleTab(tiny_pool).build()
+    bad = list(tab.stream({}, "bundled", "", "120", "0", "0", 2))
+    assert "name at least one column" in bad[-1][tab.status]
+    bad = list(tab.stream({}, "bundled", "dynamic", "120", "7", "0", 2))
+    assert "the grid is empty" in bad[-1][tab.status]
+    updates = list(tab.stream({}, "bundled", "dynamic, sink:window_length=64|128", "120", "0, 2", "0", 2))
+    assert "depth 2 is outside [0, 1]" in updates[-1][tab.status]
+    filled = [len(u[tab.heatmaps[0]]["value"]) for u in updates[1:] if u[tab.heatmaps[0]].get("value") is not None]
+    assert filled[0] == 1 and filled[-1] == 1 and len(updates) >= 5
+    assert updates[-1][tab.heatmaps[3]]["visible"] is False and updates[-2][tab.download].endswith(".json")
+
+
+def test_redraw_puts_every_scored_column_on_the_pareto_plot_in_its_colour(tiny_pool):
+    from kvlab.needle.record import CellRecord
+    from kvlab.needle.runner import NeedleCell, NeedleStarted
+
+    with gr.Blocks():
+        tab = NeedleTab(tiny_pool).build()
+    view = NeedleView()
+    view.apply(NeedleStarted(["dynamic", "sink 4+60"], [(100, 0.0, 0), (100, 1.0, 0)], [0], []))
+    for column, depth, hit, size in ((0, 0.0, True, 400), (1, 0.0, False, 100), (0, 1.0, True, 400),
+                                     (1, 1.0, True, 100)):
+        view.apply(NeedleCell(CellRecord(column, view.columns[column], 100, 100, depth, 0, "12345", 10, "t", [1],
+                                         hit=hit, key_logprob=-1.0, cache_bytes=size)))
+    pareto = tab.redraw(view)[tab.pareto]
+    assert list(pareto["value"]["column"]) == ["dynamic", "sink 4+60"]
+    assert list(pareto["value"]["pareto"]) == ["front", "front"] and set(pareto["color_map"]) == set(view.columns)
+    assert "4 of 4 cells done" in tab.redraw(view)[tab.status]
+
+
+def test_needle_presets_validate_and_stay_out_of_compares_list(tmp_path):
+    assert "needle_passkey" in list_needle_presets() and "needle_passkey" not in list_presets()
+    preset = load_needle_preset("needle_passkey")
+    assert preset.grid.lengths[-1] == "2k" and len(preset.grid.depths) >= 5
+    strategies = [c["strategy"] for c in preset.columns]
+    assert strategies[0] == "dynamic" and {"sink", "quantized"} <= set(strategies)
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("task: needle\nname: x\ngrid: {lengths: [512], new_tokens: 99}\ncolumns: [{strategy: nope}]\n")
+    with pytest.raises(PresetError, match="grid.new_tokens") as err:
+        load_needle_preset(bad)
+    assert "unknown strategy" in str(err.value)
+
+
+@pytest.mark.parametrize("name", sorted(list_needle_presets()))
+def test_every_needle_preset_runs_on_the_tiny_model(tiny, name):
+    preset = load_needle_preset(name)
+    grid = parse_grid(preset.grid.lengths[:1], preset.grid.depths, preset.grid.seeds[:1], 2)
+    done = list(run_needle(tiny, preset.columns, grid))[-1]
+    assert [c["status"] for c in done.record["columns"]] == ["ok"] * len(preset.columns)
+    assert len(done.records) == len(grid.cells) * len(preset.columns)
