@@ -110,7 +110,7 @@ class ChatTab:
     def _build_conversation(self) -> None:
         self.model_source = model_dropdown(self.spec0.source, elem_id="kvlab-chat-model")
         self.system = gr.Textbox(label="System prompt", lines=2, placeholder="(empty: the chat template's default)")
-        self.chatbot = gr.Chatbot(label="Conversation", height=360, elem_id="kvlab-chatbot")
+        self.chatbot = gr.Chatbot(label="Conversation", height=360, elem_id="kvlab-chatbot", buttons=["copy", "copy_all"])
         with gr.Row():
             self.message = gr.Textbox(label="Message", placeholder="Type a message and press Enter", scale=5,
                                       elem_id="kvlab-chat-message")
@@ -159,6 +159,7 @@ class ChatTab:
                                      **model_bound)
         self.undo_button.click(self.undo, [self.state], self.turn_outputs)
         self.clear_button.click(self.clear, [self.state], self.turn_outputs)
+        self.chatbot.clear(self.clear, [self.state], self.turn_outputs)  # the chatbot's own trash icon: same as Clear
         self.stop_button.click(self.stop, [self.state], None, queue=False)
         self.grow_button.click(self.grow, [self.state], self.turn_outputs + self.card.knobs)
         self.to_dynamic_button.click(self.to_dynamic, [self.state],

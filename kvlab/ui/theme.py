@@ -48,6 +48,9 @@ CSS = """
 #kv-summary th, #kv-summary th *, #plan-table th, #plan-table th * { word-break: normal !important;
   overflow-wrap: normal !important; hyphens: none; }
 .kv-more summary { cursor: pointer; }
+/* the chatbot's label and icons sit in a bar of their own above the scrolling messages, never over a bubble */
+#kvlab-chatbot .wrapper { padding-top: 28px; }
+#kvlab-chatbot .bubble-wrap { border-top: 1px solid var(--border-color-primary); }
 /* gradio pulses the border of a streaming output for as long as it streams (an endless opacity animation: the
    browser draws a frame 60 times a second, on the cores a same-machine run is timed on); the border stays, still */
 .wrap.generating { animation: none !important; }

@@ -1,6 +1,7 @@
 """The chat tab in headless Chromium against the real app (the browser tier's one app, started by conftest):
 two browser sessions chatting at once never see each other's history, bad input is refused where the user
-looks, every control works while a reply streams, and closing a tab frees its chat cache.
+looks, every control works while a reply streams, the chatbot's label and icons cover no message (its trash icon
+clears the session as Clear does), and closing a tab frees its chat cache.
 
 Debian's /usr/bin/chromium is driven by Playwright; no browser is downloaded.
 """
@@ -67,6 +68,31 @@ def test_two_sessions_chatting_at_once_never_see_each_others_history(app_url, br
     finally:
         context_a.close()
         context_b.close()
+
+
+CHATBOT_BAR_JS = """() => {
+  const rect = (sel) => document.querySelector(sel).getBoundingClientRect();
+  const messages = rect('#kvlab-chatbot .bubble-wrap');
+  return ['#kvlab-chatbot label', '#kvlab-chatbot .top-panel']
+    .map(sel => [sel, rect(sel).bottom, messages.top]).filter(([, bottom, top]) => bottom > top + 0.5);
+}"""
+
+
+def test_the_chatbots_label_and_icons_cover_no_message_and_its_trash_icon_clears_the_session(app_url, browser):
+    """The label and icon bar sit above the scrolling messages (a bubble scrolled to the top is never under
+    them); gradio's own trash icon forgets the conversation as Clear does, so the next turn starts fresh."""
+    context, page = open_chat(browser, app_url)
+    try:
+        send(page, "Remember the word OSPREY.")
+        wait_for_turn(page, 1)
+        assert page.evaluate(CHATBOT_BAR_JS) == []
+        page.locator("#kvlab-chatbot .top-panel").get_by_role("button", name="Clear").click()
+        page.wait_for_function("!document.querySelector('#kvlab-chatbot').innerText.includes('OSPREY')")
+        send(page, "What word did I ask you to remember?")
+        info = wait_for_turn(page, 1)
+        assert "fresh" in info and "OSPREY" not in conversation(page)
+    finally:
+        context.close()
 
 
 def test_an_empty_message_is_refused_with_a_clear_message(app_url, browser):
