@@ -2,7 +2,8 @@
 
 - Picking a preset fills the form; Run streams text into at least three columns
   while the run is still going (sampled several times, so text dumped at the end
-  would fail), then the native plots and the summary table appear. A screenshot of the
+  would fail), then the native plots and the summary table appear; at 1400 px wide the summary fits
+  without an inner horizontal scroll. A screenshot of the
   finished page goes to artifacts/ (and to docs/screenshot.png with
   KVLAB_UPDATE_SCREENSHOT=1).
 - On a long run (1500 tokens, EOS ignored) another tab's Run waits in the queue
@@ -42,6 +43,12 @@ SNAPSHOT_JS = """() => {
 def snapshot(page) -> dict:
     return page.evaluate(SNAPSHOT_JS)
 
+
+SUMMARY_WIDTH_PX = 1400
+INNER_SCROLLS = """() => [...document.querySelectorAll('#kv-summary, #kv-summary *')]
+    .filter(e => ['auto', 'scroll'].includes(getComputedStyle(e).overflowX) && e.scrollWidth > e.clientWidth + 1)
+    .map(e => `${e.tagName}.${String(e.className).split(' ').join('.')}: ${e.scrollWidth} > ${e.clientWidth} px`)"""
+"""Every element of the summary table that scrolls sideways (content wider than its box)."""
 
 ENDLESS_ANIMATIONS = """() => document.getAnimations()
     .filter(a => a.playState === 'running' && a.effect && a.effect.getComputedTiming().iterations === Infinity)
@@ -124,6 +131,9 @@ def test_quickstart_streams_into_columns_then_summarizes(page):
     if os.environ.get("KVLAB_UPDATE_SCREENSHOT") == "1":
         DOCS_SCREENSHOT.parent.mkdir(exist_ok=True)
         shutil.copyfile(SCREENSHOT, DOCS_SCREENSHOT)
+    page.set_viewport_size({"width": SUMMARY_WIDTH_PX, "height": 1000})
+    page.wait_for_timeout(500)  # the table lays out again at the new width
+    assert page.evaluate(INNER_SCROLLS) == [], f"the summary scrolls sideways at {SUMMARY_WIDTH_PX} px"
 
 
 def test_stop_halts_every_column_a_second_tab_waits_and_the_next_run_works(page, other_page):
