@@ -74,8 +74,10 @@ DISPLAY_COLUMNS = [
 HEADERS = {**LABELS, "peak_cache_bytes": "peak cache (MiB)", "vs_baseline_bytes": "vs baseline",
            "predicted_cache_bytes": "predicted dense (MiB)", "cache_bytes_by_layer_type": "by layer type, end (MiB)"}
 """Header shown per key: the report's labels, with MiB where the page shows bytes as MiB."""
-SUMMARY_WIDTHS = ["11%", "6%", "6%", "6%", "5%", "5%", "6%", "6%", "6%", "8%", "6%", "5%", "5%", "5%", "14%"]
-"""Summary table column widths, in the order of DISPLAY_COLUMNS."""
+SUMMARY_WIDTHS = ["10%", "9%", "5%", "5%", "5%", "5%", "5%", "6%", "6.5%", "7.5%", "6.5%", "6.5%", "6.5%", "6.5%",
+                  "10%"]
+"""Summary table column widths, in the order of DISPLAY_COLUMNS: at 1400 px each column holds its longest header
+word and value ("unavailable", "divergence", "0.0000 ★") whole, with the table's type set in `kvlab.ui.theme.CSS`."""
 
 FINISHED = ("done", "stopped", "error", "unavailable")
 
