@@ -21,6 +21,7 @@ from pathlib import Path
 from .bundled import SOURCE_HELP
 from . import bench, chat_cli, inspector_cli, perplexity_cli, planner_cli
 from .generation import encode_prompt
+from .inspect import diverge_cli
 from .strategies.base import parse_strategy_item, split_strategy_list
 from .report import format_table, run_record, summary_rows
 
@@ -218,6 +219,7 @@ def build_parser(prog: str = "kvlab") -> argparse.ArgumentParser:
     add_compare(sub)
     for module in (chat_cli, perplexity_cli, planner_cli, inspector_cli, bench):
         module.add_parser(sub)
+    diverge_cli.add_parser(sub)
     return parser
 
 
