@@ -170,3 +170,27 @@ def parse_inspect_query(params: dict) -> InspectLink | None:
                        prompt=str(params.get("prompt", "")), system=str(params.get("system", "")),
                        chat=bool(numbers["chat"]), max_new_tokens=numbers["steps"],
                        model=str(params.get("model", "bundled")), step=numbers["step"])
+
+
+def divergence_links(request, plan, results) -> dict[int, str]:
+    """Run column index -> the query opening Inspect at its first divergence, beside `dynamic`, with the run's
+    prompt and settings; only for a greedy run and a column that diverged within Inspect's step limit.
+
+    request / plan: Compare's `RunRequest` and `RunPlan`; results: the run's `ColumnResult`s, in run order.
+    """
+    from kvlab.inspector import MAX_INSPECT_STEPS
+
+    if request.decoding != "greedy":
+        return {}
+    steps = min(int(plan.settings.max_new_tokens), MAX_INSPECT_STEPS)
+    links = {}
+    for index, (column, result) in enumerate(zip(plan.run_columns(), results)):
+        step = getattr(result, "first_divergence", None)
+        strategy = column.strategy
+        if step is None or strategy is None or not strategy.use_cache or strategy.is_compileable or step >= steps:
+            continue
+        link = InspectLink(strategy=strategy_item(strategy), reference=DEFAULT_COMPARE, prompt=request.prompt,
+                           system=request.system or "", chat=bool(request.chat), max_new_tokens=steps,
+                           model=plan.spec.source, step=int(step))
+        links[index] = inspect_query(link)
+    return links

@@ -21,11 +21,12 @@ from kvlab.inspect.loops import LOOP_VARIANTS
 from kvlab.inspector import InspectError, InspectSession
 from kvlab.generation import encode_prompt
 from kvlab.models import ModelLoadError
-from kvlab.strategies import StrategyError, make_strategy
+from kvlab.strategies import STRATEGIES, StrategyError, make_strategy
+from kvlab.strategies.base import parse_strategy_item
 
 from . import zerogpu
 from .cards import build_card
-from .diverge_view import COMPARE_CHOICES, DEFAULT_COMPARE, diverge_figure, diverge_markdown
+from .diverge_view import COMPARE_CHOICES, DEFAULT_COMPARE, diverge_figure, diverge_markdown, parse_inspect_query
 from .inspect_view import (
     DEFAULT_PROMPT,
     DEFAULT_STEPS,
@@ -47,7 +48,7 @@ from .inspect_view import (
     strip_html,
     top_table,
 )
-from .knobs import card_form, max_knobs, strategy_choices
+from .knobs import card_form, knob_defaults, knob_text, max_knobs, strategy_choices
 from .compare_form import chat_box
 from .model_picker import model_dropdown
 from .loader import CONCURRENCY, MODEL_CONCURRENCY_ID
@@ -255,6 +256,43 @@ class InspectTab:
             return self.view(data[self.state], f"✖ {err}", "error")
         return self.view(state, f"new run: {state.session.prompt_ids.shape[1]}-token prompt, "
                                 f"{state.session.strategy.describe()}; press Step")
+
+    def wire_link(self, demo: gr.Blocks, tabs: gr.Tabs, tab_id: str) -> None:
+        """On page load, open a link from Compare's "first divergence" cell (`?inspect=1&...`) in this tab."""
+        self.tabs, self.tab_id = tabs, tab_id
+        outputs = [tabs, self.prompt, self.system, self.chat, self.max_new_tokens, self.ignore_eos, self.model_source,
+                   self.card.strategy, *self.card.form_outputs, self.compare_with, self.loop, *self.outputs]
+        demo.load(zerogpu.gpu(self.open_link, self.gpu_s_for(STEP_COUNTS["run"])), None, outputs,
+                  concurrency_limit=CONCURRENCY, concurrency_id=MODEL_CONCURRENCY_ID, api_visibility="private",
+                  show_progress="hidden")
+
+    def open_link(self, request: gr.Request):
+        """A page opened from a link into Inspect: select the tab, fill the form from the link and step to the
+        link's step, lockstep beside its reference. A page without such a link is left as it is."""
+        try:
+            link = parse_inspect_query(dict(getattr(request, "query_params", None) or {}))
+        except ValueError as err:
+            yield {self.tabs: gr.Tabs(selected=self.tab_id), self.status: line_html(f"✖ {err}", "error")}
+            return
+        if link is None:
+            return
+        try:
+            spec = parse_strategy_item(link.strategy)
+        except ValueError as err:
+            yield {self.tabs: gr.Tabs(selected=self.tab_id), self.status: line_html(f"✖ {err}", "error")}
+            return
+        name = str(spec.pop("strategy"))
+        knobs = {**knob_defaults(name), **spec} if name in STRATEGIES else {}
+        texts = [knob_text(value) for value in knobs.values()][:self.knob_count]
+        texts += [""] * (self.knob_count - len(texts))
+        values = {self.prompt: link.prompt, self.system: link.system, self.chat: link.chat,
+                  self.max_new_tokens: link.max_new_tokens, self.ignore_eos: True, self.model_source: link.model,
+                  self.card.strategy: name, self.compare_with: link.reference, self.loop: CORRECT_LOOP}
+        form = {**values, **dict(zip(self.card.knobs, texts))}
+        shown = {self.tabs: gr.Tabs(selected=self.tab_id), **values,
+                 **(self.card.updates(card_form(name, knobs, None, self.knob_count)) if knobs else {})}
+        for update in self.steps({**form, self.state: None}, link.step + 1, _session_key(request)):
+            yield {**shown, **update}
 
     def stop(self, state: InspectTabState | None) -> None:
         """Stop: end a Run to end (or Step ×10) after the step in hand."""
