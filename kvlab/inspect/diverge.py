@@ -165,7 +165,8 @@ class DivergeSession:
         strategy: the strategy under study (its own greedy/sampled tokens drive both runs).
         prompt_ids: (1, prompt_tokens) ids.
         settings: generation settings; max_new_tokens at most MAX_DIVERGE_STEPS.
-        reference: the reference strategy (default `dynamic`); it must keep every token exactly.
+        reference: the reference strategy (default `dynamic`): an exact cache (on a hybrid model its sliding
+            layers may keep only their window, which their attention reads anyway).
 
     Raises:
         InspectError: a strategy cannot run here or is compiled, the reference is lossy, the model cannot be
@@ -181,8 +182,9 @@ class DivergeSession:
             raise InspectError("; ".join(problems))
         if settings.max_new_tokens > MAX_DIVERGE_STEPS:
             raise InspectError(f"at most {MAX_DIVERGE_STEPS} steps per session, got {settings.max_new_tokens}")
-        if not self.reference.keeps_everything_on(loaded):
-            raise InspectError(f"the reference must keep every token exactly; {self.reference.describe()} does not")
+        if self.reference.lossy or not self.reference.use_cache or self.reference.is_streaming:
+            raise InspectError(f"the reference must be an exact cache (dynamic, static); {self.reference.describe()} "
+                               "is not")
         for chosen in (strategy, self.reference):
             if chosen.is_compileable:
                 raise InspectError(f"{chosen.describe()}: turn compile off (the probes' hooks would recompile it)")
