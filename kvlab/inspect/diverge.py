@@ -40,8 +40,6 @@ from .probes import attention_probs, attention_unsupported_reason, decoder_parts
 
 MAX_DIVERGE_STEPS = MAX_INSPECT_STEPS
 """Most steps one lockstep session keeps."""
-MEASURES = ("kv_error", "attention_lost", "hidden_rel_l2", "kl_nats")
-"""The per-layer measures charted (hidden_cosine goes with hidden_rel_l2) and the per-step one."""
 DIVERGED_ATOL = 1e-4
 """A per-layer measure above this counts as 'this layer differs' in `first_layer_with`: float32 rounding of
 two equal runs computed with different shapes stays orders of magnitude below it."""

@@ -62,11 +62,9 @@ def stored_kv(layer) -> tuple[torch.Tensor, torch.Tensor] | None:
     return keys[0, :, :count].float(), values[0, :, :count].float()
 
 
-def held_positions(layer, seen_tokens: int) -> tuple[torch.Tensor | None, str]:
-    """(positions, reason): the absolute positions `layer` holds after `seen_tokens` ids, as a (kv_heads, held)
-    LongTensor in storage order, or (None, why they cannot be known)."""
-    stored = stored_kv(layer)
-    heads = stored[0].shape[0] if stored is not None else 1
+def held_positions(layer, seen_tokens: int, heads: int = 1) -> tuple[torch.Tensor | None, str]:
+    """(positions, reason): the absolute positions `layer` (with `heads` KV heads) holds after `seen_tokens` ids,
+    as a (heads, held) LongTensor in storage order, or (None, why they cannot be known)."""
     count = held_tokens(layer)
     own = getattr(layer, "held_positions", None)
     if callable(own):
@@ -107,8 +105,8 @@ def held_kv(layer, seen_tokens: int) -> tuple[HeldKV | None, str]:
     stored = stored_kv(layer)
     if stored is None:
         return None, "the layer holds nothing"
-    positions, reason = held_positions(layer, seen_tokens)
+    keys, values = stored
+    positions, reason = held_positions(layer, seen_tokens, keys.shape[0])
     if positions is None:
         return None, reason
-    keys, values = stored
     return HeldKV(positions, reference_frame_keys(layer, keys, positions), values), ""
