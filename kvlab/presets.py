@@ -24,7 +24,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from .generation import GenerationSettings
-from .runner import MAX_COLUMNS, MODES, Column
+from .columns import MAX_COLUMNS, MODES, Column
 from .strategies import STRATEGIES, StrategyError
 
 PRESETS_DIR_ENV = "KVLAB_PRESETS_DIR"
@@ -125,7 +125,7 @@ def parse_preset(data: dict, source: str = "preset", lenient_columns: bool = Fal
     """Validate a preset mapping. Raises PresetError naming the field and the problem.
 
     lenient_columns: accept columns whose knobs are invalid (the caller reports each in its own row, see
-    `kvlab.runner.Column.or_rejected`); the rest is checked as usual.
+    `kvlab.columns.Column.or_rejected`); the rest is checked as usual.
     """
     if not isinstance(data, dict):
         raise PresetError(f"{source}: expected a YAML mapping at the top level")

@@ -40,12 +40,12 @@ import queue
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 
 import torch
 
 from .accounting import cache_bytes_by_device, predicted_cache_bytes_by_layer_type
-from .budget import Budget, ResilientSteps, parse_budget, require_cache, usable_chain
+from .budget import ResilientSteps, usable_chain
+from .columns import MAX_COLUMNS, MODES, Column
 from .compute import compute, compute_iter
 from .turns import ComputeTurns, FreeTurns, parallel_threads, shared_threads  # noqa: F401 (re-exported)
 from .fidelity import score_fidelity
@@ -65,7 +65,7 @@ from .events import (
 from .engine import Decoder, RunStopped
 from .generation import GenerationSettings, IncrementalDetokenizer
 from .memory import MemoryTracker
-from .strategies import Strategy, StrategyError, make_strategy
+from .strategies import Strategy, StrategyError
 from .timing import (
     RETIME_MAX_TOKENS,
     needs_warm_up,
@@ -77,63 +77,9 @@ from .timing import (
     warm_up_columns,
 )
 
-MODES = ("fair", "parallel", "sequential")
-MAX_COLUMNS = 8
 MEMORY_SAMPLE_EVERY_S = 0.25
 QUEUE_POLL_S = 0.05
 JOIN_TIMEOUT_S = 30.0
-COLUMN_KEYS = ("generation", "budget_mib", "fallback")
-"""What a column spec may hold besides its strategy and knobs."""
-
-
-@dataclass
-class Column:
-    """One column: a strategy, optional per-column generation overrides and an optional cache budget.
-
-    A spec that cannot become a strategy (unknown name, bad knob) may still be a column: `strategy` is None,
-    `rejected` says why and `title` names it; it reports that reason in its own row and runs nothing.
-    """
-
-    strategy: Strategy | None
-    overrides: dict = field(default_factory=dict)
-    rejected: str = ""
-    title: str = ""
-    budget: Budget | None = None
-
-    @classmethod
-    def from_spec(cls, spec: dict | Strategy | "Column") -> "Column":
-        """`{"strategy": name, knobs..., "generation": {...}, "budget_mib": 4, "fallback": [...]}` -> Column.
-
-        Raises:
-            StrategyError: bad knobs, a bad budget or fallback chain, or a budget on a strategy without a cache.
-        """
-        if isinstance(spec, Column):
-            return spec
-        if isinstance(spec, Strategy):
-            return cls(spec)
-        spec = dict(spec)
-        overrides = spec.pop("generation", None) or {}
-        budget = parse_budget(spec.pop("budget_mib", None), spec.pop("fallback", None))
-        try:
-            strategy = make_strategy(spec)
-        except StrategyError as err:
-            if "unknown setting" not in str(err):
-                raise
-            raise StrategyError(f"{err}; a column also takes {', '.join(COLUMN_KEYS)}") from None
-        return cls(strategy, dict(overrides), budget=require_cache(strategy, budget))
-
-    @classmethod
-    def or_rejected(cls, spec: dict, title: str = "") -> "Column":
-        """`from_spec`, or a rejected column carrying the reason when the spec is invalid."""
-        try:
-            return cls.from_spec(spec)
-        except StrategyError as err:
-            return cls(None, rejected=str(err), title=title or str(spec.get("strategy", "?")))
-
-    def describe(self) -> str:
-        """The column's name: the strategy's `describe()`, plus the budget when there is one."""
-        name = self.strategy.describe() if self.strategy is not None else self.title
-        return f"{name} · {self.budget.describe()}" if self.budget is not None else name
 
 
 def new_result(index: int, column: Column, prompt_tokens: int) -> ColumnResult:

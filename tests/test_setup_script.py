@@ -40,7 +40,7 @@ INSTALLED_PRESETS_CHECK = (
     "print(presets_dir())\n"
     "print(sorted(list_presets()))\n"
     "print(load_preset('quickstart').name)\n"
-    "from kvlab.catalog import catalog_dir, known_models\n"
+    "from kvlab.plan.catalog import catalog_dir, known_models\n"
     "print(catalog_dir(), len(known_models()))\n"
 )
 

@@ -38,8 +38,8 @@ def parse_only(text: str | None) -> list[str]:
     return [name for name in SECTIONS if name in names]
 
 
-def add_parser(sub) -> None:
-    """Add the `bench` sub-command to an argparse sub-parsers object."""
+def add_parser(sub, parents=()) -> None:
+    """Add the `bench` sub-command to an argparse sub-parsers object (it takes no model flags: `parents` unused)."""
     p = sub.add_parser("bench", help="measure kvlab's own overhead, fairness, scaling, start-up, roofline, planner and "
                                           "the app against the CLI")
     p.add_argument("--size", choices=list(SIZES), default="full",

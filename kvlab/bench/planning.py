@@ -1,7 +1,7 @@
 """Plan section: how long the Plan tab's planner takes for one catalog model, and how much memory it adds.
 
 As the app does after start, the section first runs the planner's warm-up
-(`kvlab.planner.warm_up`: a plan of another catalog model with every strategy),
+(`kvlab.plan.planner.warm_up`: a plan of another catalog model with every strategy),
 then times a plan of `PLAN_MODEL` with `PLAN_STRATEGIES` (6) at `PLAN_CONTEXTS`
 (5) under a `PLAN_BUDGET_GIB` budget, `repeats` times, on kvlab's compute thread
 as the tab runs it. The first repeat is that model's first plan (its
@@ -77,7 +77,7 @@ class PeakRss:
 
 
 def _plan_request():
-    from ..planner import GIB, PlanRequest
+    from ..plan.planner import GIB, PlanRequest
 
     return PlanRequest(model=PLAN_MODEL, contexts=PLAN_CONTEXTS, dtype="bfloat16", strategies=PLAN_STRATEGIES,
                        budget_bytes=PLAN_BUDGET_GIB * GIB)
@@ -92,7 +92,7 @@ def _timed(fn, *args) -> float:
 
 def measure_planning(ctx: Context) -> dict:
     """{warm_up_s, plan_s: [seconds per repeat], rss_*} (RSS in bytes; None where unavailable)."""
-    from ..planner import plan, warm_up
+    from ..plan.planner import plan, warm_up
 
     memory = PeakRss()
     figures = {"rss_before_bytes": None, "rss_peak_warm_up_bytes": None, "rss_after_warm_up_bytes": None,

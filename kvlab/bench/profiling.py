@@ -29,7 +29,8 @@ def profile_step(loaded, prompt_ids, spec: dict, new_tokens: int, folder: Path |
         from pyinstrument import Profiler
     except ModuleNotFoundError:
         return ""
-    from ..runner import Column, FreeTurns, run_column
+    from ..columns import Column
+    from ..runner import FreeTurns, run_column
     from ..strategies import make_strategy
 
     events: list = []

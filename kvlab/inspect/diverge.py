@@ -32,7 +32,7 @@ import torch
 
 from ..engine import Decoder, forward
 from ..generation import GenerationSettings
-from ..inspector import MAX_INSPECT_STEPS, Candidate, InspectError, held_tokens, kl_nats, top_candidates
+from .inspector import MAX_INSPECT_STEPS, Candidate, InspectError, held_tokens, kl_nats, top_candidates
 from ..strategies import Strategy
 from ..strategies.dynamic import Dynamic
 from .held import HeldKV, held_kv

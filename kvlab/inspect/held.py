@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..inspector import held_tokens, is_quantized
+from .inspector import held_tokens, is_quantized
 
 
 @dataclass(frozen=True)

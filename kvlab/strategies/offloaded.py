@@ -5,8 +5,9 @@ update raises "Torch not compiled with CUDA enabled", so kvlab reports them as
 unavailable before running."""
 
 from dataclasses import dataclass
+from typing import ClassVar
 
-from .base import Strategy, cuda_reason, register, require_int
+from .base import Strategy, cuda_reason, register
 from .static import Static
 
 
@@ -31,41 +32,21 @@ class Offloaded(Strategy):
 
 @register
 @dataclass
-class OffloadedStatic(Strategy):
-    name = "offloaded_static"
-    is_croppable = True
-    summary = "Static (preallocated) cache kept in CPU RAM, each layer prefetched to the GPU when needed. Exact; fixed host memory, transfer cost."
-    max_cache_len: int | None = None
+class OffloadedStatic(Static):
+    """`Static` whose layers wait in CPU memory (`StaticCache(offloading=True)`). Knob: `max_cache_len` only;
+    `compile` is a class constant (False) here, not a knob."""
 
-    def __post_init__(self):
-        if self.max_cache_len is not None:
-            require_int("max_cache_len", self.max_cache_len, 1)
+    name = "offloaded_static"
+    summary = "Static (preallocated) cache kept in CPU RAM, each layer prefetched to the GPU when needed. Exact; fixed host memory, transfer cost."
+    title_knobs = ()
+    offloading = True
+    compile: ClassVar[bool] = False
 
     def unavailable_reason(self, loaded) -> str | None:
         return cuda_reason()
 
-    @property
-    def follows_layer_types(self) -> bool:
-        return True
+    def title(self) -> str:
+        return self.name
 
-    def window_tokens(self, window: int) -> int:
-        return window
-
-    def check_fits(self, prompt_tokens: int, max_new_tokens: int) -> None:
-        Static(max_cache_len=self.max_cache_len).check_fits(prompt_tokens, max_new_tokens)
-
-    def build_cache(self, loaded, max_total_tokens: int):
-        from transformers import StaticCache
-
-        return StaticCache(config=loaded.config, max_cache_len=self.max_cache_len or max_total_tokens, offloading=True)
-
-    def capacity(self, max_total_tokens: int) -> int:
-        """`max_cache_len`, else `max_total_tokens`, tokens."""
-        return self.max_cache_len or max_total_tokens
-
-    def held_tokens(self, seen_tokens: int, max_total_tokens: int) -> int:
-        return self.capacity(max_total_tokens)
-
-    def cache_code(self):
-        size = self.max_cache_len or "inputs.input_ids.shape[1] + max_new_tokens"
-        return ["from transformers import StaticCache"], f"cache = StaticCache(config=model.config, max_cache_len={size}, offloading=True)"
+    def caveat(self) -> str:
+        return ""

@@ -1,6 +1,7 @@
 """`static`: transformers' StaticCache, preallocated to `max_cache_len` tokens."""
 
 from dataclasses import dataclass, replace
+from typing import ClassVar
 
 from .base import Strategy, StrategyError, register, require_int
 
@@ -19,6 +20,8 @@ class Static(Strategy):
     summary = "Preallocates max_cache_len tokens up front and writes in place. Exact; fixed memory, compile-friendly, refuses to overflow."
     is_croppable = True
     title_knobs = ("max_cache_len", "compile")
+    offloading: ClassVar[bool] = False
+    """Whether layers wait in CPU memory (`StaticCache(offloading=True)`, see `OffloadedStatic`)."""
     max_cache_len: int | None = None
     compile: bool = False
 
@@ -42,7 +45,7 @@ class Static(Strategy):
     def warm_up(self, loaded, **kwargs) -> None:
         """The default warm-up without `compile` (compiling is per cache size and stays in the first compiled
         step, as the caveat says)."""
-        Strategy.warm_up(replace(self, compile=False), loaded, **kwargs)
+        Strategy.warm_up(replace(self, compile=False) if self.compile else self, loaded, **kwargs)
 
     def check_fits(self, prompt_tokens: int, max_new_tokens: int) -> None:
         needed = prompt_tokens + max_new_tokens
@@ -76,7 +79,8 @@ class Static(Strategy):
     def build_cache(self, loaded, max_total_tokens: int):
         from transformers import StaticCache
 
-        return StaticCache(config=loaded.config, max_cache_len=self.capacity(max_total_tokens))
+        return StaticCache(config=loaded.config, max_cache_len=self.capacity(max_total_tokens),
+                           offloading=self.offloading)
 
     def forward(self, loaded, cache, sequence, new_tokens: int):
         if self.compile and new_tokens == 1:
@@ -90,4 +94,6 @@ class Static(Strategy):
 
     def cache_code(self):
         size = self.max_cache_len or "inputs.input_ids.shape[1] + max_new_tokens"
-        return ["from transformers import StaticCache"], f"cache = StaticCache(config=model.config, max_cache_len={size})"
+        offloading = ", offloading=True" if self.offloading else ""
+        return (["from transformers import StaticCache"],
+                f"cache = StaticCache(config=model.config, max_cache_len={size}{offloading})")

@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from kvlab.chat import ChatInputError, ChatSession
+from kvlab.chat.session import ChatInputError, ChatSession
 
 MAX_CHAT_SESSIONS = int(os.environ.get("KVLAB_MAX_CHAT_SESSIONS", "8"))
 """Chat caches kept at once across all browser sessions."""

@@ -10,7 +10,7 @@ strategy card is Compare's (`kvlab.ui.cards`), listing the strategies whose
 frees a closed tab's cache at once (`unload`, wired by app.py). Every control
 works while a reply streams: it stops the reply first, then acts, and says so;
 text typed meanwhile stays in the message box. What the page shows comes from
-`kvlab.ui.chat_view`; the turns run in `kvlab.chat` / `kvlab.prefix`.
+`kvlab.ui.chat_view`; the turns run in `kvlab.chat.session` / `kvlab.chat.prefix`.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import time
 
 import gradio as gr
 
-from kvlab.chat import ChatCapacityError, ChatInputError, ChatStatus, ChatToken
+from kvlab.chat.session import ChatCapacityError, ChatInputError, ChatStatus, ChatToken
 from kvlab.generation import MAX_NEW_TOKENS_CAP
 from kvlab.models import ModelLoadError, ModelPool, ModelSpec
 from kvlab.strategies import StrategyError, make_strategy
@@ -350,7 +350,7 @@ class ChatTab:
 
     def run_prefix(self, form: ChatForm, prefix: str, prompts_text: str) -> dict:
         """Prefill `prefix` once and answer each prompt line from copies of its cache, with and without reuse."""
-        from kvlab.prefix import run_prefix_reuse
+        from kvlab.chat.prefix import run_prefix_reuse
 
         try:
             chosen = form.strategy()

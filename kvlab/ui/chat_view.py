@@ -1,4 +1,4 @@
-"""The Chat tab's pure part: the form -> a strategy and settings, `kvlab.chat` events -> what the page shows.
+"""The Chat tab's pure part: the form -> a strategy and settings, `kvlab.chat.session` events -> what the page shows.
 
 - `ChatForm` holds the tab's inputs (model, strategy card with its cache budget
   and fallback chain, system prompt, budget, measure/verify); `strategy()` and
@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import pandas as pd
 import yaml
 
-from kvlab.chat import ChatSession, ChatStatus, ChatToken, ChatTurnDone, ChatTurnFailed, TurnStats, turn_rows
+from kvlab.chat.session import ChatSession, ChatStatus, ChatToken, ChatTurnDone, ChatTurnFailed, TurnStats, turn_rows
 from kvlab.generation import GenerationSettings
 from kvlab.models import ModelSpec
 from kvlab.presets import PRESETS_DIR
@@ -148,7 +148,7 @@ def start_view(history: list[dict], user_text: str | None) -> TurnView:
 
 
 def apply_event(view: TurnView, event) -> TurnView:
-    """Fold one `kvlab.chat` event into the view (mutates and returns it)."""
+    """Fold one `kvlab.chat.session` event into the view (mutates and returns it)."""
     if isinstance(event, ChatToken):
         view.messages[-1]["content"] += event.text
     elif isinstance(event, ChatStatus):
@@ -200,7 +200,7 @@ def turns_frame(turns: list[TurnStats]) -> pd.DataFrame:
 
 
 def prefix_frame(report) -> pd.DataFrame:
-    """One row per prompt of a `kvlab.prefix.PrefixReport`: reply, times with/without reuse (s), saved, match."""
+    """One row per prompt of a `kvlab.chat.prefix.PrefixReport`: reply, times with/without reuse (s), saved, match."""
     return pd.DataFrame([
         {"prompt": r.prompt, "reply": r.reply, "reused": r.reused_tokens, "prefilled": r.prefilled_tokens,
          "with_reuse_s": round(r.with_reuse_s, 4), "without_reuse_s": round(r.without_reuse_s, 4),

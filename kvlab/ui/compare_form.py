@@ -19,7 +19,7 @@ from kvlab.bundled import bundled_model
 from kvlab.generation import GenerationSettings
 from kvlab.models import ModelLoadError, ModelSpec
 from kvlab.presets import Preset, PromptSpec, load_preset
-from kvlab.runner import MAX_COLUMNS, MODES, Column
+from kvlab.columns import MAX_COLUMNS, MODES, Column
 from kvlab.strategies import StrategyError
 
 from .knobs import NO_STRATEGY, column_budget, plan_columns, preset_overrides

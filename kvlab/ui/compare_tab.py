@@ -24,7 +24,8 @@ from kvlab.events import RunPhase
 from kvlab.generation import MAX_NEW_TOKENS_CAP, encode_prompt
 from kvlab.models import DEVICES, DTYPES, ModelLoadError, ModelSpec
 from kvlab.presets import Preset, PresetError, list_presets, load_preset
-from kvlab.runner import MAX_COLUMNS, MODES, run_compare
+from kvlab.columns import MAX_COLUMNS, MODES
+from kvlab.runner import run_compare
 
 from .cards import StrategyCard, build_card
 from .compare_form import (

@@ -178,7 +178,7 @@ def divergence_links(request, plan, results) -> dict[int, str]:
 
     request / plan: Compare's `RunRequest` and `RunPlan`; results: the run's `ColumnResult`s, in run order.
     """
-    from kvlab.inspector import MAX_INSPECT_STEPS
+    from kvlab.inspect.inspector import MAX_INSPECT_STEPS
 
     if request.decoding != "greedy":
         return {}

@@ -1,7 +1,7 @@
 """The Inspect tab: step one strategy's decode loop and look inside its cache after every step.
 
 This module lays out the components and wires their events; nothing else. The form, the checks and every
-rendering are `kvlab.ui.inspect_view`'s; the stepping is `kvlab.inspector.InspectSession` on the engine's
+rendering are `kvlab.ui.inspect_view`'s; the stepping is `kvlab.inspect.inspector.InspectSession` on the engine's
 decoder, run one step at a time on kvlab's compute thread (`kvlab.compute`). Each browser session keeps its
 own run in a `gr.State`; its cache is released when the tab closes (`unload`, wired by app.py: gradio itself
 would keep a closed session's state an hour) or after `INSPECT_STATE_TTL_S` idle. Step events share
@@ -17,8 +17,8 @@ import gradio as gr
 
 from kvlab.compute import compute, compute_iter
 from kvlab.inspect.diverge import DivergeSession
+from kvlab.inspect.inspector import InspectError, InspectSession
 from kvlab.inspect.loops import LOOP_VARIANTS
-from kvlab.inspector import InspectError, InspectSession
 from kvlab.generation import encode_prompt
 from kvlab.models import ModelLoadError
 from kvlab.strategies import STRATEGIES, StrategyError, make_strategy

@@ -3,9 +3,9 @@ page shows.
 
 - `InspectRequest` is what the page sends; `plan_inspect` checks everything that needs no model (prompt,
   steps, the strategy card) and returns an `InspectPlan` or raises `InspectRejected`.
-- `InspectTabState` is one browser session's `kvlab.inspector.InspectSession` and the plan it runs, kept in a
+- `InspectTabState` is one browser session's `kvlab.inspect.inspector.InspectSession` and the plan it runs, kept in a
   `gr.State` that the tab releases when the session ends or after INSPECT_STATE_TTL_S.
-- For a `kvlab.inspector.StepRecord`: `step_markdown` (what the step fed and chose, its positions and mask),
+- For a `kvlab.inspect.inspector.StepRecord`: `step_markdown` (what the step fed and chose, its positions and mask),
   `loop_code` (the hand-written loop with this step's values, `kvlab.ui.code.loop_snippet`), `layer_table`
   (the per-layer table), `strip_html` (the token strip: which positions each layer still holds) and
   `top_table` (the next-token top-5, beside a dynamic cache's for a lossy strategy).
@@ -20,7 +20,7 @@ import threading
 from dataclasses import dataclass, field
 
 from kvlab.generation import GenerationSettings
-from kvlab.inspector import MAX_INSPECT_STEPS, STRIP_STATES, InspectSession, StepRecord
+from kvlab.inspect.inspector import MAX_INSPECT_STEPS, STRIP_STATES, InspectSession, StepRecord
 from kvlab.models import ModelSpec
 from kvlab.strategies import Strategy, StrategyError
 

@@ -23,7 +23,7 @@ import yaml
 
 from kvlab.budget import Budget, format_chain, parse_budget, parse_chain
 from kvlab.presets import PresetError, list_presets, load_preset
-from kvlab.runner import Column
+from kvlab.columns import Column
 from kvlab.strategies import STRATEGIES, Strategy, StrategyError, make_strategy
 from kvlab.strategies.base import names_with
 

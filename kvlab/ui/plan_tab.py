@@ -3,9 +3,9 @@
 This module lays out the components and wires their events; nothing else. The
 form, the table, the plot and the texts are `kvlab.ui.plan_view`'s, the strategy
 cards are Compare's (`kvlab.ui.knobs`, `kvlab.ui.cards`), and planning is
-`kvlab.planner`'s, run on kvlab's compute thread (`kvlab.compute`) so that its
+`kvlab.plan.planner`'s, run on kvlab's compute thread (`kvlab.compute`) so that its
 CPU measurements (hqq) never compete with a Compare run's torch threads. When
-the app preloads the bundled model, one warm-up plan (`kvlab.planner.warm_up`)
+the app preloads the bundled model, one warm-up plan (`kvlab.plan.planner.warm_up`)
 follows it on that thread, so the first plan a user asks for pays no one-time
 set-up. "Measure it for real", shown for the bundled model and any model the
 app holds loaded, fills Compare's model and columns from this tab's cards and
@@ -23,7 +23,7 @@ import pandas as pd
 from kvlab.compute import compute
 from kvlab.bundled import bundled_model
 from kvlab.models import ModelLoadError, ModelSpec
-from kvlab.planner import DTYPES, warm_up
+from kvlab.plan.planner import DTYPES, warm_up
 
 from .cards import StrategyCard, build_card
 from .knobs import card_form, max_knobs, strategy_choices

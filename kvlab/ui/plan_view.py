@@ -17,7 +17,7 @@
   explanation.
 
 No gradio, no threads. The layout and wiring are `kvlab.ui.plan_tab`'s; the
-planning is `kvlab.planner`'s.
+planning is `kvlab.plan.planner`'s.
 """
 
 from __future__ import annotations
@@ -26,11 +26,11 @@ import re
 import time
 from dataclasses import dataclass, field, replace
 
-from kvlab.catalog import ConfigError, known_models, resolve_config
+from kvlab.plan.catalog import ConfigError, known_models, resolve_config
 from kvlab.bundled import MODELS as BUNDLED_MODELS
 from kvlab.models import BUNDLED
-from kvlab.planner import GIB, Plan, PlanError, PlanRequest, plan
-from kvlab.runner import MAX_COLUMNS
+from kvlab.plan.planner import GIB, Plan, PlanError, PlanRequest, plan
+from kvlab.columns import MAX_COLUMNS
 
 from .figures import plan_figure, tokens_label
 from .knobs import NO_STRATEGY, column_spec, plan_columns

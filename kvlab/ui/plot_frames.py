@@ -7,7 +7,7 @@ plot reads and how its axes are titled (units included), so the tab builds its `
 
 - Compare: `cache_frame`, `latency_frame`, `memory_frame`, `layer_type_frame` (hybrid models) from a
   `kvlab.ui.compare_view.RunView`; `compare_colors` maps every series to its colour.
-- Chat: `turns_ttft_frame`, `turns_tokens_frame` from `kvlab.chat.TurnStats`s.
+- Chat: `turns_ttft_frame`, `turns_tokens_frame` from `kvlab.chat.session.TurnStats`s.
 - Perplexity: `perplexity_frames` from the view's per-cache NLL and cache bytes.
 
 Pure: pandas only, no gradio; a series longer than MAX_POINTS is thinned evenly (its last point kept).

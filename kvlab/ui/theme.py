@@ -92,4 +92,4 @@ CSS = """
 .kv-strip-empty { color: var(--body-text-color-subdued); font-style: italic; }
 """ + "".join(f".kv-slot-{i} {{ border-top: 4px solid {color} !important; }}\n" for i, color in enumerate(COLORS))
 """The app's style sheet: the Compare cards and status lines, reused by the Chat card; the Inspect tab's token
-strip (one colour per `kvlab.inspector.STRIP_STATES` state)."""
+strip (one colour per `kvlab.inspect.inspector.STRIP_STATES` state)."""

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from kvlab.chat_cli import measured_turn
+from kvlab.cli.chat import measured_turn
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]

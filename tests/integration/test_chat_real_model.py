@@ -17,12 +17,12 @@ import yaml
 from transformers import DynamicCache
 
 from kvlab.accounting import cache_bytes
-from kvlab.chat import ChatSession, ChatTurnDone
-from kvlab.reuse import held_tokens
+from kvlab.chat.session import ChatSession, ChatTurnDone
+from kvlab.chat.reuse import held_tokens
 from kvlab.cli import main
 from kvlab.generation import GenerationSettings
 from kvlab.presets import PRESETS_DIR
-from kvlab.prefix import PrefixCache, answer_from_prefix, prefix_and_prompt_ids, prefill_prefix, run_prefix_reuse
+from kvlab.chat.prefix import PrefixCache, answer_from_prefix, prefix_and_prompt_ids, prefill_prefix, run_prefix_reuse
 from kvlab.strategies import make_strategy
 
 NEW_TOKENS = 24

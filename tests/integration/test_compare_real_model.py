@@ -9,7 +9,8 @@ import pytest
 from kvlab.events import RunDone, StepMetrics
 from kvlab.generation import GenerationSettings, encode_prompt
 from kvlab.presets import load_preset
-from kvlab.runner import Column, collect, run_compare
+from kvlab.columns import Column
+from kvlab.runner import collect, run_compare
 from kvlab.strategies import make_strategy
 
 

@@ -85,7 +85,7 @@ def test_quantized_and_sink_are_refused_on_sliding_layers_with_the_reason(run):
 
 
 def test_the_planner_reads_the_bundled_gemma(gemma):
-    from kvlab.planner import PlanRequest, plan
+    from kvlab.plan.planner import PlanRequest, plan
 
     result = plan(PlanRequest(model="bundled:gemma-3-270m", contexts=(256, 1024), dtype="float32",
                               strategies=({"strategy": "dynamic"},)))

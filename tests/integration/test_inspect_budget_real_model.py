@@ -11,7 +11,7 @@ import subprocess
 import sys
 
 from kvlab.generation import GenerationSettings, encode_prompt
-from kvlab.inspector import STRIP_STATES
+from kvlab.inspect.inspector import STRIP_STATES
 from kvlab.runner import collect, run_compare
 
 PROMPT = "Tell me a story about a lighthouse keeper who befriends a whale."

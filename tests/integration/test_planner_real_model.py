@@ -10,7 +10,7 @@ import pytest
 
 from kvlab.events import StepMetrics
 from kvlab.generation import GenerationSettings, encode_prompt
-from kvlab.planner import PlanRequest, plan
+from kvlab.plan.planner import PlanRequest, plan
 from kvlab.runner import run_compare
 
 pytestmark = pytest.mark.integration

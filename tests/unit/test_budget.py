@@ -12,7 +12,8 @@ from kvlab.budget import MAX_FALLBACKS, Budget, default_chain, format_chain, par
 from kvlab.events import FallbackSwitched, TokenEvent
 from kvlab.generation import GenerationSettings
 from kvlab.presets import parse_preset
-from kvlab.runner import Column, collect, run_compare
+from kvlab.columns import Column
+from kvlab.runner import collect, run_compare
 from kvlab.strategies import StrategyError, make_strategy
 from kvlab.strategies.dynamic import Dynamic
 from kvlab.strategies.sink import Sink
@@ -190,7 +191,7 @@ def test_column_specs_presets_and_no_cache(tiny):
 
 
 def test_a_chat_under_a_budget_switches_mid_reply_and_keeps_the_smaller_cache(tiny):
-    from kvlab.chat import ChatSession, ChatTurnDone
+    from kvlab.chat.session import ChatSession, ChatTurnDone
     from kvlab.ui.chat_view import ChatForm, ready_session
 
     form = ChatForm(strategy_name="dynamic", max_new_tokens=24, measure=False, budget_text=str(40 / 1024),
@@ -212,7 +213,7 @@ def test_a_chat_under_a_budget_switches_mid_reply_and_keeps_the_smaller_cache(ti
 
 
 def test_the_chat_command_reads_a_budget_from_its_strategy():
-    from kvlab.chat_cli import CliInputError, parse_chat_strategy
+    from kvlab.cli.chat import CliInputError, parse_chat_strategy
 
     strategy, budget = parse_chat_strategy("dynamic:budget_mib=4", "quantized:backend=hqq>sink")
     assert strategy.name == "dynamic" and budget.budget_bytes == 4 << 20

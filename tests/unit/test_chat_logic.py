@@ -17,7 +17,7 @@ import torch
 from transformers import DynamicCache, QuantizedCache, StaticCache
 
 from kvlab.accounting import cache_bytes
-from kvlab.chat import (
+from kvlab.chat.session import (
     ChatCapacityError,
     ChatInputError,
     ChatSession,
@@ -26,10 +26,10 @@ from kvlab.chat import (
     ChatTurnDone,
     ChatTurnFailed,
 )
-from kvlab.reuse import common_prefix_length, generate_reply, held_tokens, plan_reuse, suggested_capacity
+from kvlab.chat.reuse import common_prefix_length, generate_reply, held_tokens, plan_reuse, suggested_capacity
 from kvlab.cli import main
 from kvlab.generation import GenerationSettings
-from kvlab.prefix import PrefixCache, answer_from_prefix, clone_tensor, copy_cache, run_prefix_reuse
+from kvlab.chat.prefix import PrefixCache, answer_from_prefix, clone_tensor, copy_cache, run_prefix_reuse
 from kvlab.sink_cache import SinkCache
 from kvlab.strategies import StrategyError, make_strategy
 

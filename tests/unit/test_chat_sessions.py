@@ -2,12 +2,12 @@
 
 import pytest
 
-from kvlab.chat import ChatInputError
+from kvlab.chat.session import ChatInputError
 from kvlab.ui.chat_sessions import ChatServerFull, ChatSessions, ChatTabState
 
 
 class FakeSession:
-    """Holds a 'cache' and a conversation like `kvlab.chat.ChatSession`, no model."""
+    """Holds a 'cache' and a conversation like `kvlab.chat.session.ChatSession`, no model."""
 
     def __init__(self):
         self.cache, self.history, self.reason = object(), [{"role": "user", "content": "hi"}], ""

@@ -1,10 +1,10 @@
-"""The chat tab's pure part (kvlab.ui.chat_view): fake `kvlab.chat` events and stats turned into messages,
+"""The chat tab's pure part (kvlab.ui.chat_view): fake `kvlab.chat.session` events and stats turned into messages,
 Markdown, tables and plots; the chat form's strategy card and the prefix panel's refusal. No model, no gradio."""
 
 import pytest
 
-from kvlab.chat import ChatStatus, ChatToken, ChatTurnDone, ChatTurnFailed, TurnStats
-from kvlab.prefix import PrefixReport, PromptResult
+from kvlab.chat.session import ChatStatus, ChatToken, ChatTurnDone, ChatTurnFailed, TurnStats
+from kvlab.chat.prefix import PrefixReport, PromptResult
 from kvlab.strategies import StrategyError, make_strategy
 from kvlab.strategies.base import names_with
 from kvlab.ui import chat_view as chat_tab

@@ -6,7 +6,7 @@ import io
 import pytest
 import torch
 
-from kvlab.cli import progress
+from kvlab.cli.compare import progress
 from kvlab.generation import GenerationSettings
 from kvlab.runner import collect, run_compare
 

@@ -165,7 +165,7 @@ def test_the_diverge_command_refuses_bad_input_before_loading_a_model(argv, mess
 def test_the_diverge_document_has_per_step_per_layer_records(tiny):
     import json
 
-    from kvlab.inspect.diverge_cli import document, parse_strategy, step_line
+    from kvlab.cli.diverge import document, parse_strategy, step_line
 
     session, records = lockstep(tiny, parse_strategy("loop:full_sequence"),
                                 settings=GenerationSettings(max_new_tokens=3, stop_at_eos=False))

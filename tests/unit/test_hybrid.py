@@ -7,10 +7,10 @@ import dataclasses
 import pytest
 import torch
 
-from kvlab.chat import ChatSession, ChatTurnDone
+from kvlab.chat.session import ChatSession, ChatTurnDone
 from kvlab.generation import GenerationSettings
 from kvlab.models import LoadedModel, ModelSpec
-from kvlab.reuse import held_tokens
+from kvlab.chat.reuse import held_tokens
 from kvlab.runner import collect, run_compare
 from kvlab.strategies import make_strategy
 

@@ -7,7 +7,7 @@ import torch
 
 from kvlab.engine import Decoder
 from kvlab.generation import GenerationSettings, encode_prompt
-from kvlab.inspector import MAX_INSPECT_STEPS, InspectSession
+from kvlab.inspect.inspector import MAX_INSPECT_STEPS, InspectSession
 from kvlab.strategies import make_strategy
 from kvlab.ui.code import LOOP_VALUES, loop_snippet
 from kvlab.ui.inspect_view import (
@@ -183,12 +183,10 @@ def test_bad_input_is_shown_and_reset_starts_over(tab):
 
 @pytest.mark.parametrize("steps", [0, -3, MAX_INSPECT_STEPS + 1])
 def test_the_inspect_command_names_its_steps_option_and_range(steps):
-    import argparse
+    from kvlab.cli import build_parser
+    from kvlab.cli.common import fill_model_defaults
+    from kvlab.cli.inspect import _session
 
-    from kvlab.inspector_cli import _session, add_parser
-
-    parser = argparse.ArgumentParser()
-    add_parser(parser.add_subparsers())
-    args = parser.parse_args(["inspect", "--prompt", "Hi", "--steps", str(steps)])
+    args = fill_model_defaults(build_parser().parse_args(["inspect", "--prompt", "Hi", "--steps", str(steps)]))
     with pytest.raises(ValueError, match=rf"--steps must be from 1 to {MAX_INSPECT_STEPS}, got {steps}"):
         _session(args)

@@ -10,7 +10,7 @@ import torch
 from kvlab.accounting import LAYER_PARTS, layer_bytes_by_device, layer_parts
 from kvlab.engine import Decoder
 from kvlab.generation import GenerationSettings
-from kvlab.inspector import MAX_INSPECT_STEPS, InspectError, InspectSession, layer_rows
+from kvlab.inspect.inspector import MAX_INSPECT_STEPS, InspectError, InspectSession, layer_rows
 from kvlab.runner import collect, run_compare
 from kvlab.strategies import make_strategy
 

@@ -6,8 +6,8 @@ hands to Compare."""
 import pytest
 from matplotlib.figure import Figure
 
-from kvlab.catalog import known_models
-from kvlab.planner import GIB
+from kvlab.plan.catalog import known_models
+from kvlab.plan.planner import GIB
 from kvlab.ui.knobs import NO_STRATEGY, knob_defaults
 from kvlab.ui.plan_view import (
     BUDGET_CARDS,

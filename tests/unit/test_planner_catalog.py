@@ -8,8 +8,8 @@ growing at their window. No weights, no bundled model.
 
 import pytest
 
-from kvlab.catalog import ConfigError, CatalogEntry, known_models, load_catalog
-from kvlab.planner import PlanRequest, plan
+from kvlab.plan.catalog import ConfigError, CatalogEntry, known_models, load_catalog
+from kvlab.plan.planner import PlanRequest, plan
 
 REQUIRED = [
     "meta-llama/Llama-3.1-8B-Instruct", "meta-llama/Llama-3.3-70B-Instruct", "Qwen/Qwen2.5-7B-Instruct",
@@ -119,7 +119,7 @@ def test_hybrid_models_refuse_quantized_and_sink_with_compares_reasons():
 
 
 def test_a_bad_catalog_file_names_the_field(tmp_path, monkeypatch):
-    import kvlab.catalog as catalog
+    import kvlab.plan.catalog as catalog
 
     (tmp_path / "bad.yaml").write_text("hub_id: not a hub id\nsource: https://huggingface.co/x\nconfig: {}\n")
     monkeypatch.setattr(catalog, "CATALOG_DIR", tmp_path)

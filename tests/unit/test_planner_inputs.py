@@ -11,9 +11,9 @@ from types import SimpleNamespace
 import psutil
 import pytest
 
-from kvlab.catalog import load_catalog
+from kvlab.plan.catalog import load_catalog
 from kvlab.cli import main
-from kvlab.planner import GIB, PlanError, PlanRequest, plan
+from kvlab.plan.planner import GIB, PlanError, PlanRequest, plan
 from kvlab.strategies import make_strategy
 from kvlab.strategies.base import parse_strategy_list
 

@@ -16,7 +16,7 @@ from kvlab.accounting import layer_bytes_by_device
 from kvlab.engine import Decoder
 from kvlab.generation import GenerationSettings
 from kvlab.models import LoadedModel, ModelSpec
-from kvlab.planner import PlanRequest, plan
+from kvlab.plan.planner import PlanRequest, plan
 from kvlab.strategies import make_strategy
 
 PROMPT, NEW = 100, 20

@@ -9,7 +9,8 @@ import torch
 from kvlab.events import ColumnDone, ColumnError, ColumnStarted, FidelityScored, MemorySample, RunDone, StepMetrics, TokenEvent
 from kvlab.generation import GenerationSettings
 from kvlab.compute import compute, compute_iter
-from kvlab.runner import Column, collect, parallel_threads, run_compare, shared_threads
+from kvlab.columns import Column
+from kvlab.runner import collect, parallel_threads, run_compare, shared_threads
 from kvlab.strategies import make_strategy
 from kvlab.strategies.dynamic import Dynamic
 

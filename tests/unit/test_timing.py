@@ -9,7 +9,8 @@ import torch
 
 from kvlab import timing
 
-from kvlab.cli import build_parser, resolve_compare
+from kvlab.cli import build_parser
+from kvlab.cli.compare import resolve_compare
 from kvlab.events import ColumnResult, RunDone, RunPhase
 from kvlab.generation import GenerationSettings
 from kvlab.report import best_marks, best_sets, summary_rows

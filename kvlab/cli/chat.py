@@ -25,9 +25,9 @@ from pathlib import Path
 
 import yaml
 
-from .bundled import SOURCE_HELP
-from .strategies.base import names_with, parse_strategy_list
-from .generation import GenerationSettings
+from ..strategies.base import names_with, parse_strategy_list
+from ..generation import GenerationSettings
+from .common import WEIGHTS_DEFAULTS, model_defaults
 
 EXIT_USAGE = 2
 
@@ -36,9 +36,9 @@ class CliInputError(ValueError):
     """A file or flag the command cannot use; the message says which and why."""
 
 
-def add_parser(sub) -> None:
-    """Add the `chat` and `prefix` subcommands to `python -m kvlab`'s subparsers."""
-    chat = sub.add_parser("chat", help="run a scripted multi-turn chat with one cache kept across turns")
+def add_parser(sub, parents) -> None:
+    """Add the `chat` and `prefix` subcommands; `parents` holds the shared `--model/--dtype/--device` parent."""
+    chat = sub.add_parser("chat", parents=parents, help="run a scripted multi-turn chat with one cache kept across turns")
     chat.add_argument("--turns", required=True, help="YAML file: a list of user messages")
     chat.add_argument("--strategy", default="dynamic",
                       help="one strategy, knobs after colons: dynamic | static:max_cache_len=512 | "
@@ -53,7 +53,7 @@ def add_parser(sub) -> None:
     _add_common(chat)
     chat.set_defaults(func=cmd_chat)
 
-    prefix = sub.add_parser("prefix", help="prefill a shared prefix once and answer several prompts from copies of it")
+    prefix = sub.add_parser("prefix", parents=parents, help="prefill a shared prefix once and answer several prompts from copies of it")
     prefix.add_argument("--prefix", required=True, help="text file: the shared system prompt or document")
     prefix.add_argument("--prompts", required=True, help="YAML file: a list of prompts")
     prefix.add_argument("--strategy", default="dynamic",
@@ -66,9 +66,7 @@ def add_parser(sub) -> None:
 
 
 def _add_common(parser) -> None:
-    parser.add_argument("--model", default="bundled", help=SOURCE_HELP)
-    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda", "mps"])
+    model_defaults(parser, WEIGHTS_DEFAULTS)
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--sample", action="store_true", help="sample instead of greedy")
     parser.add_argument("--temperature", type=float, default=1.0)
@@ -122,7 +120,7 @@ def _one_spec(text: str) -> dict:
 
 
 def _cache_keeping(spec: dict):
-    from .strategies import make_strategy
+    from ..strategies import make_strategy
 
     strategy = make_strategy(spec)
     if not strategy.usable_in_chat:
@@ -148,7 +146,7 @@ def parse_chat_strategy(text: str, fallback: str | None = None):
     Raises:
         CliInputError, StrategyError: as `parse_strategy`, or a bad budget or chain.
     """
-    from .budget import parse_budget
+    from ..budget import parse_budget
 
     spec = _one_spec(text)
     budget_mib, chain = spec.pop("budget_mib", None), spec.pop("fallback", fallback)
@@ -167,7 +165,7 @@ def settings_from(args) -> GenerationSettings:
 
 
 def _load(args):
-    from .models import ModelSpec, load_model
+    from ..models import ModelSpec, load_model
 
     return load_model(ModelSpec(args.model, args.dtype, args.device),
                       progress=lambda fraction, message: print(f"[model] {message}", file=sys.stderr))
@@ -202,8 +200,8 @@ def measured_turn(turn: int, every: int) -> bool:
 def cmd_chat(args) -> int:
     """Run the scripted conversation; 0 on success, 2 when it cannot start, 1 when a turn fails, 130 when
     interrupted. The JSON record is rewritten after every turn, so an interrupt keeps every finished turn."""
-    from .chat import ChatSession
-    from .models import ModelLoadError
+    from ..chat.session import ChatSession
+    from ..models import ModelLoadError
 
     try:
         turns = read_message_list(args.turns, "turns")
@@ -236,7 +234,7 @@ def cmd_chat(args) -> int:
 
 def _chat_turns(session, turns: list[str], args, record: dict) -> int:
     """Send every turn, printing a row and rewriting the JSON after each; the exit status."""
-    from .chat import ChatInputError, ChatTurnDone, ChatTurnFailed
+    from ..chat.session import ChatInputError, ChatTurnDone, ChatTurnFailed
 
     for number, text in enumerate(turns, 1):
         measure = args.verify or measured_turn(number, args.no_reuse_every)
@@ -262,8 +260,8 @@ def _chat_turns(session, turns: list[str], args, record: dict) -> int:
 
 def cmd_prefix(args) -> int:
     """Answer every prompt after the shared prefix; 0 on success, 2 when it cannot start."""
-    from .models import ModelLoadError
-    from .prefix import run_prefix_reuse
+    from ..models import ModelLoadError
+    from ..chat.prefix import run_prefix_reuse
 
     try:
         prefix = read_text(args.prefix, "prefix")

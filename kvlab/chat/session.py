@@ -29,7 +29,7 @@ the conversation's cache to the next strategy of the fallback chain (every id so
 far re-prefilled into it); later turns go on with that cache, and the turn's
 stats list the switch.
 
-How much to reuse is decided by `kvlab.reuse.plan_reuse` from the strategy's
+How much to reuse is decided by `kvlab.chat.reuse.plan_reuse` from the strategy's
 capabilities (`can_crop`, `is_streaming`, `capacity`); the tokens go through
 the engine (`kvlab.engine`), so a strategy's own forward (e.g. a compiled static
 decode step) applies in chat exactly as in Compare. This module runs and
@@ -44,12 +44,12 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
-from .accounting import cache_bytes
-from .compute import compute_iter
-from .generation import GenerationSettings, encode_prompt
+from ..accounting import cache_bytes
+from ..compute import compute_iter
+from ..generation import GenerationSettings, encode_prompt
 from .reuse import ReusePlan, Reply, generate_reply, held_tokens, plan_reuse, reply_stream, suggested_capacity
 from .reuse import time_to_first_token
-from .strategies import Strategy, StrategyError
+from ..strategies import Strategy, StrategyError
 
 PLAIN_TEXT_NOTE = ("base model (no chat template): the conversation is joined as plain text, one 'User: ...' / "
                    "'Assistant: ...' line per turn, and the model continues it (it may write the next 'User:' "

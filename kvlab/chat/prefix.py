@@ -30,12 +30,12 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .accounting import cache_bytes
-from .compute import compute
-from .engine import forward
-from .generation import GenerationSettings, encode_prompt
+from ..accounting import cache_bytes
+from ..compute import compute
+from ..engine import forward
+from ..generation import GenerationSettings, encode_prompt
 from .reuse import Reply, common_prefix_length, generate_reply, held_tokens, reply_stream
-from .strategies import Strategy, StrategyError
+from ..strategies import Strategy, StrategyError
 
 MAX_PROMPTS = 32
 """Most prompts one prefix run answers."""

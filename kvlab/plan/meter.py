@@ -27,7 +27,7 @@ Layers that hold recurrent or convolution states (state-space, linear attention)
 are measured by running the shrunk model itself for a prefill and one decode step
 with the strategy's cache; their bytes must not change between the two.
 
-This module measures; planning and explaining are `kvlab.planner`'s job.
+This module measures; planning and explaining are `kvlab.plan.planner`'s job.
 """
 
 from __future__ import annotations
@@ -37,9 +37,9 @@ from dataclasses import dataclass
 
 import torch
 
-from .accounting import layer_bytes_by_device
-from .planner_probe import Architecture, LayerGroup, StandIn, meta_model, shrunk_config
-from .strategies import StrategyError
+from ..accounting import layer_bytes_by_device
+from .probe import Architecture, LayerGroup, StandIn, meta_model, shrunk_config
+from ..strategies import StrategyError
 
 META = torch.device("meta")
 PERIOD_ELEMENTS_PER_GROUP = 40
@@ -102,7 +102,7 @@ class StrategyMeter:
     """Exact bytes of one layer of each KV group of `arch` under `strategy`'s cache.
 
     Args:
-        arch: the probed model (`kvlab.planner_probe.describe_architecture`).
+        arch: the probed model (`kvlab.plan.probe.describe_architecture`).
         strategy: a `kvlab.strategies.Strategy` (the one Compare would run).
         batch: sequences in the batch, >= 1.
         dtype: dtype of the keys and values written.

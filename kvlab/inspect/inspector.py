@@ -25,11 +25,11 @@ from dataclasses import asdict, dataclass, replace
 
 import torch
 
-from .accounting import LAYER_PARTS, QUANTIZED_ATTRIBUTES, layer_bytes_by_device, layer_parts
-from .engine import Decoder, ForwardTrace, forward
-from .generation import GenerationSettings
-from .strategies import Strategy
-from .strategies.dynamic import Dynamic
+from ..accounting import LAYER_PARTS, QUANTIZED_ATTRIBUTES, layer_bytes_by_device, layer_parts
+from ..engine import Decoder, ForwardTrace, forward
+from ..generation import GenerationSettings
+from ..strategies import Strategy
+from ..strategies.dynamic import Dynamic
 
 MAX_INSPECT_STEPS = 512
 """Most tokens one Inspect session generates (each step is kept with its per-layer table)."""

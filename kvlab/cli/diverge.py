@@ -14,15 +14,15 @@ import json
 import sys
 from pathlib import Path
 
-from ..bundled import SOURCE_HELP
-from .diverge import MAX_DIVERGE_STEPS, first_layer_with
+from ..inspect.diverge import MAX_DIVERGE_STEPS, first_layer_with
+from .common import WEIGHTS_DEFAULTS, model_defaults
 
 EXIT_USAGE = 2
 DEFAULT_STEPS = 16
 
 
-def add_parser(subparsers, parents=()) -> None:
-    """Add the `diverge` subcommand to `python -m kvlab`'s subparsers (`parents`: shared parent parsers)."""
+def add_parser(subparsers, parents) -> None:
+    """Add the `diverge` subcommand; `parents` holds the shared `--model/--dtype/--device` parent."""
     p = subparsers.add_parser("diverge", parents=list(parents),
                               help="step a lossy cache beside a dense reference and show where, layer by layer, "
                                    "they part")
@@ -35,11 +35,9 @@ def add_parser(subparsers, parents=()) -> None:
     p.add_argument("--plain", action="store_true", help="tokenize the prompt as plain text, without the chat template")
     p.add_argument("--steps", type=int, default=DEFAULT_STEPS,
                    help=f"tokens to generate, one lockstep step each (1..{MAX_DIVERGE_STEPS}, default {DEFAULT_STEPS})")
-    p.add_argument("--model", default="bundled", help=SOURCE_HELP)
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda", "mps"])
     p.add_argument("--ignore-eos", action="store_true", help="keep generating past the end-of-sequence token")
     p.add_argument("--json", help="write the per-step, per-layer records to this file")
+    model_defaults(p, WEIGHTS_DEFAULTS)
     p.set_defaults(func=run)
 
 
@@ -47,7 +45,7 @@ def parse_strategy(text: str):
     """A registered strategy or a loop variant from its command-line spelling. Raises ValueError (StrategyError)."""
     from ..strategies import make_strategy
     from ..strategies.base import parse_strategy_item
-    from .loops import LOOP_VARIANTS
+    from ..inspect.loops import LOOP_VARIANTS
 
     text = text.strip()
     if text in LOOP_VARIANTS:
@@ -80,7 +78,7 @@ def _session(args):
     """(loaded model, DivergeSession). Raises ValueError (StrategyError, InspectError) or ModelLoadError."""
     from ..generation import GenerationSettings, encode_prompt
     from ..models import ModelSpec, load_model
-    from .diverge import DivergeSession
+    from ..inspect.diverge import DivergeSession
 
     if not args.prompt.strip():
         raise ValueError("the prompt is empty: type something to generate from")

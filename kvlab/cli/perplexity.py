@@ -10,8 +10,7 @@ import math
 import sys
 from pathlib import Path
 
-from .bundled import SOURCE_HELP
-from .perplexity import (
+from ..perplexity import (
     DEFAULT_MAX_TOKENS,
     DEFAULT_SINKS,
     DEFAULT_STRATEGIES,
@@ -22,10 +21,12 @@ from .perplexity import (
     ppl_by_segment,
     stream_many,
 )
+from .common import WEIGHTS_DEFAULTS, model_defaults
 
 
-def add_parser(sub) -> None:
-    p = sub.add_parser("perplexity", help="long-text perplexity under several caches (StreamingLLM's figure)")
+def add_parser(sub, parents) -> None:
+    """Add the `perplexity` subcommand; `parents` holds the shared `--model/--dtype/--device` parent."""
+    p = sub.add_parser("perplexity", parents=parents, help="long-text perplexity under several caches (StreamingLLM's figure)")
     p.add_argument("--text", help="UTF-8 text file (default: Python's own help topics, pydoc_data.topics)")
     p.add_argument("--strategies", default=DEFAULT_STRATEGIES,
                    help=f"comma list, knobs after colons, as in compare (default {DEFAULT_STRATEGIES}: dense, "
@@ -36,14 +37,14 @@ def add_parser(sub) -> None:
                    help="num_sink_tokens of sink columns that do not set it")
     p.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS, help="tokens of the text to stream")
     p.add_argument("--segment", type=int, help="tokens per perplexity segment (default: the window)")
-    p.add_argument("--model", default="bundled", help=SOURCE_HELP)
     p.add_argument("--json", help="write nll, ppl_by_segment and cache_bytes per strategy here")
+    model_defaults(p, WEIGHTS_DEFAULTS)
     p.set_defaults(func=cmd_perplexity)
 
 
 def _prepare(args):
     """(loaded model, ids, {label: strategy}, segment). Raises OSError, ValueError or ModelLoadError."""
-    from .models import ModelSpec, load_model
+    from ..models import ModelSpec, load_model
 
     segment = args.window if args.segment is None else args.segment
     if segment < 1:
@@ -52,7 +53,7 @@ def _prepare(args):
         raise ValueError(f"--max-tokens must be at least 2, got {args.max_tokens}")
     parse_perplexity_strategies(args.strategies, args.window, args.sinks)
     text = Path(args.text).read_text(encoding="utf-8") if args.text else default_text()
-    loaded = load_model(ModelSpec(source=args.model))
+    loaded = load_model(ModelSpec(args.model, args.dtype, args.device))
     ids = loaded.tokenizer(text, return_tensors="pt")["input_ids"][:, :args.max_tokens]
     if ids.shape[1] < 2:
         raise ValueError("the text has fewer than 2 tokens")
@@ -60,7 +61,7 @@ def _prepare(args):
 
 
 def cmd_perplexity(args) -> int:
-    from .models import ModelLoadError
+    from ..models import ModelLoadError
 
     try:
         loaded, ids, strategies, segment = _prepare(args)

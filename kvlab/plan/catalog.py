@@ -25,7 +25,7 @@ checkout's `presets/models`, or `<prefix>/share/kvlab/presets/models` after a re
 
 def catalog_dir() -> Path:
     """Where the catalog files are read from (see `CATALOG_DIR`)."""
-    from .presets import presets_dir
+    from ..presets import presets_dir
 
     return CATALOG_DIR if CATALOG_DIR is not None else presets_dir() / "models"
 
@@ -113,7 +113,7 @@ def resolve_config(source) -> ResolvedConfig:
             disabled (KVLAB_ALLOW_LOCAL / KVLAB_ALLOW_HUB), or a name that is neither in the
             catalog nor reachable; the message lists the catalog's hub ids.
     """
-    from .models import BUNDLED, allow_hub, allow_local_folders
+    from ..models import BUNDLED, allow_hub, allow_local_folders
 
     if isinstance(source, ResolvedConfig):
         return source
@@ -154,8 +154,8 @@ def _bundled_config(key: str) -> ResolvedConfig:
     conversion; Gemma's file is assembled from its chunk packages for the read and removed after)."""
     import shutil
 
-    from .bundled import bundled_model, gguf_path
-    from .model_cache import ModelLoadError, converted_folder
+    from ..bundled import bundled_model, gguf_path
+    from ..model_cache import ModelLoadError, converted_folder
 
     try:
         model = bundled_model(key)
@@ -176,7 +176,7 @@ def _bundled_config(key: str) -> ResolvedConfig:
 
 
 def _hub_config(hub_id: str):
-    from .models import hub_reachable
+    from ..models import hub_reachable
 
     online = hub_reachable()
     try:

@@ -1,7 +1,7 @@
 """Reusing a KV cache for a new input: what to feed, what to crop, and the replies generated on top.
 
-Shared by the chat (`kvlab.chat`, one cache kept across turns) and prefix reuse
-(`kvlab.prefix`, copies of one prefilled cache). `plan_reuse` compares the ids
+Shared by the chat (`kvlab.chat.session`, one cache kept across turns) and prefix reuse
+(`kvlab.chat.prefix`, copies of one prefilled cache). `plan_reuse` compares the ids
 that went through a cache with the new input's ids and decides:
 
 - `fresh`: nothing cached yet, feed everything.
@@ -28,9 +28,9 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
-from .budget import ResilientSteps
-from .engine import Decoder
-from .generation import GenerationSettings, IncrementalDetokenizer
+from ..budget import ResilientSteps
+from ..engine import Decoder
+from ..generation import GenerationSettings, IncrementalDetokenizer
 
 CAPACITY_ROUNDING = 256
 """Suggested fixed-size capacities are rounded up to a multiple of this many tokens."""

@@ -15,7 +15,7 @@ From a transformers config this module finds:
   caches from (its rotary embedding is rebuilt on the CPU for the sink cache).
 
 Nothing is allocated at full size and no weights are read. This module probes;
-measuring bytes is `kvlab.planner_measure`'s job.
+measuring bytes is `kvlab.plan.meter`'s job.
 """
 
 from __future__ import annotations

@@ -8,9 +8,9 @@ context the cache bytes (total and per layer type), the weights bytes, their sum
 whether it fits a budget, the longest context that fits, and a one-line
 explanation.
 
-Method: `kvlab.planner_probe` finds the layer groups and what each layer writes
+Method: `kvlab.plan.probe` finds the layer groups and what each layer writes
 to its cache from a shrunk copy of the model on the meta device;
-`kvlab.planner_measure` runs each strategy's real cache on one layer per group and
+`kvlab.plan.meter` runs each strategy's real cache on one layer per group and
 counts its bytes with `kvlab.accounting`; this module multiplies by the layers
 of each group, adds the weights, searches the budget and explains. A context of
 10^7 tokens is numbers, not memory: nothing is allocated at full size.
@@ -21,7 +21,7 @@ cache streams it through its window in chunks, as Compare does); with
 one token at a time, which matters for quantized caches (their residual).
 `offloaded` and `offloaded_static` need CUDA to run; they are planned from the
 on-device cache they offload (`dynamic`, `static`), with the bytes that stay on the
-GPU counted apart. This module plans; it does not render (see `kvlab.planner_cli`).
+GPU counted apart. This module plans; it does not render (see `kvlab.cli.plan`).
 """
 
 from __future__ import annotations
@@ -30,12 +30,12 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .planner_explain import explain, strategy_notes
-from .planner_measure import FAR_TOKENS, GroupLaw, MeasureError, StrategyMeter, linear_state_bytes
-from .planner_probe import Architecture, ProbeError, describe_architecture
-from .strategies import StrategyError, make_strategy
-from .strategies.dynamic import Dynamic
-from .strategies.static import Static
+from .explain import explain, strategy_notes
+from .meter import FAR_TOKENS, GroupLaw, MeasureError, StrategyMeter, linear_state_bytes
+from .probe import Architecture, ProbeError, describe_architecture
+from ..strategies import StrategyError, make_strategy
+from ..strategies.dynamic import Dynamic
+from ..strategies.static import Static
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 MAX_CONTEXTS = 64
@@ -378,7 +378,7 @@ def warm_up() -> None:
     Raises:
         PlanError: the catalog entry cannot be planned.
     """
-    from .strategies import STRATEGIES
+    from ..strategies import STRATEGIES
 
     specs = [{"strategy": name} for name in STRATEGIES]
     specs += [{"strategy": "quantized", "backend": "hqq"}, {"strategy": "quantized", "backend": "fp8"}]

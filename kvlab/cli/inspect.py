@@ -1,7 +1,7 @@
 """`python -m kvlab inspect`: step one strategy's generation loop and record what its cache holds after every step.
 
 `inspect --strategy sink:window_length=32 --prompt "..." --steps 40 --json OUT` runs the engine's own loop
-(`kvlab.inspector.InspectSession`) for `--steps` tokens, prints one line per step (token, fed ids, positions,
+(`kvlab.inspect.inspector.InspectSession`) for `--steps` tokens, prints one line per step (token, fed ids, positions,
 cache bytes, tokens held) and writes one record per step (`StepRecord.to_json`: the forwards' `input_ids`
 shape, `cache_position`, `position_ids`, attention-mask shape, the token, the top-5 and, for a lossy strategy,
 the dynamic cache's top-5 and the KL between them, and the per-layer table with its token strips). Bad input
@@ -14,16 +14,16 @@ import json
 import sys
 from pathlib import Path
 
-from .bundled import SOURCE_HELP
-from .inspector import MAX_INSPECT_STEPS
+from ..inspect.inspector import MAX_INSPECT_STEPS
+from .common import WEIGHTS_DEFAULTS, model_defaults
 
 EXIT_USAGE = 2
 DEFAULT_STEPS = 32
 
 
-def add_parser(sub) -> None:
-    """Add the `inspect` subcommand to `python -m kvlab`'s subparsers."""
-    p = sub.add_parser("inspect", help="step one strategy's generation loop and record its cache after each step")
+def add_parser(sub, parents) -> None:
+    """Add the `inspect` subcommand; `parents` holds the shared `--model/--dtype/--device` parent."""
+    p = sub.add_parser("inspect", parents=parents, help="step one strategy's generation loop and record its cache after each step")
     p.add_argument("--strategy", default="dynamic",
                    help="one strategy, knobs after colons: sink:window_length=32 | quantized:backend=hqq:nbits=4 "
                         "(default dynamic)")
@@ -32,9 +32,6 @@ def add_parser(sub) -> None:
     p.add_argument("--plain", action="store_true", help="tokenize the prompt as plain text, without the chat template")
     p.add_argument("--steps", type=int, default=DEFAULT_STEPS,
                    help=f"tokens to generate, one step each (1..{MAX_INSPECT_STEPS}, default {DEFAULT_STEPS})")
-    p.add_argument("--model", default="bundled", help=SOURCE_HELP)
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda", "mps"])
     p.add_argument("--sample", action="store_true", help="sample instead of greedy")
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--top-p", type=float, default=1.0)
@@ -42,16 +39,17 @@ def add_parser(sub) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--ignore-eos", action="store_true", help="keep generating past the end-of-sequence token")
     p.add_argument("--json", help="write the per-step records to this file")
+    model_defaults(p, WEIGHTS_DEFAULTS)
     p.set_defaults(func=cmd_inspect)
 
 
 def _session(args):
     """(loaded model, InspectSession). Raises ValueError (StrategyError, InspectError) or ModelLoadError."""
-    from .generation import GenerationSettings, encode_prompt
-    from .inspector import InspectSession
-    from .models import ModelSpec, load_model
-    from .strategies import make_strategy
-    from .strategies.base import parse_strategy_item
+    from ..generation import GenerationSettings, encode_prompt
+    from ..inspect.inspector import InspectSession
+    from ..models import ModelSpec, load_model
+    from ..strategies import make_strategy
+    from ..strategies.base import parse_strategy_item
 
     if not args.prompt.strip():
         raise ValueError("the prompt is empty: type something to generate from")
@@ -79,8 +77,8 @@ def step_line(record) -> str:
 
 
 def cmd_inspect(args) -> int:
-    from .compute import compute_iter
-    from .models import ModelLoadError
+    from ..compute import compute_iter
+    from ..models import ModelLoadError
 
     try:
         loaded, session = _session(args)

@@ -17,7 +17,9 @@ from pathlib import Path
 DEFAULT_CONTEXTS = "1024,32768,131072"
 
 
-def add_parser(sub) -> None:
+def add_parser(sub, parents) -> None:
+    """Add the `plan` subcommand. It loads no weights and has no device, so it declares its own `--model`
+    (catalog ids too) and `--dtype` instead of taking the shared parent in `parents`."""
     p = sub.add_parser("plan", help="plan the exact KV-cache bytes of any model at any context, without its weights")
     p.add_argument("--model", default="bundled", help="'bundled', 'bundled:gemma-3-270m', a catalog hub id (see "
                    "--list-models), a folder with config.json, or a hub id (where the hub is reachable)")
@@ -48,8 +50,8 @@ def _integers(text: str, name: str) -> list[int]:
 
 def build_request(args):
     """The `PlanRequest` of the parsed arguments. Raises ValueError with the reason (bad numbers or strategies)."""
-    from .planner import GIB, PlanRequest
-    from .strategies.base import parse_strategy_list
+    from ..plan.planner import GIB, PlanRequest
+    from ..strategies.base import parse_strategy_list
 
     budget = None
     if args.budget_gib is not None:
@@ -71,7 +73,7 @@ def build_request(args):
 
 def format_plan(result) -> str:
     """The plan as a text table plus one explanation (and notes) per strategy."""
-    from .planner import gib
+    from ..plan.planner import gib
 
     rows = []
     for strategy in result.strategies:
@@ -109,8 +111,8 @@ def _table(rows: list[dict]) -> str:
 
 
 def cmd_plan(args) -> int:
-    from .catalog import ConfigError, known_models
-    from .planner import PlanError, plan
+    from ..plan.catalog import ConfigError, known_models
+    from ..plan.planner import PlanError, plan
 
     if args.list_models:
         try:

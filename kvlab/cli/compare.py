@@ -1,4 +1,4 @@
-"""Command line: `kvlab compare|...` (or `python -m kvlab compare|...`).
+"""`kvlab compare` (or `python -m kvlab compare`): one prompt under several cache strategies, headless.
 
 `compare` runs a preset (or strategies named on the command line) headless,
 prints one summary row per column and optionally writes JSON. A column may
@@ -12,22 +12,19 @@ with the reason in one line on stderr, 1 when no column finished, else 0.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import threading
 from pathlib import Path
 
-from .bundled import SOURCE_HELP
-from . import bench, chat_cli, inspector_cli, perplexity_cli, planner_cli
-from .generation import encode_prompt
-from .inspect import diverge_cli
-from .strategies.base import parse_strategy_item, split_strategy_list
-from .report import format_table, run_record, summary_rows
+from ..generation import encode_prompt
+from ..strategies.base import parse_strategy_item, split_strategy_list
+from ..report import format_table, run_record, summary_rows
 
 
-def add_compare(sub) -> None:
-    p = sub.add_parser("compare", help="run one prompt under several cache strategies, side by side")
+def add_parser(sub, parents) -> None:
+    """Add the `compare` subcommand; `parents` holds the shared `--model/--dtype/--device` parent."""
+    p = sub.add_parser("compare", parents=parents, help="run one prompt under several cache strategies, side by side")
     p.add_argument("--preset", help="preset YAML file (or the name of one in presets/)")
     p.add_argument("--prompt", help="prompt text (overrides the preset's)")
     p.add_argument("--system", help="system prompt for chat models")
@@ -37,9 +34,6 @@ def add_compare(sub) -> None:
     p.add_argument("--fallback", help="fallback chain for budgeted columns that name none, items joined by '>': "
                                       "\"quantized:backend=hqq:nbits=4:residual_length=32>sink:window_length=64\" "
                                       "(default: [offloaded on CUDA >] quantized hqq int4 > sink)")
-    p.add_argument("--model", help=SOURCE_HELP)
-    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"])
-    p.add_argument("--device", choices=["auto", "cpu", "cuda", "mps"])
     p.add_argument("--max-new-tokens", type=int)
     p.add_argument("--sample", action="store_true", help="sample instead of greedy")
     p.add_argument("--temperature", type=float)
@@ -66,8 +60,8 @@ def resolve_compare(args) -> dict:
 
     Raises PresetError / ValueError with the reason (the caller prints it).
     """
-    from .models import ModelSpec
-    from .presets import parse_preset
+    from ..models import ModelSpec
+    from ..presets import parse_preset
 
     preset = _base_preset(args)
     data = preset.model_dump()
@@ -82,7 +76,7 @@ def resolve_compare(args) -> dict:
 
 
 def _base_preset(args):
-    from .presets import load_preset, parse_preset
+    from ..presets import load_preset, parse_preset
 
     if args.strategies is not None and not split_strategy_list(args.strategies):
         raise ValueError("--strategies is empty: name at least one, e.g. dynamic,static")
@@ -131,7 +125,7 @@ def _apply_flags(data: dict, args) -> None:
 def _column(item: str, fallback: str | None = None):
     """A runner Column for one `--strategies` item (a budgeted one falls back along `fallback` unless it names
     its own), or a rejected one carrying the reason."""
-    from .runner import Column
+    from ..columns import Column
 
     try:
         spec = parse_strategy_item(item)
@@ -144,7 +138,7 @@ def _column(item: str, fallback: str | None = None):
 
 def cmd_replay(args) -> int:
     """Print a recorded run's label and summary table; 2 when the file cannot be replayed."""
-    from .replay import RecordError, load_record
+    from ..replay import RecordError, load_record
 
     others = [flag for flag in ("preset", "prompt", "strategies", "model") if getattr(args, flag)]
     try:
@@ -162,7 +156,7 @@ def cmd_replay(args) -> int:
 def progress(events, out=None):
     """Pass a run's events through, writing one progress line per column start and end and per phase to
     `out` (stderr): `[column 2] quantized hqq int4: done, 64 tokens`. The summary table stays on stdout."""
-    from .events import ColumnDone, ColumnError, ColumnStarted, RunPhase
+    from ..events import ColumnDone, ColumnError, ColumnStarted, RunPhase
 
     out = out or sys.stderr
     for event in events:
@@ -181,8 +175,8 @@ def progress(events, out=None):
 
 
 def cmd_compare(args) -> int:
-    from .models import ModelLoadError, load_model
-    from .runner import run_compare, collect
+    from ..models import ModelLoadError, load_model
+    from ..runner import run_compare, collect
 
     if args.replay:
         return cmd_replay(args)
@@ -212,19 +206,3 @@ def cmd_compare(args) -> int:
         print(f"wrote {args.json}", file=sys.stderr)
     return 0 if any(result.status == "ok" for result in done.results) else 1
 
-
-def build_parser(prog: str = "kvlab") -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="command", required=True)
-    add_compare(sub)
-    for module in (chat_cli, perplexity_cli, planner_cli, inspector_cli, bench):
-        module.add_parser(sub)
-    diverge_cli.add_parser(sub)
-    return parser
-
-
-def main(argv: list[str] | None = None, prog: str = "kvlab") -> int:
-    """Run one subcommand; `prog` is the name usage lines show (`kvlab` or `python -m kvlab`)."""
-    parser = build_parser(prog)
-    args = parser.parse_args(argv)
-    return args.func(args)

@@ -1,0 +1,43 @@
+"""Command line: `kvlab compare|chat|prefix|perplexity|plan|inspect|diverge|bench` (or `python -m kvlab ...`).
+
+One parser with one subparser per subcommand. Each subcommand module in
+`SUBCOMMANDS` exposes `add_parser(subparsers, parents)`, which adds its
+subparser(s) and sets `func` to its run function; `parents` holds the shared
+`--model/--dtype/--device` parent (`kvlab.cli.common`) for subcommands that load
+a model. Registering a new subcommand is one line in `SUBCOMMANDS`. This module
+builds and dispatches the parser; the work is each subcommand module's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+
+from .common import fill_model_defaults, model_parent
+
+SUBCOMMANDS = (
+    "kvlab.cli.compare",
+    "kvlab.cli.chat",
+    "kvlab.cli.perplexity",
+    "kvlab.cli.plan",
+    "kvlab.cli.inspect",
+    "kvlab.cli.diverge",
+    "kvlab.bench",
+)
+"""Modules that each expose `add_parser(subparsers, parents)`, in the order `--help` lists them."""
+
+
+def build_parser(prog: str = "kvlab") -> argparse.ArgumentParser:
+    """The whole command line: one subparser per registered subcommand."""
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    parents = [model_parent()]
+    for name in SUBCOMMANDS:
+        importlib.import_module(name).add_parser(sub, parents)
+    return parser
+
+
+def main(argv: list[str] | None = None, prog: str = "kvlab") -> int:
+    """Run one subcommand; `prog` is the name usage lines show (`kvlab` or `python -m kvlab`)."""
+    args = fill_model_defaults(build_parser(prog).parse_args(argv))
+    return args.func(args)

@@ -1,0 +1,72 @@
+"""The package's layout rules, read from the source's import statements (no module is imported).
+
+- Only `kvlab/ui/` (and app.py, outside the package) imports gradio.
+- No file in `kvlab/` imports playwright (the bench's browser driver belongs outside the installed package).
+- Weight-free modules (the planner wing, the preset schema, the columns) import neither the runner nor the
+  modules that run a model.
+"""
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[2] / "kvlab"
+WEIGHT_FREE = ("kvlab.plan", "kvlab.presets", "kvlab.columns")
+RUNTIME_MODULES = ("kvlab.runner", "kvlab.engine", "kvlab.timing", "kvlab.memory", "kvlab.fidelity", "kvlab.report")
+"""What runs (and times) a model: a weight-free module needs none of them."""
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imported_modules(path: Path) -> set[str]:
+    """Every module `path` imports, at any depth of the file, relative imports resolved to absolute names."""
+    package = module_name(path).split(".")
+    if path.name != "__init__.py":
+        package = package[:-1]
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = package[:len(package) - node.level + 1] if node.level else []
+            module = ".".join(base + ([node.module] if node.module else []))
+            names.add(module)
+            names.update(f"{module}.{alias.name}" for alias in node.names)
+    return names
+
+
+def starts_with(name: str, prefixes: tuple[str, ...]) -> bool:
+    return any(name == prefix or name.startswith(prefix + ".") for prefix in prefixes)
+
+
+SOURCES = {module_name(path): imported_modules(path) for path in sorted(PACKAGE.rglob("*.py"))}
+
+
+def offenders(modules, imported: tuple[str, ...]) -> dict[str, list[str]]:
+    return {name: sorted(i for i in SOURCES[name] if starts_with(i, imported)) for name in modules
+            if any(starts_with(i, imported) for i in SOURCES[name])}
+
+
+def test_the_rules_see_the_package():
+    assert {"kvlab.runner", "kvlab.columns", "kvlab.plan.planner", "kvlab.cli", "kvlab.ui.compare_tab"} <= set(SOURCES)
+    assert offenders(["kvlab.ui.compare_tab"], ("gradio",)) and offenders(["kvlab.cli.compare"], ("kvlab.runner",))
+
+
+def test_only_the_ui_imports_gradio():
+    assert offenders([name for name in SOURCES if not starts_with(name, ("kvlab.ui",))], ("gradio",)) == {}
+
+
+@pytest.mark.xfail(reason="the bench's browser driver (kvlab/bench/app_browser.py) moves out of the package in "
+                          "the measurement wing's change", strict=False)
+def test_no_module_imports_playwright():
+    assert offenders(list(SOURCES), ("playwright",)) == {}
+
+
+def test_weight_free_modules_do_not_import_the_runtime():
+    weight_free = [name for name in SOURCES if starts_with(name, WEIGHT_FREE)]
+    assert "kvlab.plan.planner" in weight_free and "kvlab.presets" in weight_free
+    assert offenders(weight_free, RUNTIME_MODULES) == {}
