@@ -275,7 +275,7 @@ class InspectTab:
             yield {self.tabs: gr.Tabs(selected=self.tab_id), self.status: line_html(f"✖ {err}", "error")}
             return
         if link is None:
-            yield {}  # no update at all (a generator that yields nothing would clear every output)
+            yield {self.tabs: gr.update()}  # no change (a generator that yields nothing would clear every output)
             return
         try:
             spec = parse_strategy_item(link.strategy)

@@ -113,4 +113,5 @@ def test_the_tab_opens_a_link_at_its_step_with_both_strategies(tiny_pool):
     assert "**Step 5**" in last[tab.step_info] and "Lockstep with dynamic" in last[tab.diverge_info]
     assert state.session.token_ids == state.diverge.token_ids
     plain = types.SimpleNamespace(query_params={}, session_hash="plain")
-    assert list(tab.open_link(plain)) == [{}]  # a plain page load changes nothing
+    (update,) = list(tab.open_link(plain))  # a plain page load changes nothing
+    assert list(update) == [tabs] and update[tabs] == gr.update()
