@@ -23,7 +23,7 @@ SUBCOMMANDS = (
     "kvlab.cli.inspect",
     "kvlab.cli.diverge",
     "kvlab.bench",
-    "kvlab.needle.cli",
+    "kvlab.cli.needle",
 )
 """Modules that each expose `add_parser(subparsers, parents)`, in the order `--help` lists them."""
 

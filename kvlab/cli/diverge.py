@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import json
 import sys
-from pathlib import Path
 
 from ..inspect.diverge import MAX_DIVERGE_STEPS, first_layer_with
 from .common import WEIGHTS_DEFAULTS, model_defaults
 
 EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
 DEFAULT_STEPS = 16
 
 
@@ -79,6 +79,7 @@ def _session(args):
     from ..generation import GenerationSettings, encode_prompt
     from ..models import ModelSpec, load_model
     from ..inspect.diverge import DivergeSession
+    from .outputs import check_writable
 
     if not args.prompt.strip():
         raise ValueError("the prompt is empty: type something to generate from")
@@ -89,6 +90,7 @@ def _session(args):
         raise ValueError(f"--reference must be an exact cache (dynamic, static), got {reference.describe()}")
     settings = GenerationSettings(max_new_tokens=args.steps, stop_at_eos=not args.ignore_eos, fidelity=False)
     settings.check()
+    check_writable(args.json)
     loaded = load_model(ModelSpec(args.model, args.dtype, args.device),
                         progress=lambda f, m: print(f"[model] {m}", file=sys.stderr))
     prompt_ids = encode_prompt(loaded.tokenizer, args.prompt, args.system, not args.plain)
@@ -99,22 +101,34 @@ def run(args) -> int:
     """Run the `diverge` subcommand; returns the exit status."""
     from ..compute import compute_iter
     from ..models import ModelLoadError
+    from .outputs import OutputError, write_text
 
     try:
         loaded, session = _session(args)
     except (ValueError, ModelLoadError) as err:
         print(f"kvlab diverge: {err}", file=sys.stderr)
         return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("kvlab diverge: interrupted; nothing was written", file=sys.stderr)
+        return EXIT_INTERRUPTED
     explanation = getattr(session.strategy, "explanation", "")
     if explanation:
         print(f"{session.strategy.describe()}: {explanation}")
-    for record in compute_iter(session.steps(args.steps)):
-        print(step_line(record))
+    try:
+        for record in compute_iter(session.steps(args.steps)):
+            print(step_line(record))
+    except KeyboardInterrupt:
+        print(f"kvlab diverge: interrupted after {len(session.records)} steps; the record keeps them",
+              file=sys.stderr)
     first = session.first_divergence
     print(f"{len(session.records)} steps; {session.strategy.describe()} vs {session.reference.describe()}: "
           f"first divergence {'none' if first is None else f'at step {first}'}")
     if args.json:
         prompt = {"text": args.prompt, "system": args.system, "chat": not args.plain}
-        Path(args.json).write_text(json.dumps(document(session, prompt, loaded.info()), indent=1))
+        try:
+            write_text(args.json, json.dumps(document(session, prompt, loaded.info()), indent=1))
+        except OutputError as err:
+            print(f"kvlab diverge: {err}", file=sys.stderr)
+            return EXIT_USAGE
         print(f"wrote {args.json}", file=sys.stderr)
     return 0
