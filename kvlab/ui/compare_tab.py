@@ -40,7 +40,8 @@ from .compare_form import (
     slot_specs,
     start_preset,
 )
-from .compare_view import SUMMARY_HELP, SUMMARY_WIDTHS, RunView
+from .compare_view import SUMMARY_DATATYPES, SUMMARY_HELP, SUMMARY_WIDTHS, RunView
+from .diverge_view import divergence_links
 from . import zerogpu
 from .compare_plots import LivePlots
 from .compare_extras import CompareExtras
@@ -164,7 +165,8 @@ class CompareTab(CompareExtras):
         self.plots = LivePlots().build()
         with gr.Column(visible=False, elem_id="kv-results") as self.results:
             self.summary = gr.Dataframe(value=None, headers=None, interactive=False, wrap=True, elem_id="kv-summary",
-                                        label="Summary", max_height=900, column_widths=SUMMARY_WIDTHS)
+                                        label="Summary", max_height=900, column_widths=SUMMARY_WIDTHS,
+                                        datatype=SUMMARY_DATATYPES)
             self.summary_notes = gr.Markdown("", elem_classes=["kv-small"], elem_id="kv-summary-notes")
             gr.Markdown(f'<details class="kv-more"><summary>what the columns mean</summary>\n\n{SUMMARY_HELP}'
                         '\n\n</details>', elem_classes=["kv-small"])
@@ -395,6 +397,8 @@ class CompareTab(CompareExtras):
         finally:
             stop.set()
             events.close()
+        if view.done is not None:
+            view.divergence_links = divergence_links(request, plan, view.done.results)
         yield self._final_updates(plan, view, loaded)
         yield self.plots.settle(view)
 
