@@ -35,14 +35,20 @@ class Measurement:
             raise ValueError(f"timing policy must be one of {list(POLICIES)}, got {self.policy!r}")
 
     def warm_up(self, loaded, columns: list, input_tokens: int):
-        """Generator: a `RunPhase("warm_up")` when any column's strategy still needs its one-time set-up, then
-        every set-up due, run on the compute thread; returns the seconds it took per column (None where the
-        column cannot run)."""
+        """Generator: for each column's strategy that still needs its one-time set-up, a
+        `RunPhase("warm_up", "k of n: name")` and that set-up, run on the compute thread; returns the seconds it
+        took per column (0.0 where it was warm already, None where the column cannot run)."""
         strategies = [column.strategy for column in columns]
-        cold = needs_warm_up(loaded, strategies)
-        if cold:
-            yield RunPhase("warm_up", f"one-time set-up (not timed) of {', '.join(cold)}…")
-        return compute(warm_up_columns, loaded, strategies, input_tokens)
+        cold = {s.warm_up_key() for s in strategies if s is not None and needs_warm_up(loaded, [s])}
+        spent: list[float | None] = []
+        for strategy in strategies:
+            if strategy is not None and needs_warm_up(loaded, [strategy]):
+                done = len(cold) - len({s.warm_up_key() for s in strategies
+                                        if s is not None and needs_warm_up(loaded, [s])})
+                yield RunPhase("warm_up", f"one-time set-up (not timed), {done + 1} of {len(cold)}: "
+                                          f"{strategy.describe()}…")
+            spent.extend(compute(warm_up_columns, loaded, [strategy], input_tokens))
+        return spent
 
     def finish(self, loaded, columns: list, results: list, prompt_ids, settings, mode: str,
                stop: threading.Event):

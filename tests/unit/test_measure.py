@@ -173,6 +173,13 @@ def test_a_warm_up_phase_is_announced_only_when_something_is_cold(tiny):
     assert "warm_up" not in [e.phase for e in again if isinstance(e, RunPhase)]
 
 
+def test_the_warm_up_phase_counts_each_cold_set_up(tiny):
+    columns = [Recording([], "count-a"), Recording([], "count-b"), Recording([], "count-a")]
+    phases = [e for e in run_compare(tiny, PROMPT, columns, GREEDY) if isinstance(e, RunPhase) and e.phase == "warm_up"]
+    assert [p.detail.split(":")[0] for p in phases] == ["one-time set-up (not timed), 1 of 2",
+                                                      "one-time set-up (not timed), 2 of 2"]
+
+
 def test_default_warm_up_runs_the_registered_strategy_with_the_same_knobs(tiny, monkeypatch):
     log = []
     Strategy.warm_up(Recording(log), tiny)  # a subclass: the registered Dynamic runs, not its counting forward
