@@ -55,8 +55,9 @@ def resolve_compare(args) -> dict:
     """Merge preset and flags into {preset, model spec, settings, columns}.
 
     Columns named with `--strategies` are parsed one by one: a bad one becomes a rejected column that reports
-    its reason in its own row while the others run (as a bad column in the app does). A preset file's own
-    columns are validated with the file.
+    its reason in its own row while the others run (as a bad column in the app does); when every one is bad,
+    nothing could run and the reasons are raised before any model loads. A preset file's own columns are
+    validated with the file.
 
     Raises PresetError / ValueError with the reason (the caller prints it).
     """
@@ -69,6 +70,8 @@ def resolve_compare(args) -> dict:
     preset = parse_preset(data, preset.name, lenient_columns=bool(args.strategies))
     if args.strategies:
         columns = [_column(item, args.fallback) for item in split_strategy_list(args.strategies)]
+        if all(column.strategy is None for column in columns):  # nothing could run: say so before the model loads
+            raise ValueError("; ".join(f"{column.title}: {column.rejected}" for column in columns))
     else:
         columns = preset.build_columns()
     return {"preset": preset, "model": ModelSpec(**preset.model.model_dump()), "settings": preset.settings(),

@@ -86,3 +86,11 @@ def test_a_path_to_no_folder_says_no_such_folder(command, path, capsys):
     assert main(command + ["--model", path]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1] == f"kvlab {command[0]}: {path!r}: no such folder", err
+
+
+@pytest.mark.parametrize("strategies", ["bogus", "static:max_cache_len=abc", "bogus,static:max_cache_len=abc"])
+def test_compare_with_no_column_that_can_run_is_refused_before_the_model_loads(strategies, capsys, no_model_load):
+    assert main(["compare", "--prompt", "hi", "--strategies", strategies]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("kvlab compare: ")
+    assert all(item.split(":")[0] in err[0] for item in strategies.split(","))
