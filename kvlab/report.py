@@ -72,7 +72,7 @@ def summary_rows(results: list[ColumnResult]) -> list[dict]:
             "decode_tok_s": _round(r.decode_tok_s, 2),
             "itl_ms_p50": _round(r.itl_ms_p50, 2),
             "itl_ms_p99": _round(r.itl_ms_p99, 2),
-            "peak_cache_bytes": r.peak_cache_bytes if r.status == "ok" else None,
+            "peak_cache_bytes": r.peak_cache_bytes if r.status == "ok" and r.cache_bytes else None,
             "vs_baseline_bytes": (_round(r.peak_cache_bytes / base.peak_cache_bytes, 3)
                                   if base is not None and r.status == "ok" else None),
             "predicted_cache_bytes": r.predicted_cache_bytes[-1] if r.predicted_cache_bytes else None,
@@ -122,13 +122,14 @@ def within_noise(rows: list[dict], metric: str, i: int, j: int) -> bool:
 
 def best_sets(rows: list[dict]) -> dict[str, set[int]]:
     """Metric -> the rows marked best: the best row among `candidates` and every row within its noise
-    (`within_noise`), all tied; a metric on which every candidate ties (nothing to choose) marks none. So two
+    (`within_noise`), all tied; a metric with one candidate, or on which every candidate ties (nothing to
+    choose), marks none. So two
     columns are never ranked against their measurement unless they differ by more than the run's noise."""
     marks = {}
     for metric, best in best_marks(rows).items():
         competing = candidates(rows, metric)
         tied = {i for i in competing if within_noise(rows, metric, best, i)}
-        marks[metric] = set() if len(tied) == len(competing) and len(competing) > 1 else tied
+        marks[metric] = set() if len(competing) < 2 or len(tied) == len(competing) else tied
     return marks
 
 

@@ -130,8 +130,8 @@ def test_apply_refuses_what_is_not_an_event():
 
 def finished_view():
     rows = [
-        result(0, "no_cache", "no_cache", ttft_s=0.5, per_token_s=[0.5, 0.3, 0.3], agreement=1.0,
-               top1_agreement=1.0, mean_kl=0.0),
+        result(0, "no_cache", "no_cache", ttft_s=0.5, per_token_s=[0.5, 0.3, 0.3], cache_bytes=[0, 0, 0],
+               agreement=1.0, top1_agreement=1.0, mean_kl=0.0),
         result(1, "dynamic", "dynamic", ttft_s=0.2, per_token_s=[0.2, 0.1, 0.1], cache_bytes=[10, 20, 30],
                predicted_cache_bytes=[10, 20, 30], agreement=1.0, top1_agreement=1.0, mean_kl=0.0,
                is_baseline=True),
@@ -161,6 +161,17 @@ def test_summary_table_formats_and_marks_the_best():
     assert by_name["offloaded"]["status"] == "unavailable"
     assert by_name["offloaded"]["TTFT (s)"] == MISSING
     assert "needs a CUDA GPU" in by_name["offloaded"]["note"]
+
+
+def test_a_column_stopped_before_its_first_token_and_a_lone_value_are_never_best():
+    rows = [result(0, "dynamic", "dynamic", ttft_s=0.2, per_token_s=[0.2, 0.1], cache_bytes=[10, 20]),
+            result(1, "static", "static", message="stopped after 0 tokens")]
+    view = RunView(["dynamic", "static"])
+    view.apply(RunDone(rows, 1.0, True))
+    headers, table = view.summary_table()
+    by_name = {row[0]: dict(zip(headers, row)) for row in table}
+    assert by_name["static"]["peak cache (MiB)"] == MISSING
+    assert not any(BEST_MARK in cell for row in table for cell in row)
 
 
 def test_no_mark_when_every_column_ties():
