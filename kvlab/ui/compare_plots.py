@@ -27,7 +27,7 @@ PLOT_HEIGHT_PX = 300
 BUTTONS = ["fullscreen", "export"]
 NO_COLOR = "#888888"
 """Colour of a series missing from the colour map given."""
-NOT_RECORDED = "not recorded: this record has no process-memory samples (a command-line run keeps none)"
+NOT_RECORDED = "process memory not recorded: this record has no samples (a command-line run keeps none)"
 """The memory plot's caption for a finished run (a replayed CLI record) with no memory samples."""
 SHARED_LEGEND = "kv-shared-legend"
 """Class of the plots whose series the shared HTML legend names; the theme hides their own vega legend (one
@@ -170,7 +170,8 @@ class LivePlots:
             self.memory: plot_update(memory, frames.MEMORY_COLORS, sent.get("memory") or None,
                                      caption=memory_caption),
             self.by_type: plot_update(by_type, colors, sent.get("by_type") or None, visible=not by_type.empty),
-            self.notes: " · ".join(filter(None, [frames.switch_notes(view), frames.clipped_note(latency, top)])),
+            self.notes: " · ".join(filter(None, [frames.switch_notes(view), frames.clipped_note(latency, top),
+                                                 NOT_RECORDED if memory_caption == NOT_RECORDED else ""])),
         }
 
     def settle(self, view) -> dict:

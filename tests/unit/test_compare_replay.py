@@ -4,6 +4,7 @@ measured; an old or foreign file is refused in the status line; the plots PNG is
 
 import json
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -103,3 +104,12 @@ def test_a_share_link_opens_the_same_result_and_a_plain_page_load_changes_nothin
     assert list(plain) == [fresh.run_status]  # a dict keyed by a component: gradio reads it as updates
     gone = fresh.open_shared({}, type("Request", (), {"query_params": {"run": "run-nosuch"}})())
     assert "not kept on this server any more" in gone[fresh.run_status]
+
+
+def test_a_command_line_record_says_its_process_memory_was_not_recorded(measured, fresh):
+    tab, final, _ = measured
+    assert "not recorded" not in final[tab.plots.notes]  # a page run samples process memory
+    old_cli_record = Path(__file__).parents[1] / "fixtures" / "record_v2_quickstart.json"
+    assert not json.loads(old_cli_record.read_text()).get("memory", {}).get("rss_bytes")
+    replayed = fresh.replay(str(old_cli_record), {})
+    assert "process memory not recorded" in replayed[fresh.plots.notes]
