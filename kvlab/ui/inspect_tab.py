@@ -228,6 +228,8 @@ class InspectTab:
     def steps(self, data: dict, count: int, key: str = "local"):
         """Step, Step ×10, Run to end: run up to `count` steps, updating the page as they go."""
         state = data[self.state]
+        yield {self.status: line_html(f"working: {'1 step' if count == 1 else f'up to {count} steps'} (the first "
+                                      "one loads the model and prefills the prompt)…", "info")}
         try:
             state, note = self._ready(state, data, False, key)
         except (InspectRejected, InspectError, StrategyError, ModelLoadError, ValueError) as err:

@@ -190,3 +190,11 @@ def test_the_inspect_command_names_its_steps_option_and_range(steps):
     args = fill_model_defaults(build_parser().parse_args(["inspect", "--prompt", "Hi", "--steps", str(steps)]))
     with pytest.raises(ValueError, match=rf"--steps must be from 1 to {MAX_INSPECT_STEPS}, got {steps}"):
         _session(args)
+
+
+def test_run_to_end_says_it_is_working_before_the_first_step(tab):
+    stream = tab.on_run(data(tab), Request())
+    first = next(stream)
+    assert list(first) == [tab.status] and "working: up to" in first[tab.status]
+    assert "ready" not in first[tab.status]
+    last(tab, stream)
