@@ -228,8 +228,8 @@ class CompareTab:
     def _wire_run(self) -> None:
         """Run (prepare, then the queued run, then re-enable), Stop, and the `compare` API."""
         self.run_inputs = {
-            self.session, self.preset_state, self.prompt, self.system, self.chat, self.max_new_tokens, self.decoding, self.temperature,
-            self.top_p, self.top_k, self.repetition_penalty, self.seed, self.ignore_eos, self.fidelity,
+            self.session, self.preset_state, self.prompt, self.system, self.chat, self.max_new_tokens, self.decoding,
+            self.temperature, self.top_p, self.top_k, self.repetition_penalty, self.seed, self.ignore_eos, self.fidelity,
             self.timing_policy, self.mode, self.baseline, self.preset, self.model_source, self.dtype, self.device,
             *[card.strategy for card in self.cards], *[box for card in self.cards for box in card.knobs],
             *[box for card in self.cards for box in (card.budget, card.fallback)],
