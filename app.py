@@ -124,6 +124,8 @@ except ImportError as missing:
 TITLE = "kvlab: KV-cache strategies side by side"
 COMPARE_TAB = "compare"
 """The Compare tab's id: the Plan tab's "measure it for real" switches to it."""
+INSPECT_TAB = "inspect"
+"""The Inspect tab's id: a link from Compare's "first divergence" cell opens it."""
 CACHE_CLEANUP = (3600, 3600)
 """Every hour, delete gradio's cached copies of served files (exports) older than an hour."""
 def on_space() -> bool:
@@ -154,11 +156,12 @@ def create_app(pool: ModelPool | None = None, preload: bool = True, loader=None)
                 build_perplexity_tab(pool)
             with gr.Tab("Plan"):
                 build_plan_tab(pool, compare, tabs, COMPARE_TAB, warm=preload)
-            with gr.Tab("Inspect"):
+            with gr.Tab("Inspect", id=INSPECT_TAB):
                 inspect = build_inspect_tab(pool)
             with gr.Tab("Needle"):
                 build_needle_tab(pool)
         compare.wire_page_load(demo)
+        inspect.wire_link(demo, tabs, INSPECT_TAB)
         demo.unload(compare.unload)
         demo.unload(chat.unload)
         demo.unload(inspect.unload)

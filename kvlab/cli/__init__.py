@@ -1,4 +1,4 @@
-"""Command line: `kvlab compare|chat|prefix|perplexity|plan|inspect|bench|needle` (or `python -m kvlab ...`).
+"""Command line: `kvlab compare|chat|prefix|perplexity|plan|inspect|diverge|bench|needle` (or `python -m kvlab ...`).
 
 One parser with one subparser per subcommand. Each subcommand module in
 `SUBCOMMANDS` exposes `add_parser(subparsers, parents)`, which adds its
@@ -21,8 +21,9 @@ SUBCOMMANDS = (
     "kvlab.cli.perplexity",
     "kvlab.cli.plan",
     "kvlab.cli.inspect",
+    "kvlab.cli.diverge",
     "kvlab.bench",
-    "kvlab.needle.cli",
+    "kvlab.cli.needle",
 )
 """Modules that each expose `add_parser(subparsers, parents)`, in the order `--help` lists them."""
 

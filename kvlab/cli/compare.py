@@ -13,7 +13,6 @@ with the reason in one line on stderr, 1 when no column finished, else 0.
 from __future__ import annotations
 
 import json
-import signal
 import sys
 import threading
 
@@ -175,37 +174,12 @@ def progress(events, out=None):
         yield event
 
 
-class _StopOnInterrupt:
-    """While active, the first Ctrl-C (SIGINT) sets `stop` and says so in one line, so the run ends within a
-    token and its partial record is kept; a second Ctrl-C raises KeyboardInterrupt. The previous handler is
-    put back on exit (main thread only; elsewhere nothing is installed)."""
-
-    def __init__(self, stop: threading.Event):
-        self.stop, self.previous = stop, None
-
-    def __enter__(self):
-        if threading.current_thread() is threading.main_thread():
-            self.previous = signal.signal(signal.SIGINT, self._interrupt)
-        return self
-
-    def _interrupt(self, signum, frame):
-        if self.stop.is_set():
-            raise KeyboardInterrupt
-        self.stop.set()
-        print("kvlab compare: stopping after the current token (Ctrl-C again to quit without a record)",
-              file=sys.stderr, flush=True)
-
-    def __exit__(self, *exc):
-        if self.previous is not None:
-            signal.signal(signal.SIGINT, self.previous)
-
-
 def cmd_compare(args) -> int:
     """Run the comparison; 2 when it cannot start (the --json path is checked before the model loads), 130
     when interrupted before a record exists (one line says nothing was written), else 0 or 1 (see above)."""
     from ..models import ModelLoadError, load_model
     from ..runner import run_compare, collect
-    from .outputs import OutputError, check_writable, write_text
+    from .outputs import OutputError, StopOnInterrupt, check_writable, write_text
 
     if args.replay:
         return cmd_replay(args)
@@ -219,7 +193,7 @@ def cmd_compare(args) -> int:
     try:
         loaded = load_model(plan["model"], progress=lambda f, m: print(f"[model] {m}", file=sys.stderr))
         prompt_ids = encode_prompt(loaded.tokenizer, preset.prompt.text, preset.prompt.system, preset.prompt.chat)
-        with _StopOnInterrupt(stop):
+        with StopOnInterrupt(stop, "kvlab compare"):
             done = collect(progress(run_compare(loaded, prompt_ids, plan["columns"], plan["settings"],
                                                 preset.mode, stop, preset.baseline)))
     except (ModelLoadError, ValueError) as err:

@@ -4,12 +4,16 @@
 that could never save its record is refused at once (exit 2, one line) instead
 of failing after the work; `write_text` writes through a temporary file beside
 the target, so an interrupt never leaves half a file. Neither decides what a
-record holds.
+record holds. `StopOnInterrupt` turns a first Ctrl-C into a stop request, so
+a run ends within a step and its partial record is still written.
 """
 
 from __future__ import annotations
 
 import os
+import signal
+import sys
+import threading
 from pathlib import Path
 
 
@@ -60,3 +64,33 @@ def write_text(path: str, text: str, flag: str = "--json") -> None:
     except OSError as err:
         partial.unlink(missing_ok=True)
         raise OutputError(f"{flag} {path}: cannot be written ({_reason(err)})") from None
+
+
+class StopOnInterrupt:
+    """While active, the first Ctrl-C (SIGINT) sets `stop` and says so in one line on stderr, so the run ends
+    within a step and its partial record is kept; a second Ctrl-C raises KeyboardInterrupt. The previous
+    handler is put back on exit (main thread only; elsewhere nothing is installed).
+
+    Args:
+        stop: the run's stop event.
+        prog: the command's name for the line (`kvlab compare`).
+    """
+
+    def __init__(self, stop: threading.Event, prog: str):
+        self.stop, self.prog, self.previous = stop, prog, None
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            self.previous = signal.signal(signal.SIGINT, self._interrupt)
+        return self
+
+    def _interrupt(self, signum, frame):
+        if self.stop.is_set():
+            raise KeyboardInterrupt
+        self.stop.set()
+        print(f"{self.prog}: stopping after the current step (Ctrl-C again to quit without a record)",
+              file=sys.stderr, flush=True)
+
+    def __exit__(self, *exc):
+        if self.previous is not None:
+            signal.signal(signal.SIGINT, self.previous)

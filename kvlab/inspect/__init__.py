@@ -1,5 +1,9 @@
 """The inspector wing: step one strategy's decode loop and record what its cache holds after every step.
 
 `inspector` holds the session and the per-step records; the tab and the CLI
-render them (`kvlab.ui.inspect_*`, `kvlab.cli.inspect`).
+render them (`kvlab.ui.inspect_*`, `kvlab.cli.inspect`). `diverge` steps a
+strategy in lockstep beside a dense reference and measures, per layer, where
+they part (`held`: which positions a layer holds; `probes`: the hooks and the
+recomputed attention; `loops`: decode-loop mistakes to step the same way;
+rendered by `kvlab.ui.diverge_view`, `kvlab.cli.diverge`).
 """

@@ -97,7 +97,10 @@ class ScoredEviction(Strategy):
     def unavailable_reason(self, loaded) -> str | None:
         from ..eviction.prefill import decoder_of
 
-        layers = getattr(decoder_of(loaded.model), "layers", None)
+        model = getattr(loaded, "model", None)
+        if model is None:  # a config alone (no weights): the modules are checked once a model is loaded
+            return None
+        layers = getattr(decoder_of(model), "layers", None)
         if not layers or not hasattr(layers[0].self_attn, "q_proj"):
             return "needs Llama-style attention modules (a q_proj projection) to score positions"
         return None

@@ -41,7 +41,8 @@ from .compare_form import (
     slot_specs,
     start_preset,
 )
-from .compare_view import SUMMARY_HELP, SUMMARY_WIDTHS, RunView
+from .compare_view import SUMMARY_DATATYPES, SUMMARY_HELP, SUMMARY_WIDTHS, RunView
+from .diverge_view import divergence_links
 from . import zerogpu
 from .compare_plots import LivePlots
 from .compare_extras import CompareApi, open_shared, replay, run_gpu_s
@@ -166,7 +167,8 @@ class CompareTab:
         self.plots = LivePlots().build()
         with gr.Column(visible=False, elem_id="kv-results") as self.results:
             self.summary = gr.Dataframe(value=None, headers=None, interactive=False, wrap=True, elem_id="kv-summary",
-                                        label="Summary", max_height=900, column_widths=SUMMARY_WIDTHS)
+                                        label="Summary", max_height=900, column_widths=SUMMARY_WIDTHS,
+                                        datatype=SUMMARY_DATATYPES)
             self.summary_notes = gr.Markdown("", elem_classes=["kv-small"], elem_id="kv-summary-notes")
             gr.Markdown(f'<details class="kv-more"><summary>what the columns mean</summary>\n\n{SUMMARY_HELP}'
                         '\n\n</details>', elem_classes=["kv-small"])
@@ -413,6 +415,8 @@ class CompareTab:
         finally:
             stop.set()
             events.close()
+        if view.done is not None:
+            view.divergence_links = divergence_links(request, plan, view.done.results)
         yield self.updater.final(plan, view, loaded)
         yield self.plots.settle(view)
 

@@ -76,6 +76,8 @@ HEADERS = {**LABELS, "peak_cache_bytes": "peak cache (MiB)", "vs_baseline_bytes"
 """Header shown per key: the report's labels, with MiB where the page shows bytes as MiB."""
 SUMMARY_WIDTHS = ["11%", "6%", "6%", "6%", "5%", "5%", "6%", "6%", "6%", "8%", "6%", "5%", "5%", "5%", "14%"]
 """Summary table column widths, in the order of DISPLAY_COLUMNS."""
+SUMMARY_DATATYPES = ["markdown" if key == "first_divergence" else "str" for key, _ in DISPLAY_COLUMNS]
+"""The summary's cell types: the first divergence is a link into Inspect (`RunView.divergence_links`)."""
 
 FINISHED = ("done", "stopped", "error", "unavailable")
 
@@ -195,6 +197,8 @@ class RunView:
         """Columns whose fidelity has been scored so far (`FidelityScored` events)."""
         self.plot_series: dict[str, list[str]] = {}
         """Per native plot, the series the page was last sent (`kvlab.ui.compare_plots.LivePlots.updates`)."""
+        self.divergence_links: dict[int, str] = {}
+        """Run column index -> the link opening Inspect at its first divergence (`kvlab.ui.diverge_view`)."""
 
     def apply(self, event: Event) -> set[int]:
         """Fold one event in; returns the run column indices whose text or status changed."""
@@ -301,8 +305,8 @@ class RunView:
         rows, _ = self.summary()
         marked = best_sets(rows)
         headers = [HEADERS[key] for key, _ in DISPLAY_COLUMNS]
-        table = [[(short_note(row[key]) if key == "note" else format_value(row[key], kind))
-                  + (BEST_MARK if i in marked.get(key, ()) else "")
+        table = [[self._cell(i, key, (short_note(row[key]) if key == "note" else format_value(row[key], kind))
+                             + (BEST_MARK if i in marked.get(key, ()) else ""))
                   for key, kind in DISPLAY_COLUMNS] for i, row in enumerate(rows)]
         return headers, table
 
@@ -320,6 +324,10 @@ class RunView:
             return ""
         items = "\n".join(f"- **{', '.join(columns)}**: {note}" for note, columns in notes.items())
         return f"<details class=\"kv-more\"><summary>notes in full</summary>\n\n{items}\n\n</details>"
+
+    def _cell(self, row: int, key: str, text: str) -> str:
+        link = self.divergence_links.get(row) if key == "first_divergence" else None
+        return f"[{text}]({link})" if link else text
 
 
 def best_rows(rows: list[dict], metric: str, best: int) -> set[int]:

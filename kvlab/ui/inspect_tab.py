@@ -10,18 +10,23 @@ Compare's model-bound concurrency group.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import gradio as gr
 
 from kvlab.compute import compute, compute_iter
+from kvlab.inspect.diverge import DivergeSession
 from kvlab.inspect.inspector import InspectError, InspectSession
+from kvlab.inspect.loops import LOOP_VARIANTS
 from kvlab.generation import encode_prompt
 from kvlab.models import ModelLoadError
-from kvlab.strategies import StrategyError
+from kvlab.strategies import STRATEGIES, StrategyError, make_strategy
+from kvlab.strategies.base import parse_strategy_item
 
 from . import zerogpu
 from .cards import build_card
+from .diverge_view import COMPARE_CHOICES, DEFAULT_COMPARE, diverge_figure, diverge_markdown, parse_inspect_query
 from .inspect_view import (
     DEFAULT_PROMPT,
     DEFAULT_STEPS,
@@ -43,7 +48,7 @@ from .inspect_view import (
     strip_html,
     top_table,
 )
-from .knobs import card_form, max_knobs, strategy_choices
+from .knobs import card_form, knob_defaults, knob_text, max_knobs, strategy_choices
 from .compare_form import chat_box
 from .model_picker import model_dropdown
 from .loader import CONCURRENCY, MODEL_CONCURRENCY_ID
@@ -52,6 +57,8 @@ from .theme import line_html
 STREAM_EVERY_S = 0.5
 """Least time between two page updates while several steps run."""
 PRIVATE = {"concurrency_limit": None, "api_visibility": "private"}
+CORRECT_LOOP = "kvlab's loop (correct)"
+"""The "decode loop" choice that runs the strategy's own loop; the others are `LOOP_VARIANTS`' mistakes."""
 
 
 class InspectTab:
@@ -81,6 +88,11 @@ class InspectTab:
                 form = card_form(DEFAULT_STRATEGY, start_knobs(DEFAULT_STRATEGY), None, self.knob_count)
                 self.card = build_card(form, strategy_choices(None, none_choice=False), DEFAULT_STRATEGY,
                                        "Cache strategy", "kvi", outputs=False, elem_id="kvi-card")
+                with gr.Row(equal_height=True):
+                    self.compare_with = gr.Dropdown(list(COMPARE_CHOICES), value=DEFAULT_COMPARE,
+                                                    label="compare with (stepped in lockstep)", elem_id="kvi-compare")
+                    self.loop = gr.Dropdown([CORRECT_LOOP, *LOOP_VARIANTS], value=CORRECT_LOOP,
+                                            label="decode loop (a mistake runs a dynamic cache)", elem_id="kvi-loop")
         with gr.Row(equal_height=True, elem_classes=["kv-runbar"]):
             self.step_button = gr.Button("Step", variant="primary", scale=0, min_width=100, elem_id="kvi-step")
             self.step10_button = gr.Button("Step ×10", scale=0, min_width=100, elem_id="kvi-step10")
@@ -99,13 +111,16 @@ class InspectTab:
             with gr.Column(scale=3):
                 self.code = gr.Code(language="python", label="The loop being run (plain transformers)",
                                     interactive=False, lines=24, max_lines=60, elem_id="kvi-code")
+        self.diverge_info = gr.Markdown(diverge_markdown(None), elem_id="kvi-diverge-info")
+        self.diverge_plot = gr.Plot(show_label=False, elem_id="kvi-diverge-plot", format="png")
         self._wire()
         return self
 
     def _wire(self) -> None:
         self.form_inputs = {self.prompt, self.system, self.chat, self.max_new_tokens, self.ignore_eos,
-                            self.model_source, self.card.strategy, *self.card.knobs}
-        self.outputs = [self.status, self.step_info, self.strip, self.layers, self.top, self.code, self.state]
+                            self.model_source, self.card.strategy, *self.card.knobs, self.compare_with, self.loop}
+        self.outputs = [self.status, self.step_info, self.strip, self.layers, self.top, self.code, self.diverge_info,
+                        self.diverge_plot, self.state]
         model_bound = {"concurrency_limit": CONCURRENCY, "concurrency_id": MODEL_CONCURRENCY_ID,
                        "api_visibility": "private", "show_progress": "hidden"}
         # Every Step and Step ×10 click counts, queued behind the one in hand (gradio drops a click on a button
@@ -174,6 +189,8 @@ class InspectTab:
             self.layers: gr.update(value=layer_rows, headers=layer_headers),
             self.top: gr.update(value=top_rows, headers=top_headers),
             self.code: loop_code(state.plan, record) if session is not None else "",
+            self.diverge_info: diverge_markdown(getattr(state, "diverge", None), getattr(state, "diverge_error", "")),
+            self.diverge_plot: diverge_figure(getattr(state, "diverge", None)),
             self.state: state,
         }
 
@@ -186,15 +203,25 @@ class InspectTab:
             InspectRejected, InspectError, StrategyError, ModelLoadError, ValueError: the reason to show.
         """
         plan = plan_inspect(self.request_from(data))
+        if data.get(self.loop) in LOOP_VARIANTS:
+            plan = dataclasses.replace(plan, strategy=LOOP_VARIANTS[data[self.loop]]())
+        compare_with = data.get(self.compare_with) or "none"
         state = state or InspectTabState()
         self.live[key] = state
-        if restart or state.session is None or state.key != plan.key():
+        if restart or state.session is None or state.key != (plan.key(), compare_with):
             note = "" if restart or state.session is None else "the settings changed: started a new run"
             loaded = self.pool.get(plan.spec)
             r = plan.request
             prompt_ids = encode_prompt(loaded.tokenizer, r.prompt, r.system or "", bool(r.chat))
             state.session = compute(InspectSession, loaded, plan.strategy, prompt_ids, plan.settings)
-            state.key, state.plan = plan.key(), plan
+            state.key, state.plan = (plan.key(), compare_with), plan
+            state.diverge, state.diverge_error = None, ""
+            if compare_with in COMPARE_CHOICES and compare_with != "none":
+                try:
+                    state.diverge = compute(DivergeSession, loaded, plan.strategy, prompt_ids, plan.settings,
+                                            make_strategy({"strategy": compare_with}))
+                except (InspectError, StrategyError) as err:
+                    state.diverge_error = str(err)
             return state, note
         return state, ""
 
@@ -213,7 +240,7 @@ class InspectTab:
         state.stop.clear()
         shown = time.monotonic()
         try:
-            for _ in compute_iter(session.steps(count)):
+            for _ in compute_iter(_paired_steps(session, state.diverge, count)):
                 if state.stop.is_set():
                     break
                 if time.monotonic() - shown >= STREAM_EVERY_S:
@@ -234,6 +261,44 @@ class InspectTab:
         return self.view(state, f"new run: {state.session.prompt_ids.shape[1]}-token prompt, "
                                 f"{state.session.strategy.describe()}; press Step")
 
+    def wire_link(self, demo: gr.Blocks, tabs: gr.Tabs, tab_id: str) -> None:
+        """On page load, open a link from Compare's "first divergence" cell (`?inspect=1&...`) in this tab."""
+        self.tabs, self.tab_id = tabs, tab_id
+        outputs = [tabs, self.prompt, self.system, self.chat, self.max_new_tokens, self.ignore_eos, self.model_source,
+                   self.card.strategy, *self.card.form_outputs, self.compare_with, self.loop, *self.outputs]
+        demo.load(zerogpu.gpu(self.open_link, self.gpu_s_for(STEP_COUNTS["run"])), None, outputs,
+                  concurrency_limit=CONCURRENCY, concurrency_id=MODEL_CONCURRENCY_ID, api_visibility="private",
+                  show_progress="hidden")
+
+    def open_link(self, request: gr.Request):
+        """A page opened from a link into Inspect: select the tab, fill the form from the link and step to the
+        link's step, lockstep beside its reference. A page without such a link is left as it is."""
+        try:
+            link = parse_inspect_query(dict(getattr(request, "query_params", None) or {}))
+        except ValueError as err:
+            yield {self.tabs: gr.Tabs(selected=self.tab_id), self.status: line_html(f"✖ {err}", "error")}
+            return
+        if link is None:
+            yield {self.tabs: gr.update()}  # no change (a generator that yields nothing would clear every output)
+            return
+        try:
+            spec = parse_strategy_item(link.strategy)
+        except ValueError as err:
+            yield {self.tabs: gr.Tabs(selected=self.tab_id), self.status: line_html(f"✖ {err}", "error")}
+            return
+        name = str(spec.pop("strategy"))
+        knobs = {**knob_defaults(name), **spec} if name in STRATEGIES else {}
+        texts = [knob_text(value) for value in knobs.values()][:self.knob_count]
+        texts += [""] * (self.knob_count - len(texts))
+        values = {self.prompt: link.prompt, self.system: link.system, self.chat: link.chat,
+                  self.max_new_tokens: link.max_new_tokens, self.ignore_eos: True, self.model_source: link.model,
+                  self.card.strategy: name, self.compare_with: link.reference, self.loop: CORRECT_LOOP}
+        form = {**values, **dict(zip(self.card.knobs, texts))}
+        shown = {self.tabs: gr.Tabs(selected=self.tab_id), **values,
+                 **(self.card.updates(card_form(name, knobs, None, self.knob_count)) if knobs else {})}
+        for update in self.steps({**form, self.state: None}, link.step + 1, _session_key(request)):
+            yield {**shown, **update}
+
     def stop(self, state: InspectTabState | None) -> None:
         """Stop: end a Run to end (or Step ×10) after the step in hand."""
         if state is not None:
@@ -244,6 +309,18 @@ class InspectTab:
         is queued behind it."""
         self.stop(state)
         return line_html("resetting: the run in hand stops after its current step, then a new run starts…", "busy")
+
+
+def _paired_steps(session: InspectSession, diverge: DivergeSession | None, count: int):
+    """Up to `count` Inspect steps, each followed by the lockstep session's step (same strategy, same greedy
+    tokens) when there is one; one `next` is one pair, so the compute thread runs them together."""
+    for _ in range(count):
+        record = session.step()
+        if record is None:
+            return
+        if diverge is not None and not diverge.finished:
+            diverge.step()
+        yield record
 
 
 def _session_key(request: gr.Request | None) -> str:

@@ -115,10 +115,14 @@ class InspectTabState:
     plan: InspectPlan | None = None
     key: tuple | None = None
     stop: threading.Event = field(default_factory=threading.Event)
+    diverge: object = None
+    """The lockstep `kvlab.inspect.diverge.DivergeSession` beside the run ("compare with"), or None."""
+    diverge_error: str = ""
+    """Why the lockstep session could not start ('' when it runs or was not asked for)."""
 
     def release(self) -> None:
         """Drop the run (and so its caches)."""
-        self.session, self.plan, self.key = None, None, None
+        self.session, self.plan, self.key, self.diverge = None, None, None, None
 
 
 def release_state(state: InspectTabState | None) -> None:

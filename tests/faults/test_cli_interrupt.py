@@ -1,4 +1,4 @@
-"""Fault catalogue: Ctrl-C during `kvlab compare --json r.json` on the bundled model.
+"""Fault catalogue: Ctrl-C during `kvlab compare --json r.json` (and `kvlab needle`) on the bundled model.
 
 Right: no traceback; the first Ctrl-C ends the run within a token and writes the partial record
 (`stopped: true`); a Ctrl-C before any record exists says in one line that nothing was written (exit 130).
@@ -18,13 +18,15 @@ pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
 WAIT_S = 300
 COMPARE = ["-m", "kvlab", "compare", "--prompt", "Count from one to five hundred in words.", "--strategies",
-           "dynamic,static", "--max-new-tokens", "400", "--ignore-eos", "--no-fidelity", "--no-retime",
+           "dynamic,static", "--max-new-tokens", "400", "--ignore-eos", "--no-fidelity",
            "--mode", "sequential"]
+NEEDLE = ["-m", "kvlab", "needle", "--strategies", "dynamic", "--lengths", "256", "--depths", "0,0.25,0.5,0.75,1",
+          "--seeds", "1", "--new-tokens", "4"]
 
 
-def start(tmp_path, out: Path) -> subprocess.Popen:
+def start(tmp_path, out: Path, command: list[str] = COMPARE) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"}
-    return subprocess.Popen([sys.executable, *COMPARE, "--json", str(out)], cwd=tmp_path, env=env,
+    return subprocess.Popen([sys.executable, *command, "--json", str(out)], cwd=tmp_path, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -52,7 +54,7 @@ def test_ctrl_c_during_a_run_writes_the_partial_record(tmp_path):
     finally:
         proc.kill()
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-3000:]
-    assert "stopping after the current token" in err and "(stopped: a partial record)" in err
+    assert "stopping after the current step" in err and "(stopped: a partial record)" in err
     record = json.loads(out.read_text())
     assert record["stopped"] is True
     assert len(record["columns"][0]["token_ids"]) < 400
@@ -71,3 +73,18 @@ def test_ctrl_c_while_the_model_loads_says_nothing_was_written(tmp_path):
     assert proc.returncode == 130, err[-3000:]
     assert "Traceback" not in err and err.strip().splitlines()[-1] == "kvlab compare: interrupted; nothing was written"
     assert not out.exists()
+
+
+def test_ctrl_c_during_a_needle_grid_keeps_the_finished_cells(tmp_path):
+    out = tmp_path / "r.json"
+    proc = start(tmp_path, out, NEEDLE)
+    try:
+        wait_for_line(proc, "[cell] dynamic")
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=WAIT_S)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0 and "Traceback" not in err, err[-3000:]
+    assert "kvlab needle: stopping after the current step" in err and "(stopped: the finished cells are kept)" in err
+    record = json.loads(out.read_text())
+    assert record["stopped"] is True and 1 <= len(record["cells"]) < 5

@@ -36,10 +36,12 @@ def commands(tmp_path):
         "inspect": ["inspect", "--prompt", "hi"],
         "perplexity": ["perplexity"],
         "plan": ["plan", "--model", LLAMA],
+        "needle": ["needle", "--preset", "needle_passkey"],
+        "diverge": ["diverge", "--strategy", "sink", "--prompt", "hi"],
     }
 
 
-@pytest.mark.parametrize("command", ["compare", "chat", "prefix", "inspect", "perplexity", "plan"])
+@pytest.mark.parametrize("command", ["compare", "chat", "prefix", "inspect", "perplexity", "plan", "needle", "diverge"])
 @pytest.mark.parametrize("where", ["/proc/forbidden.json", "no-such-folder/r.json", "."])
 def test_an_unwritable_output_is_refused_in_one_line_before_the_model_loads(command, where, tmp_path,
                                                                          monkeypatch, capsys, no_model_load):
@@ -47,6 +49,13 @@ def test_an_unwritable_output_is_refused_in_one_line_before_the_model_loads(comm
     assert main(commands(tmp_path)[command] + ["--json", where]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(f"kvlab {command}: --json {where}"), err
+
+
+@pytest.mark.parametrize("where", ["/proc/forbidden.csv", "no-such-folder/r.csv"])
+def test_needle_refuses_an_unwritable_csv_before_the_model_loads(where, tmp_path, capsys, no_model_load):
+    assert main(["needle", "--preset", "needle_passkey", "--csv", where]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"kvlab needle: --csv {where}"), err
 
 
 def test_a_checked_path_is_left_as_it_was_and_written_whole(tmp_path):

@@ -4,6 +4,8 @@
 - No file in `kvlab/` imports playwright (the bench's browser driver belongs outside the installed package).
 - Weight-free modules (the planner wing, the preset schema, the columns) import neither the runner nor the
   modules that run a model.
+- No file in the package, benchmarks/ or app.py is longer than about 450 lines, and no function longer than
+  about 60.
 """
 
 import ast
@@ -69,3 +71,31 @@ def test_weight_free_modules_do_not_import_the_runtime():
     weight_free = [name for name in SOURCES if starts_with(name, WEIGHT_FREE)]
     assert "kvlab.plan.planner" in weight_free and "kvlab.presets" in weight_free
     assert offenders(weight_free, RUNTIME_MODULES) == {}
+
+
+MAX_FILE_LINES = 460
+"""About 450 lines: a module longer than this is split by what it does."""
+MAX_FUNCTION_LINES = 65
+"""About 60 lines: a longer function is split into named steps."""
+CHECKED_FOLDERS = (PACKAGE, PACKAGE.parent / "benchmarks")
+
+
+def sizes() -> tuple[dict[str, int], dict[str, int]]:
+    """(lines per file, lines per function) over the package, benchmarks/ and app.py."""
+    paths = [p for folder in CHECKED_FOLDERS for p in sorted(folder.rglob("*.py"))] + [PACKAGE.parent / "app.py"]
+    files, functions = {}, {}
+    for path in paths:
+        text = path.read_text(encoding="utf-8")
+        name = str(path.relative_to(PACKAGE.parent))
+        files[name] = len(text.splitlines())
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                functions[f"{name}:{node.lineno} {node.name}"] = node.end_lineno - node.lineno + 1
+    return files, functions
+
+
+def test_no_file_or_function_is_too_long():
+    files, functions = sizes()
+    assert "kvlab/runner.py" in files and any(key.startswith("app.py:") for key in functions)
+    assert {name: n for name, n in files.items() if n > MAX_FILE_LINES} == {}
+    assert {name: n for name, n in functions.items() if n > MAX_FUNCTION_LINES} == {}

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import sys
 import threading
-from pathlib import Path
 
 PROG = "kvlab needle"
 DEFAULT_PRESET = "needle_passkey"
@@ -37,7 +36,7 @@ def add_parser(sub, parents) -> None:
 def _plan(args):
     """(preset, column specs, grid values) from the preset and the flags. Raises PresetError / ValueError."""
     from ..strategies.base import split_strategy_list
-    from .preset import load_needle_preset
+    from ..needle.preset import load_needle_preset
 
     preset = load_needle_preset(args.preset or DEFAULT_PRESET)
     specs = preset.columns
@@ -83,31 +82,15 @@ def hits_table(record: dict) -> str:
     return "\n".join(lines)
 
 
-def run(args) -> int:
-    from ..models import ModelLoadError, ModelSpec, load_model
-    from ..presets import PresetError
-    from .grid import GridError, parse_grid
-    from .prompt import min_context_tokens
-    from .record import format_summary, records_to_csv
-    from .runner import NeedleCell, NeedleColumnError, NeedleDone, NeedleStarted, max_positions, run_needle
 
-    try:
-        preset, specs, values = _plan(args)
-        model = preset.model.model_dump()
-        for flag, key in (("model", "source"), ("dtype", "dtype"), ("device", "device")):
-            model[key] = getattr(args, flag, None) or model[key]
-        loaded = load_model(ModelSpec(**model),
-                            progress=lambda f, m: print(f"[model] {m}", file=sys.stderr))
-        grid = parse_grid(values["lengths"], values["depths"], values["seeds"], values["new_tokens"],
-                          max_positions=max_positions(loaded), min_tokens=min_context_tokens(loaded.tokenizer))
-        events = run_needle(loaded, specs, grid, threading.Event())
-        first = next(events)
-    except (PresetError, GridError, ModelLoadError, ValueError) as err:
-        print(f"{PROG}: {err}", file=sys.stderr)
-        return 2
+def _follow(events):
+    """Print each needle event's line on stderr; returns the `NeedleDone`. Raises what the first event raises
+    (a bad grid, a model that cannot run)."""
+    from ..needle.runner import NeedleCell, NeedleColumnError, NeedleDone, NeedleStarted
+
+    first, done = next(events), None
     for problem in first.problems if isinstance(first, NeedleStarted) else []:
         print(f"{PROG}: {problem}", file=sys.stderr)
-    done = None
     for event in events:
         if isinstance(event, NeedleCell):
             r = event.record
@@ -118,14 +101,49 @@ def run(args) -> int:
                   f"{event.message}", file=sys.stderr)
         elif isinstance(event, NeedleDone):
             done = event
+    return done
+
+def run(args) -> int:
+    from ..models import ModelLoadError, ModelSpec, load_model
+    from ..presets import PresetError
+    from ..needle.grid import GridError, parse_grid
+    from ..needle.prompt import min_context_tokens
+    from ..needle.record import format_summary, records_to_csv
+    from ..needle.runner import max_positions, run_needle
+    from .outputs import OutputError, StopOnInterrupt, check_writable, write_text
+
+    stop = threading.Event()
+    try:
+        preset, specs, values = _plan(args)
+        check_writable(args.json)
+        check_writable(args.csv, "--csv")
+        model = preset.model.model_dump()
+        for flag, key in (("model", "source"), ("dtype", "dtype"), ("device", "device")):
+            model[key] = getattr(args, flag, None) or model[key]
+        loaded = load_model(ModelSpec(**model),
+                            progress=lambda f, m: print(f"[model] {m}", file=sys.stderr))
+        grid = parse_grid(values["lengths"], values["depths"], values["seeds"], values["new_tokens"],
+                          max_positions=max_positions(loaded), min_tokens=min_context_tokens(loaded.tokenizer))
+        with StopOnInterrupt(stop, PROG):
+            done = _follow(run_needle(loaded, specs, grid, stop))
+    except (PresetError, GridError, ModelLoadError, ValueError) as err:
+        print(f"{PROG}: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted; nothing was written", file=sys.stderr)
+        return 130
     print(hits_table(done.record))
     print()
     print(format_summary(done.record["summary"]))
-    print(f"wall time {done.wall_s:.1f} s for {len(grid.cells)} cells x {len(specs)} columns", file=sys.stderr)
-    if args.json:
-        Path(args.json).write_text(json.dumps(done.record, indent=1))
-        print(f"wrote {args.json}", file=sys.stderr)
-    if args.csv:
-        Path(args.csv).write_text(records_to_csv(done.records))
-        print(f"wrote {args.csv}", file=sys.stderr)
+    print(f"wall time {done.wall_s:.1f} s for {len(grid.cells)} cells x {len(specs)} columns"
+          + (" (stopped: the finished cells are kept)" if done.stopped else ""), file=sys.stderr)
+    try:
+        for path, flag, text in ((args.json, "--json", lambda: json.dumps(done.record, indent=1)),
+                                 (args.csv, "--csv", lambda: records_to_csv(done.records))):
+            if path:
+                write_text(path, text(), flag)
+                print(f"wrote {path}", file=sys.stderr)
+    except OutputError as err:
+        print(f"{PROG}: {err}", file=sys.stderr)
+        return 2
     return 0 if any(r.status == "ok" for r in done.records) else 1
