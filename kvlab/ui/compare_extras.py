@@ -1,13 +1,13 @@
-"""The Compare tab's replay and ZeroGPU sizing, mixed into `kvlab.ui.compare_tab.CompareTab`.
+"""The Compare tab's replay, share link, `compare` API and ZeroGPU sizing, as plain functions and one small object.
 
 - `replay`: an uploaded run record (`kvlab.replay`) shown as it was measured: the cards set to the recorded
   strategies, the columns' text and status, the native plots, the summary, the code, and the status line
   `replayed: measured on <machine> at <time>`; a file that cannot be replayed says why there.
-- `api_compare`: the headless `compare` API (a preset run, returning its JSON record).
-- `run_gpu_s`, `api_gpu_s`: the GPU seconds a Run or a `compare` API call asks ZeroGPU for
-  (`kvlab.ui.zerogpu.estimate_s`, columns × tokens).
+- `open_shared`: the result a share link names (`?run=<id>`), shown as `replay` shows it.
+- `run_gpu_s`: the GPU seconds a Run asks ZeroGPU for (`kvlab.ui.zerogpu.estimate_s`, columns × tokens).
+- `CompareApi`: the headless `compare` API (a preset run, returning its JSON record) and its GPU seconds.
 
-The methods use the tab's components (`self.cards`, `self.plots`, `self.run_status`, ...).
+Each takes what it needs (a `CompareUpdater`, the loader, the preset files); none reads the tab itself.
 """
 
 from __future__ import annotations
@@ -17,29 +17,67 @@ import gradio as gr
 from kvlab.models import ModelLoadError
 from kvlab.presets import PresetError, load_preset
 from kvlab.replay import RecordError, load_record
-from kvlab.strategies import StrategyError
 
 from . import zerogpu
 from .compare_replay import replay_code, view_from_record
-from .compare_updates import CompareUpdates
+from .compare_updates import CompareUpdater
 from .knobs import NO_STRATEGY
 from .records import SHARE_PARAM, run_preset, shared_exports
 from .theme import line_html
 
 
-class CompareExtras(CompareUpdates):
-    """Replay, the `compare` API and ZeroGPU sizing for the Compare tab (see the module docstring)."""
+def run_gpu_s(strategies: list[str | None], max_new_tokens) -> int:
+    """ZeroGPU seconds a Run asks for: its picked columns (`strategies`, one per card) × max new tokens."""
+    columns = sum(name not in (None, "", NO_STRATEGY) for name in strategies)
+    try:
+        tokens = int(max_new_tokens or 1)
+    except (TypeError, ValueError):
+        tokens = 1
+    return zerogpu.estimate_s(columns, tokens)
 
-    def run_gpu_s(self, data: dict) -> int:
-        """ZeroGPU seconds a Run asks for: its picked columns × max new tokens (`zerogpu.estimate_s`)."""
-        columns = sum(data[card.strategy] not in (None, "", NO_STRATEGY) for card in self.cards)
-        try:
-            tokens = int(data[self.max_new_tokens] or 1)
-        except (TypeError, ValueError):
-            tokens = 1
-        return zerogpu.estimate_s(columns, tokens)
 
-    def api_gpu_s(self, preset: str, prompt: str | None = None, max_new_tokens: int | None = None) -> int:
+def replay(updater: CompareUpdater, path: str | None, session: dict, exports: list[str] | None = None) -> dict:
+    """A record uploaded: its columns, plots, summary and code as measured, labelled `replayed: measured on
+    <machine> at <time>`; a file that is not a replayable record says why in the status line. `exports`:
+    the result's files when they are already kept here (a share link), else they are written. The replayed
+    view is kept in `session["view"]` (for the PNG export)."""
+    if not path:
+        return {updater.run_status: gr.skip()}
+    try:
+        replayed = load_record(path)
+    except RecordError as err:
+        return {updater.run_status: line_html(f"✖ cannot replay this file: {err}", "error")}
+    view = view_from_record(replayed)
+    session["view"] = view
+    updates = {**updater.plots.cleared(), **updater.columns(view, set(range(len(view.columns)))),
+               **updater.plots.updates(view), **updater.summary_updates(view, replayed.record, exports),
+               updater.code: replay_code(replayed.record), updater.run_status: line_html(replayed.label, "ok")}
+    return {**updater.recorded_cards(view), **updates}
+
+
+def open_shared(updater: CompareUpdater, session: dict, request: gr.Request | None) -> dict:
+    """Page load: the result a share link names (`?run=<id>`, `kvlab.ui.records.SHARE_PARAM`) shown as
+    `replay` shows it, with its own exports and link; nothing without the parameter; a link whose result
+    is no longer kept says so in the status line."""
+    run_id = dict(request.query_params).get(SHARE_PARAM) if request is not None else None
+    if not run_id:
+        return {updater.run_status: gr.skip()}  # an empty dict would read as one value for every output
+    exports = shared_exports(run_id)
+    if exports is None:
+        return {updater.run_status: line_html(f"✖ the shared result {run_id!r} is not kept on this server any "
+                                              "more (results are kept a day): run it again", "error")}
+    return replay(updater, exports[0], session, exports)
+
+
+class CompareApi:
+    """The headless `compare` API: `loader` (a `kvlab.ui.loader.BackgroundLoader`) and `presets` (name -> file,
+    `kvlab.presets.list_presets`)."""
+
+    def __init__(self, loader, presets: dict):
+        self.loader = loader
+        self.presets = presets
+
+    def gpu_s(self, preset: str, prompt: str | None = None, max_new_tokens: int | None = None) -> int:
         """ZeroGPU seconds a `compare` API call asks for: the preset's columns × its (or the given) tokens."""
         try:
             loaded = load_preset(self.presets[preset])
@@ -47,52 +85,7 @@ class CompareExtras(CompareUpdates):
             return zerogpu.MIN_DURATION_S
         return zerogpu.estimate_s(len(loaded.columns), int(max_new_tokens or loaded.generation.max_new_tokens))
 
-    def open_shared(self, session: dict, request: gr.Request) -> dict:
-        """Page load: the result a share link names (`?run=<id>`, `kvlab.ui.records.SHARE_PARAM`) shown as
-        `replay` shows it, with its own exports and link; nothing without the parameter; a link whose result
-        is no longer kept says so in the status line."""
-        run_id = dict(request.query_params).get(SHARE_PARAM) if request is not None else None
-        if not run_id:
-            return {self.run_status: gr.skip()}  # an empty dict would read as one value for every output
-        exports = shared_exports(run_id)
-        if exports is None:
-            return {self.run_status: line_html(f"✖ the shared result {run_id!r} is not kept on this server any "
-                                               "more (results are kept a day): run it again", "error")}
-        return self.replay(exports[0], session, exports)
-
-    def replay(self, path: str | None, session: dict, exports: list[str] | None = None) -> dict:
-        """A record uploaded: its columns, plots, summary and code as measured, labelled `replayed: measured on
-        <machine> at <time>`; a file that is not a replayable record says why in the status line. `exports`:
-        the result's files when they are already kept here (a share link), else they are written."""
-        if not path:
-            return {self.run_status: gr.skip()}
-        try:
-            replayed = load_record(path)
-        except RecordError as err:
-            return {self.run_status: line_html(f"✖ cannot replay this file: {err}", "error")}
-        view = view_from_record(replayed)
-        session["view"] = view
-        updates = {**self.plots.cleared(), **self._column_updates(view, set(range(len(view.columns)))),
-                   **self.plots.updates(view), **self._summary_updates(view, replayed.record, exports),
-                   self.code: replay_code(replayed.record), self.run_status: line_html(replayed.label, "ok")}
-        return {**self._replayed_cards(view), **updates}
-
-    def _replayed_cards(self, view) -> dict:
-        """Each card set to its recorded strategy and knobs; cards the record does not use emptied."""
-        updates = {}
-        for slot, card in enumerate(self.cards):
-            name, knobs = NO_STRATEGY, {}
-            if slot in view.slots:
-                result = view.columns[view.slots.index(slot)].result
-                name, knobs = result.strategy, dict(result.knobs)
-            updates[card.strategy] = name
-            try:
-                updates.update(self.card_updates(slot, name, knobs, None))
-            except StrategyError:
-                updates.update(self.card_updates(slot, name, {}, None))
-        return updates
-
-    def api_compare(self, preset: str, prompt: str | None = None, max_new_tokens: int | None = None) -> dict:
+    def compare(self, preset: str, prompt: str | None = None, max_new_tokens: int | None = None) -> dict:
         """Run a preset headless and return its JSON run record (what `python -m kvlab compare --json` writes).
 
         Args:

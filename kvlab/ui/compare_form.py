@@ -4,6 +4,10 @@
   everything that needs no model and returns a `RunPlan` (settings, model spec,
   the valid columns by slot with their cache budgets and preset overrides, the
   slots with bad knobs) or raises `RunRejected`.
+- `carried_overrides` is what the form keeps when a preset is applied: each
+  preset column's own `generation:` overrides with the column they belong to;
+  `plan_run` gives them to the slots that still hold that column (the preset
+  file is not read again at Run time).
 - `start_preset`, `slot_specs`, `model_line`, `chat_box` and the help texts: what
   the form starts with and shows (the 'chat message' box follows the model).
 
@@ -21,9 +25,9 @@ from kvlab.measure import DEFAULT_POLICY
 from kvlab.models import ModelLoadError, ModelSpec
 from kvlab.presets import Preset, PromptSpec, load_preset
 from kvlab.columns import MAX_COLUMNS, MODES, Column
-from kvlab.strategies import StrategyError
+from kvlab.strategies import Strategy, StrategyError
 
-from .knobs import NO_STRATEGY, column_budget, plan_columns, preset_overrides
+from .knobs import NO_STRATEGY, column_budget, plan_columns
 from .theme import line_html
 
 DEFAULT_PRESET = "quickstart"
@@ -66,6 +70,9 @@ class RunRequest:
     slots: list[tuple[str, list[str]]] = field(default_factory=list)
     budgets: list[tuple[str, str]] = field(default_factory=list)
     """Per slot: the card's cache-budget (MiB) and fallback-chain fields (missing or empty: no budget)."""
+    preset_overrides: dict = field(default_factory=dict)
+    """What the form carries from the preset it last applied (`carried_overrides`): slot -> that preset column's
+    strategy and its `generation:` overrides."""
 
     def settings(self) -> GenerationSettings:
         return GenerationSettings(
@@ -152,8 +159,36 @@ def plan_run(request: RunRequest) -> RunPlan:
         raise RunRejected("no strategy picked: choose a strategy in at least one column")
     if not columns:
         raise RunRejected("no column can run: " + "; ".join(f"column {s + 1}: {m}" for s, m in errors.items()))
-    return RunPlan(request, settings, spec, columns, errors, budgets, preset_overrides(request.preset, columns))
+    return RunPlan(request, settings, spec, columns, errors, budgets,
+                   slot_overrides(request.preset_overrides, columns))
 
+
+def carried_overrides(columns: list[dict]) -> dict[int, dict]:
+    """What the form carries from an applied preset's `columns`: slot -> {"strategy": the column's `describe()`,
+    "knobs": its knobs, "generation": its overrides}, for the columns that have `generation:` overrides and
+    a valid strategy (an invalid one is reported when it runs, as its card shows it)."""
+    carried = {}
+    for slot, spec in enumerate(columns[:MAX_COLUMNS]):
+        try:
+            column = Column.from_spec(spec)
+        except StrategyError:
+            continue
+        if column.overrides:
+            carried[slot] = {"strategy": column.strategy.describe(), "knobs": column.strategy.knobs(),
+                             "generation": dict(column.overrides)}
+    return carried
+
+
+def slot_overrides(carried: dict[int, dict], columns: list[tuple[int, Strategy]]) -> dict[int, dict]:
+    """Slot -> the carried `generation:` overrides, for each planned slot whose strategy is still the preset
+    column's (same name and knobs); a slot the user changed runs with the run's settings, as the command line
+    runs a preset's columns."""
+    found = {}
+    for slot, strategy in columns:
+        kept = (carried or {}).get(slot)
+        if kept and kept["strategy"] == strategy.describe() and kept["knobs"] == strategy.knobs():
+            found[slot] = dict(kept["generation"])
+    return found
 
 
 def start_preset(presets: dict) -> Preset:

@@ -1,11 +1,12 @@
 """The Compare tab: one prompt under up to eight KV-cache strategies, streamed side by side.
 
 This module lays out the components and wires their events; nothing else.
-What the page shows comes from `kvlab.ui.compare_form` (the form -> a run plan),
-`kvlab.ui.compare_view` (runner events -> a view model), `kvlab.ui.compare_updates` (the view model ->
-component updates), `kvlab.ui.knobs` (the strategy cards' fields)
-and `kvlab.ui.compare_plots` (native plots; the matplotlib PNG only on request); a recorded run is shown
-again through `kvlab.ui.compare_replay`; running is `kvlab.runner`'s job. Per-session state lives
+`CompareTab` owns its parts rather than inheriting them: `kvlab.ui.compare_form` (the form -> a run plan,
+and the preset overrides the form carries in a `gr.State`), `kvlab.ui.compare_view` (runner events -> a view
+model), a `kvlab.ui.compare_updates.CompareUpdater` (the view model -> component updates, built with the
+components it updates), `kvlab.ui.knobs` (the strategy cards' fields), `kvlab.ui.compare_plots` (native
+plots; the matplotlib PNG only on request) and `kvlab.ui.compare_extras` (replay, share links, the `compare`
+API, ZeroGPU sizing); running is `kvlab.runner`'s job. Per-session state lives
 in `gr.State`; the one shared object is the `ModelPool` of loaded weights
 (through a `BackgroundLoader`). Model-bound events (Run, the `compare` API)
 share one concurrency group limited to `CONCURRENCY` jobs; the queue shows a
@@ -20,7 +21,6 @@ import time
 
 import gradio as gr
 
-from kvlab.events import RunPhase
 from kvlab.generation import MAX_NEW_TOKENS_CAP, encode_prompt
 from kvlab.measure import POLICIES
 from kvlab.models import DEVICES, DTYPES, ModelLoadError, ModelSpec
@@ -34,6 +34,7 @@ from .compare_form import (
     MODE_HELP,
     RunRejected,
     RunRequest,
+    carried_overrides,
     chat_box,
     model_line,
     plan_run,
@@ -44,7 +45,8 @@ from .compare_view import SUMMARY_DATATYPES, SUMMARY_HELP, SUMMARY_WIDTHS, RunVi
 from .diverge_view import divergence_links
 from . import zerogpu
 from .compare_plots import LivePlots
-from .compare_extras import CompareExtras
+from .compare_extras import CompareApi, open_shared, replay, run_gpu_s
+from .compare_updates import CompareUpdater
 from .knobs import card_form, max_knobs, strategy_choices
 from .loader import CONCURRENCY, MODEL_CONCURRENCY_ID, BackgroundLoader, device_present
 from .model_picker import model_bar
@@ -53,27 +55,23 @@ from .timing_text import POLICY_INFO
 
 logger = logging.getLogger(__name__)
 
-TEXT_EVERY_S = 0.5
-"""Least time between two streamed updates of the column texts and statuses (each update is work for the
-server and the browser, on the same cores as the model on a small machine)."""
-PLOT_EVERY_S = 2.0
-"""Least time between two redraws of the live plots."""
-PLOT_COST_FACTOR = 5.0
-"""A redraw waits at least this many times the last redraw's cost (drawing plus sending), so the plots
-never take more than about a fifth of the CPU time the model could use on a slow machine."""
 LOAD_POLL_S = 0.5
 PRIVATE = {"concurrency_limit": None, "api_visibility": "private"}
 """Light events (presets, pickers, Stop, the timer) run at once and stay out of the API."""
 
 
-class CompareTab(CompareExtras):
-    """The Compare tab's components and handlers (build it with `build_compare_tab`); replay and the ZeroGPU
-    sizing and the `compare` API come from `kvlab.ui.compare_extras.CompareExtras`."""
+class CompareTab:
+    """The Compare tab's components and handlers (build it with `build_compare_tab`).
 
-    def __init__(self, pool, preload: bool = True, loader: BackgroundLoader | None = None):
+    presets: name -> preset file (default: `kvlab.presets.list_presets()`).
+    """
+
+    def __init__(self, pool, preload: bool = True, loader: BackgroundLoader | None = None,
+                 presets: dict | None = None):
         self.loader = loader or BackgroundLoader(pool)
         self.knob_count = max_knobs()
-        self.presets = list_presets()
+        self.presets = list_presets() if presets is None else dict(presets)
+        self.api = CompareApi(self.loader, self.presets)
         self.devices = [d for d in DEVICES if d in ("auto", "cpu") or device_present(d)]
         self.dtypes = list(DTYPES) if device_present("cuda") else ["float32"]
         self.live_stops: dict[str, threading.Event] = {}
@@ -86,6 +84,8 @@ class CompareTab(CompareExtras):
     def build(self) -> "CompareTab":
         start = start_preset(self.presets)
         self.session = gr.State({})
+        self.preset_state = gr.State(carried_overrides(start.columns))
+        """The applied preset's per-column `generation:` overrides (`compare_form.carried_overrides`)."""
         gr.Markdown(INTRO, elem_classes=["kv-intro"])
         self._build_model_bar()
         with gr.Row():
@@ -100,6 +100,8 @@ class CompareTab(CompareExtras):
             self.run_status = gr.HTML(line_html("ready: pick a preset or strategies, then Run"), elem_id="kv-run-status")
         self._build_cards(start)
         self._build_results()
+        self.updater = CompareUpdater(self.cards, self.plots, self.run_status, self.results, self.summary,
+                                      self.summary_notes, self.exports, self.share, self.code, self.knob_count)
         self.timer = gr.Timer(1.0, active=True)
         self._wire_form()
         self._wire_run()
@@ -189,7 +191,7 @@ class CompareTab(CompareExtras):
 
     def card_updates(self, slot: int, name: str, knobs: dict, loaded) -> dict:
         """{component: gr.update} setting card `slot` to strategy `name` with `knobs`."""
-        return self.cards[slot].updates(card_form(name, knobs, loaded, self.knob_count))
+        return self.updater.card(slot, name, knobs, loaded)
 
     def _loaded_for(self, source, dtype, device):
         try:
@@ -219,7 +221,7 @@ class CompareTab(CompareExtras):
             self.prompt, self.system, self.chat, self.max_new_tokens, self.decoding, self.temperature, self.top_p,
             self.top_k, self.repetition_penalty, self.seed, self.ignore_eos, self.fidelity, self.timing_policy,
             self.mode, self.baseline, self.model_source, self.dtype, self.device, self.preset_about, self.run_status,
-            *strategies,
+            self.preset_state, *strategies,
             *[c for card in self.cards for c in card.form_outputs],
         ]
         self.preset.input(self.apply_preset, [self.preset, *model_inputs], self.form_outputs,
@@ -228,8 +230,8 @@ class CompareTab(CompareExtras):
     def _wire_run(self) -> None:
         """Run (prepare, then the queued run, then re-enable), Stop, and the `compare` API."""
         self.run_inputs = {
-            self.session, self.prompt, self.system, self.chat, self.max_new_tokens, self.decoding, self.temperature,
-            self.top_p, self.top_k, self.repetition_penalty, self.seed, self.ignore_eos, self.fidelity,
+            self.session, self.preset_state, self.prompt, self.system, self.chat, self.max_new_tokens, self.decoding,
+            self.temperature, self.top_p, self.top_k, self.repetition_penalty, self.seed, self.ignore_eos, self.fidelity,
             self.timing_policy, self.mode, self.baseline, self.preset, self.model_source, self.dtype, self.device,
             *[card.strategy for card in self.cards], *[box for card in self.cards for box in card.knobs],
             *[box for card in self.cards for box in (card.budget, card.fallback)],
@@ -249,7 +251,7 @@ class CompareTab(CompareExtras):
             [self.run_button, self.stop_button], show_progress="hidden", **PRIVATE,
         )
         self.stop_button.click(self.stop, self.session, self.run_status, show_progress="hidden", **PRIVATE)
-        gr.api(zerogpu.gpu(self.api_compare, self.api_gpu_s), api_name="compare", concurrency_limit=CONCURRENCY,
+        gr.api(zerogpu.gpu(self.api.compare, self.api.gpu_s), api_name="compare", concurrency_limit=CONCURRENCY,
                concurrency_id=MODEL_CONCURRENCY_ID)
         self.plots.png_button.click(lambda session: self.plots.export(session.get("view")), self.session,
                                     [self.plots.png, self.plots.notes], **PRIVATE)
@@ -258,8 +260,22 @@ class CompareTab(CompareExtras):
         self.replay_outputs = replay_outputs
 
     def wire_page_load(self, demo: gr.Blocks) -> None:
-        """Show the result a share link (`?run=<id>`) names when the page opens (`CompareExtras.open_shared`)."""
+        """Show the result a share link (`?run=<id>`) names when the page opens (`open_shared`)."""
         demo.load(self.open_shared, self.session, self.replay_outputs, **PRIVATE)
+
+    # ----- replay, share link, ZeroGPU sizing (`kvlab.ui.compare_extras`) -----
+
+    def replay(self, path: str | None, session: dict, exports: list[str] | None = None) -> dict:
+        """A run record uploaded: shown as measured (`compare_extras.replay`)."""
+        return replay(self.updater, path, session, exports)
+
+    def open_shared(self, session: dict, request: gr.Request) -> dict:
+        """Page load: the result a share link names, if any (`compare_extras.open_shared`)."""
+        return open_shared(self.updater, session, request)
+
+    def run_gpu_s(self, data: dict) -> int:
+        """ZeroGPU seconds a Run asks for (`compare_extras.run_gpu_s`), from the Run event's inputs."""
+        return run_gpu_s([data[card.strategy] for card in self.cards], data[self.max_new_tokens])
 
     # ----- light events -----
 
@@ -290,7 +306,7 @@ class CompareTab(CompareExtras):
         try:
             preset = load_preset(self.presets.get(name, name))
         except PresetError as err:
-            return {self.run_status: line_html(f"✖ {err}", "error")}
+            return {self.run_status: line_html(f"✖ {err}", "error"), self.preset_state: {}}
         generation, sampling = preset.generation, preset.generation.do_sample
         updates = {
             self.prompt: preset.prompt.text, self.system: preset.prompt.system,
@@ -308,6 +324,7 @@ class CompareTab(CompareExtras):
             self.device: preset.model.device if preset.model.device in self.devices else "auto",
             self.preset_about: preset.description,
             self.run_status: line_html(f"preset {preset.name}: {len(preset.columns)} columns; press Run"),
+            self.preset_state: carried_overrides(preset.columns),
         }
         loaded = self._loaded_for(preset.model.source, preset.model.dtype, preset.model.device)
         for slot, (strategy, knobs) in enumerate(slot_specs(preset.columns)):
@@ -354,6 +371,7 @@ class CompareTab(CompareExtras):
             dtype=data[self.dtype], device=data[self.device],
             slots=[(data[card.strategy], [data[box] for box in card.knobs]) for card in self.cards],
             budgets=[(data[card.budget], data[card.fallback]) for card in self.cards],
+            preset_overrides=data[self.preset_state] or {},
         )
 
     def run(self, data: dict):
@@ -390,39 +408,17 @@ class CompareTab(CompareExtras):
         view = RunView([column.describe() for column in columns], plan.slots)
         if session is not None:
             session["view"] = view
-        yield self._start_updates(plan, view, loaded)
+        yield self.updater.start(plan, view, loaded)
         events = run_compare(loaded, prompt_ids, columns, plan.settings, request.mode, stop, plan.baseline_index())
         try:
-            yield from self._throttled(view, events, stop)
+            yield from self.updater.throttled(view, events, stop)
         finally:
             stop.set()
             events.close()
         if view.done is not None:
             view.divergence_links = divergence_links(request, plan, view.done.results)
-        yield self._final_updates(plan, view, loaded)
+        yield self.updater.final(plan, view, loaded)
         yield self.plots.settle(view)
-
-    def _throttled(self, view: RunView, events, stop: threading.Event):
-        """Fold every event into `view`; yield column updates at most every TEXT_EVERY_S and plots less often."""
-        last_text = time.monotonic()
-        plot_due = last_text + PLOT_EVERY_S
-        changed: set[int] = set()
-        for event in events:
-            changed |= view.apply(event)
-            view.stop_requested = stop.is_set()
-            now = time.monotonic()
-            if view.done is not None or (now - last_text < TEXT_EVERY_S and not isinstance(event, RunPhase)):
-                continue  # a new phase is shown at once: a timing policy's own pass sends nothing
-            updates = self._column_updates(view, changed)
-            updates[self.run_status] = line_html(view.progress_text(), "busy")
-            plotted = now >= plot_due
-            if plotted:
-                updates.update(self.plots.updates(view))
-            changed = set()
-            yield updates
-            last_text = time.monotonic()
-            if plotted:
-                plot_due = last_text + max(PLOT_EVERY_S, PLOT_COST_FACTOR * (last_text - now))
 
     def _wait_for_model(self, spec: ModelSpec):
         """Generator: start or join the load of `spec`, yielding progress; returns the loaded model."""

@@ -1,29 +1,70 @@
-"""The component updates of a Compare run, mixed into `kvlab.ui.compare_tab.CompareTab`.
+"""The component updates of a Compare run: `CompareUpdater` turns a `RunPlan` and a `RunView` into
+{component: gr.update} dicts.
 
-- `_start_updates`: results cleared, each card's status (invalid settings, unused, waiting), strategy
-  choices for the run's model.
-- `_column_updates`: the changed columns' status line and text from the `RunView`.
-- `_final_updates`, `_summary_updates`: the last column updates, plots, summary table, exports and code.
+- `start`: results cleared, each card's status (invalid settings, unused, waiting), strategy choices for the
+  run's model.
+- `columns`: the changed columns' status line and text from the `RunView`; `throttled`: the runner's events
+  folded into the view, yielding column updates at most every TEXT_EVERY_S and plots less often.
+- `final`, `summary`: the last column updates, plots, summary table, exports and code.
+- `card`, `recorded_cards`: a card set to a strategy and its knobs; every card set to a replayed record's
+  columns.
 
-The methods read the tab's components (`self.cards`, `self.plots`, `self.summary`, ...) and return
-{component: gr.update}; they run nothing.
+The updater is built once the tab's components exist and is handed exactly the components it updates; it runs
+nothing and reads no other state.
 """
 
 from __future__ import annotations
 
+import threading
+import time
+from dataclasses import dataclass
+
 import gradio as gr
 
+from kvlab.events import RunPhase
+from kvlab.strategies import StrategyError
+
+from .cards import StrategyCard
 from .compare_form import RunPlan
+from .compare_plots import LivePlots
 from .compare_view import RunView
-from .knobs import strategy_choices
+from .knobs import NO_STRATEGY, card_form, strategy_choices
 from .records import code_text, record_for, share_id, write_exports
 from .theme import line_html, share_html, status_html
 
+TEXT_EVERY_S = 0.5
+"""Least time between two streamed updates of the column texts and statuses (each update is work for the
+server and the browser, on the same cores as the model on a small machine)."""
+PLOT_EVERY_S = 2.0
+"""Least time between two redraws of the live plots."""
+PLOT_COST_FACTOR = 5.0
+"""A redraw waits at least this many times the last redraw's cost (drawing plus sending), so the plots
+never take more than about a fifth of the CPU time the model could use on a slow machine."""
 
-class CompareUpdates:
-    """What the page shows at the start, during and at the end of a run (see the module docstring)."""
 
-    def _start_updates(self, plan: RunPlan, view: RunView, loaded) -> dict:
+@dataclass
+class CompareUpdater:
+    """What the page shows at the start, during and at the end of a run (see the module docstring).
+
+    knob_count: how many knob fields each card has (`kvlab.ui.knobs.max_knobs`).
+    """
+
+    cards: list[StrategyCard]
+    plots: LivePlots
+    run_status: gr.HTML
+    results: gr.Column
+    summary: gr.Dataframe
+    summary_notes: gr.Markdown
+    exports: gr.File
+    share: gr.HTML
+    code: gr.Code
+    knob_count: int
+
+    def card(self, slot: int, name: str, knobs: dict, loaded) -> dict:
+        """{component: gr.update} setting card `slot` to strategy `name` with `knobs` (marked for `loaded`)."""
+        return self.cards[slot].updates(card_form(name, knobs, loaded, self.knob_count))
+
+    def start(self, plan: RunPlan, view: RunView, loaded) -> dict:
         """Cleared results, every card's status, strategy choices marked for the run's (maybe new) model."""
         choices = strategy_choices(loaded)
         updates = {self.run_status: line_html("starting…", "busy"), **self.plots.cleared(),
@@ -38,10 +79,11 @@ class CompareUpdates:
             elif slot not in plan.slots:
                 updates[card.status] = gr.update(value="", visible=False)
                 updates[card.text] = gr.update(value="", visible=False)
-        updates.update(self._column_updates(view, set(range(len(view.columns)))))
+        updates.update(self.columns(view, set(range(len(view.columns)))))
         return updates
 
-    def _column_updates(self, view: RunView, indices: set[int]) -> dict:
+    def columns(self, view: RunView, indices: set[int]) -> dict:
+        """The status line and text of the view's columns `indices` (run order), each in its page slot's card."""
         updates = {}
         for i in sorted(indices):
             column, card = view.columns[i], self.cards[view.slots[i]]
@@ -51,20 +93,43 @@ class CompareUpdates:
             updates[card.text] = gr.update(value=column.text, visible=True)
         return updates
 
-    def _final_updates(self, plan: RunPlan, view: RunView, loaded) -> dict:
-        updates = self._column_updates(view, set(range(len(view.columns))))
+    def throttled(self, view: RunView, events, stop: threading.Event):
+        """Fold every event into `view`; yield column updates at most every TEXT_EVERY_S and plots less often."""
+        last_text = time.monotonic()
+        plot_due = last_text + PLOT_EVERY_S
+        changed: set[int] = set()
+        for event in events:
+            changed |= view.apply(event)
+            view.stop_requested = stop.is_set()
+            now = time.monotonic()
+            if view.done is not None or (now - last_text < TEXT_EVERY_S and not isinstance(event, RunPhase)):
+                continue  # a new phase is shown at once: a timing policy's own pass sends nothing
+            updates = self.columns(view, changed)
+            updates[self.run_status] = line_html(view.progress_text(), "busy")
+            plotted = now >= plot_due
+            if plotted:
+                updates.update(self.plots.updates(view))
+            changed = set()
+            yield updates
+            last_text = time.monotonic()
+            if plotted:
+                plot_due = last_text + max(PLOT_EVERY_S, PLOT_COST_FACTOR * (last_text - now))
+
+    def final(self, plan: RunPlan, view: RunView, loaded) -> dict:
+        """Every column, the plots, the summary with its exports and code, and the closing status line."""
+        updates = self.columns(view, set(range(len(view.columns))))
         updates.update(self.plots.updates(view))
         if view.done is None:
             updates[self.run_status] = line_html("the run ended without a result", "error")
             return updates
-        updates.update(self._summary_updates(view, record_for(plan, loaded, view.done, view)))
+        updates.update(self.summary_updates(view, record_for(plan, loaded, view.done, view)))
         updates[self.code] = code_text(plan, view)
         errors = [f"column {s + 1}: {m}" for s, m in plan.slot_errors.items()]
         status = view.progress_text() + (" — not run: " + "; ".join(errors) if errors else "")
         updates[self.run_status] = line_html(status, "error" if errors else "ok")
         return updates
 
-    def _summary_updates(self, view: RunView, record: dict, exports: list[str] | None = None) -> dict:
+    def summary_updates(self, view: RunView, record: dict, exports: list[str] | None = None) -> dict:
         """The summary table shown, the record and CSV offered for download (`exports`: files already written
         for this result, else written now) and the link that opens this result again (`share_html`)."""
         headers, table = view.summary_table()
@@ -73,3 +138,18 @@ class CompareUpdates:
         return {self.summary: gr.update(value=table, headers=headers), self.results: gr.update(visible=True),
                 self.exports: exports, self.share: share_html(share_id(exports)),
                 self.summary_notes: view.summary_notes()}
+
+    def recorded_cards(self, view: RunView) -> dict:
+        """Each card set to its recorded strategy and knobs; cards the record does not use emptied."""
+        updates = {}
+        for slot, card in enumerate(self.cards):
+            name, knobs = NO_STRATEGY, {}
+            if slot in view.slots:
+                result = view.columns[view.slots.index(slot)].result
+                name, knobs = result.strategy, dict(result.knobs)
+            updates[card.strategy] = name
+            try:
+                updates.update(self.card(slot, name, knobs, None))
+            except StrategyError:
+                updates.update(self.card(slot, name, {}, None))
+        return updates

@@ -8,8 +8,7 @@ lists the registry's names that have a capability (`usable_in_chat`, ...),
 marking those that cannot run on the loaded model. `card_form` says what a card
 shows for a strategy (about text, knob fields, status, and the column's cache
 budget and fallback chain, see `kvlab.budget`) as plain property dicts the tab
-modules hand to gradio; `column_budget` reads the last two back. `preset_overrides` gives a
-preset column's own `generation:` settings to the slot that still holds that column.
+modules hand to gradio; `column_budget` reads the last two back.
 
 Pure: no gradio, no model loading.
 """
@@ -22,8 +21,6 @@ import inspect
 import yaml
 
 from kvlab.budget import Budget, format_chain, parse_budget, parse_chain
-from kvlab.presets import PresetError, list_presets, load_preset
-from kvlab.columns import Column
 from kvlab.strategies import STRATEGIES, Strategy, StrategyError, make_strategy
 from kvlab.strategies.base import names_with
 
@@ -244,27 +241,3 @@ def knob_index(strategy_name: str, knob: str) -> int:
     if knob not in names:
         raise KeyError(f"{strategy_name} has no knob {knob!r}; its knobs: {names}")
     return names.index(knob)
-
-
-def preset_overrides(name: str | None, columns: list[tuple[int, object]]) -> dict[int, dict]:
-    """Slot -> the `generation:` overrides of preset `name`'s column in that slot, for each slot whose strategy
-    is still that column's (same name and knobs); a slot the user changed runs with the run's settings, as the
-    command line runs a preset's columns."""
-    if not name:
-        return {}
-    try:
-        preset = load_preset(list_presets().get(name, name))
-    except (PresetError, OSError):
-        return {}
-    found = {}
-    for slot, strategy in columns:
-        if slot >= len(preset.columns):
-            continue
-        try:
-            column = Column.from_spec(preset.columns[slot])
-        except StrategyError:
-            continue
-        same = column.strategy
-        if column.overrides and same.describe() == strategy.describe() and same.knobs() == strategy.knobs():
-            found[slot] = dict(column.overrides)
-    return found

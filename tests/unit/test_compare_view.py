@@ -330,13 +330,14 @@ def test_a_preset_columns_own_generation_settings_reach_its_slot_until_the_user_
     """hybrid_sliding gives its no_cache column 8 tokens whatever the run's max; a slot changed by hand runs with
     the run's settings."""
     from kvlab.presets import list_presets, load_preset
-    from kvlab.ui.compare_form import RunRequest, plan_run, slot_specs
+    from kvlab.ui.compare_form import RunRequest, carried_overrides, plan_run, slot_specs
 
     preset = load_preset(list_presets()["hybrid_sliding"])
     slots = [(name, [str(knobs[key]) if key in knobs else "" for key in sorted(knobs)])
              for name, knobs in slot_specs(preset.columns)]
     no_cache = next(slot for slot, (name, _) in enumerate(slots) if name == "no_cache")
-    request = RunRequest(prompt="Once upon a time", max_new_tokens=16, preset="hybrid_sliding", slots=slots)
+    request = RunRequest(prompt="Once upon a time", max_new_tokens=16, preset="hybrid_sliding", slots=slots,
+                         preset_overrides=carried_overrides(preset.columns))
     columns = plan_run(request).run_columns()
     by_name = {column.strategy.name: column for column in columns}
     assert by_name["no_cache"].overrides == {"max_new_tokens": 8}
@@ -344,4 +345,5 @@ def test_a_preset_columns_own_generation_settings_reach_its_slot_until_the_user_
     changed = list(slots)
     changed[no_cache] = ("dynamic", [])
     assert all(column.overrides == {} for column in plan_run(dataclasses.replace(request, slots=changed)).run_columns())
-    assert all(column.overrides == {} for column in plan_run(dataclasses.replace(request, preset=None)).run_columns())
+    carried_nothing = dataclasses.replace(request, preset_overrides={})
+    assert all(column.overrides == {} for column in plan_run(carried_nothing).run_columns())

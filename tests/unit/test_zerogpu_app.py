@@ -16,7 +16,7 @@ import app  # noqa: E402
 from kvlab.ui import zerogpu  # noqa: E402
 
 pytestmark = pytest.mark.unit
-GPU_BOUND = {"run", "api_compare", "_on_send", "_on_regenerate", "_on_prefix", "_on_run", "on_step", "on_step10",
+GPU_BOUND = {"run", "compare", "_on_send", "_on_regenerate", "_on_prefix", "_on_run", "on_step", "on_step10",
              "on_reset"}
 
 
@@ -65,7 +65,7 @@ def test_with_spaces_the_gpu_bound_entry_points_are_wrapped_with_a_sized_duratio
     short = run_s(data)
     data[tab.max_new_tokens] = 1000
     assert zerogpu.MIN_DURATION_S <= short < run_s(data) <= zerogpu.MAX_DURATION_S
-    assert zerogpu.MIN_DURATION_S <= durations["api_compare"]("quickstart", None, 64) <= zerogpu.MAX_DURATION_S
+    assert zerogpu.MIN_DURATION_S <= durations["compare"]("quickstart", None, 64) <= zerogpu.MAX_DURATION_S
     chat = durations["_on_send"].__self__
     chat_data = {component: component.value for component in chat.form_inputs}
     assert durations["_on_send"](chat_data, None) >= zerogpu.MIN_DURATION_S
