@@ -23,7 +23,7 @@ from kvlab.models import ModelLoadError, ModelSpec
 from kvlab.needle.grid import DEFAULT_NEW_TOKENS, MAX_NEW_TOKENS, GridError, expand_sweeps, parse_grid, split_items
 from kvlab.needle.prompt import key_tokens, min_context_tokens
 from kvlab.needle.record import records_to_csv
-from kvlab.needle.runner import NeedleDone, max_positions, run_needle
+from kvlab.needle.runner import NeedleCell, NeedleDone, max_positions, run_needle
 from kvlab.columns import MAX_COLUMNS, Column
 from kvlab.strategies.base import parse_strategy_item
 
@@ -131,7 +131,11 @@ class NeedleTab:
         the colour map stays the roster from the first update to the last; `primer` (the updates before the
         first cell, which draw no point) sends it in lower-case hex and the others in
         upper case, as `compare_plots.roster_update` does, so the spec is rebuilt from the last primer, whose
-        frames hold the run's whole roster. A column that never ran has no heatmap."""
+        frames hold the run's whole roster; `stream` sends one upper-case update with no point before the first
+        cell, since the plot rebuilds its spec from the value it held before the update that changed the colour
+        map and would show that cell one update late, and the run ends with the last frame sent twice, the
+        second time in lower case, so the spec is rebuilt once more from the finished frame (a fresh layout,
+        titles and legends as they end). A column that never ran has no heatmap."""
         updates = {self.status: view.status_text()}
         outcome_colors = roster_colors(OUTCOME_COLORS, list(OUTCOME_COLORS), primer)
         for i, plot in enumerate(self.heatmaps):
@@ -170,9 +174,12 @@ class NeedleTab:
             return
         view = NeedleView()
         for event in run_needle(loaded, columns, grid, stop):
+            if isinstance(event, (NeedleCell, NeedleDone)) and not view.records:
+                yield self.redraw(view)  # no point yet, upper case: the spec is rebuilt from the primer before one
             view.apply(event)
             if isinstance(event, NeedleDone):
                 yield {**self.redraw(view), self.download: self.record_files(event.record, event.records)}
+                yield self.redraw(view, primer=True)  # lower case again: the spec is rebuilt from the last frame
             else:
                 yield self.redraw(view, primer=not view.records)  # no point drawn yet: still the run's primer
 
