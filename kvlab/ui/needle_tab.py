@@ -37,6 +37,9 @@ DEFAULT_COLUMNS = "dynamic, sink:window_length=128, quantized:backend=quanto:nbi
 DEFAULT_LENGTHS = "256, 512, 1k"
 DEFAULT_DEPTHS = "0, 0.25, 0.5, 0.75, 1"
 HEATMAP_HEIGHT_PX = 220
+TABLE_WIDTHS = ["14%", "9%", "7%", "11%", "9%", "8%", "42%"]
+"""Widths of the summary table's columns (column, hits, gated, log-prob, MiB, vs dense, note): the note wraps
+inside the page."""
 DEPTH_FORMAT = ".2~f"
 """d3 format of the depth axis: 0, 0.25, 0.5, 1."""
 MIB_FORMAT = ".2~f"
@@ -104,7 +107,8 @@ class NeedleTab:
                                      x_title="mean cache MiB", y_title="hit rate (cells not gated)",
                                      tooltip=["column", "hit_rate", "cache_MiB", "pareto"], elem_id="needle-pareto",
                                      x_axis_format=MIB_FORMAT, y_axis_format=RATE_FORMAT, height=300)
-        self.table = gr.Dataframe(label="per column", interactive=False, wrap=True, elem_id="needle-table")
+        self.table = gr.Dataframe(label="per column", interactive=False, wrap=True,
+                                  column_widths=TABLE_WIDTHS, elem_id="needle-table")
         self.download = gr.File(label="record (JSON, CSV)", file_count="multiple", elem_id="needle-record")
         self.session = gr.State({})
         outputs = [self.status, *self.heatmaps, self.pareto, self.table, self.download]
