@@ -9,6 +9,7 @@ cell finished. Registration: `add_parser(subparsers, parents)` and `run(args)`.
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
 import threading
@@ -107,7 +108,7 @@ def run(args) -> int:
     from ..models import ModelLoadError, ModelSpec, load_model
     from ..presets import PresetError
     from ..needle.grid import GridError, parse_grid
-    from ..needle.prompt import min_context_tokens
+    from ..needle.prompt import key_tokens, min_context_tokens
     from ..needle.record import format_summary, records_to_csv
     from ..needle.runner import max_positions, run_needle
     from .outputs import OutputError, StopOnInterrupt, check_writable, write_text
@@ -123,7 +124,8 @@ def run(args) -> int:
         loaded = load_model(ModelSpec(**model),
                             progress=lambda f, m: print(f"[model] {m}", file=sys.stderr))
         grid = parse_grid(values["lengths"], values["depths"], values["seeds"], values["new_tokens"],
-                          max_positions=max_positions(loaded), min_tokens=min_context_tokens(loaded.tokenizer))
+                          max_positions=max_positions(loaded), min_tokens=min_context_tokens(loaded.tokenizer),
+                          key_tokens=functools.partial(key_tokens, loaded.tokenizer))
         with StopOnInterrupt(stop, PROG):
             done = _follow(run_needle(loaded, specs, grid, stop))
     except (PresetError, GridError, ModelLoadError, ValueError) as err:

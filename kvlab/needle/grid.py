@@ -61,11 +61,13 @@ class Grid:
 
 
 def parse_grid(lengths, depths=DEFAULT_DEPTHS, seeds=(0,), new_tokens: int = DEFAULT_NEW_TOKENS, *,
-               max_positions: int | None = None, min_tokens: int = 1) -> Grid:
+               max_positions: int | None = None, min_tokens: int = 1, key_tokens=None) -> Grid:
     """Parse and check a grid. `lengths`, `depths`, `seeds`: text (`512,1k,2k`) or lists.
 
     A length past `max_positions` (the model's max_position_embeddings) or under `min_tokens` (the bare
     prompt), a depth outside [0, 1] and an unreadable item are left out with a problem line each.
+    `key_tokens(seeds) -> int` (e.g. `functools.partial(kvlab.needle.prompt.key_tokens, tokenizer)`) gives the
+    tokens the keys take: fewer `new_tokens` could never hit, so they are raised to it with a problem line.
 
     Raises:
         GridError: no length, depth or seed left; `new_tokens` outside 1..MAX_NEW_TOKENS; more than MAX_CELLS.
@@ -108,6 +110,12 @@ def parse_grid(lengths, depths=DEFAULT_DEPTHS, seeds=(0,), new_tokens: int = DEF
                if not values]
     if missing:
         raise GridError("; ".join([*problems, f"the grid is empty: no valid {', '.join(missing)}"]))
+    if key_tokens is not None and new_tokens < (needed := key_tokens(good_seeds)):
+        if needed > MAX_NEW_TOKENS:
+            raise GridError(f"the key takes {needed} tokens, more than the {MAX_NEW_TOKENS} new tokens a cell may have")
+        problems.append(f"new tokens {new_tokens} is fewer than the {needed} tokens the key takes (no cell could hit); "
+                        f"raised to {needed}")
+        new_tokens = needed
     grid = Grid(sorted(good_lengths), good_depths, good_seeds, new_tokens, problems)
     if len(grid.cells) > MAX_CELLS:
         raise GridError(f"{len(grid.cells)} cells ({len(good_lengths)} lengths x {len(good_depths)} depths x "

@@ -87,6 +87,13 @@ def min_context_tokens(tokenizer) -> int:
     return len(_ids(tokenizer, compose(0, 0.0, "1" * KEY_DIGITS, 0)[0]))
 
 
+def key_tokens(tokenizer, seeds) -> int:
+    """The most tokens the key (" " + the 5-digit key after ANSWER_PREFIX) takes for any of `seeds`: the fewest
+    greedy tokens an answer needs to be able to hit."""
+    prefix = len(_ids(tokenizer, ANSWER_PREFIX))
+    return max(len(_ids(tokenizer, f"{ANSWER_PREFIX} {passkey_for(seed)[0]}")) - prefix for seed in seeds)
+
+
 def build_passkey_prompt(tokenizer, target_tokens: int, depth: float, seed: int) -> PasskeyPrompt:
     """The passkey prompt of at most `target_tokens` tokens (as close as whole filler sentences allow) with
     the needle at `depth`.

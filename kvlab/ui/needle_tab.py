@@ -2,14 +2,16 @@
 
 Inputs: the model, the columns (compare syntax, knob sweeps as `sink:window_length=64|128|256`), the grid
 (lengths such as `512,1k,2k`, depths, seeds) and the greedy tokens per answer. Outputs: one heatmap per
-column (context length x depth; hit, miss or beyond the model on one shared colour scale, a hover with the
-answer, key, key log-prob and cache MiB) filling in as cells finish, a plot of hit rate against mean cache
-MiB with the Pareto front, the summary table and the JSON record to download. This module lays out and
+column that runs (context length x depth; hit, miss or beyond the model on one shared colour scale, a hover
+with the answer, key, key log-prob and cache MiB) filling in as cells finish, a plot of hit rate against mean
+cache MiB with the Pareto front, the summary table (a column that cannot run has no heatmap: its reason is in
+the table's wrapping note) and the JSON and CSV records to download. This module lays out and
 wires; the view model is `kvlab.ui.needle_view`'s, the run `kvlab.needle.runner`'s.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import tempfile
 import threading
@@ -19,12 +21,13 @@ import gradio as gr
 
 from kvlab.models import ModelLoadError, ModelSpec
 from kvlab.needle.grid import DEFAULT_NEW_TOKENS, MAX_NEW_TOKENS, GridError, expand_sweeps, parse_grid, split_items
-from kvlab.needle.prompt import min_context_tokens
-from kvlab.needle.runner import NeedleDone, max_positions, run_needle
+from kvlab.needle.prompt import key_tokens, min_context_tokens
+from kvlab.needle.record import records_to_csv
+from kvlab.needle.runner import NeedleCell, NeedleDone, max_positions, run_needle
 from kvlab.columns import MAX_COLUMNS, Column
 from kvlab.strategies.base import parse_strategy_item
 
-from .compare_plots import plot_update
+from .compare_plots import plot_update, roster_colors
 from .loader import CONCURRENCY, MODEL_CONCURRENCY_ID
 from .model_picker import model_dropdown
 from .needle_view import OUTCOME_COLORS, NeedleView
@@ -34,6 +37,15 @@ DEFAULT_COLUMNS = "dynamic, sink:window_length=128, quantized:backend=quanto:nbi
 DEFAULT_LENGTHS = "256, 512, 1k"
 DEFAULT_DEPTHS = "0, 0.25, 0.5, 0.75, 1"
 HEATMAP_HEIGHT_PX = 220
+TABLE_WIDTHS = ["14%", "9%", "7%", "11%", "9%", "8%", "42%"]
+"""Widths of the summary table's columns (column, hits, gated, log-prob, MiB, vs dense, note): the note wraps
+inside the page."""
+DEPTH_FORMAT = ".2~f"
+"""d3 format of the depth axis: 0, 0.25, 0.5, 1."""
+MIB_FORMAT = ".2~f"
+"""d3 format of the mean cache MiB axis."""
+RATE_FORMAT = ".0%"
+"""d3 format of the hit rate axis (a fraction shown as a percentage)."""
 PRIVATE = {"concurrency_limit": None, "api_visibility": "private"}
 EXPLAIN = (
     "Does each cache keep the model right at long context? Every cell hides a 5-digit pass key in filler text "
@@ -88,14 +100,16 @@ class NeedleTab:
                                             x_title="context tokens", y_title="needle depth",
                                             tooltip=["outcome", "answer", "key", "key_logprob", "cache_MiB"],
                                             color_map=OUTCOME_COLORS, height=HEATMAP_HEIGHT_PX, visible=False,
-                                            elem_id=f"needle-heatmap-{i}", min_width=260)
+                                            y_axis_format=DEPTH_FORMAT, elem_id=f"needle-heatmap-{i}",
+                                            min_width=260)
                              for i in range(MAX_COLUMNS)]
         self.pareto = gr.ScatterPlot(None, x="cache_MiB", y="hit_rate", color="column", title="hit rate vs cache",
                                      x_title="mean cache MiB", y_title="hit rate (cells not gated)",
                                      tooltip=["column", "hit_rate", "cache_MiB", "pareto"], elem_id="needle-pareto",
-                                     height=300)
-        self.table = gr.Dataframe(label="per column", interactive=False, elem_id="needle-table")
-        self.download = gr.File(label="record (JSON)", elem_id="needle-record")
+                                     x_axis_format=MIB_FORMAT, y_axis_format=RATE_FORMAT, height=300)
+        self.table = gr.Dataframe(label="per column", interactive=False, wrap=True,
+                                  column_widths=TABLE_WIDTHS, elem_id="needle-table")
+        self.download = gr.File(label="record (JSON, CSV)", file_count="multiple", elem_id="needle-record")
         self.session = gr.State({})
         outputs = [self.status, *self.heatmaps, self.pareto, self.table, self.download]
         self.run_button.click(self.prepare, self.session, self.status, **PRIVATE).then(
@@ -113,50 +127,65 @@ class NeedleTab:
         if session.get("stop") is not None:
             session["stop"].set()
 
-    def redraw(self, view: NeedleView) -> dict:
+    def redraw(self, view: NeedleView, primer: bool = False) -> dict:
         """Every heatmap, the Pareto plot, the status and the table, from `view`.
 
-        Each plot's colour domain is the series of the frame sent to it before (`plot_update`): a native plot
-        rebuilds its spec, legend and colour scale from its previous value when `color_map` changes, so a
-        series (a column, an outcome) that appears later is drawn in its colour one update on; the run's last
-        frame is sent twice."""
+        A native plot fixes its colour domain to the series of the frame it builds its vega spec from, so every
+        frame holds every series of its roster (every outcome; every column that runs, see `NeedleView`) and
+        the colour map stays the roster from the first update to the last; `primer` (the updates before the
+        first cell, which draw no point) sends it in lower-case hex and the others in
+        upper case, as `compare_plots.roster_update` does, so the spec is rebuilt from the last primer, whose
+        frames hold the run's whole roster; `stream` sends one upper-case update with no point before the first
+        cell, since the plot rebuilds its spec from the value it held before the update that changed the colour
+        map and would show that cell one update late, and the run ends with the last frame sent twice, the
+        second time in lower case, so the spec is rebuilt once more from the finished frame (a fresh layout,
+        titles and legends as they end). A column that never ran has no heatmap."""
         updates = {self.status: view.status_text()}
+        outcome_colors = roster_colors(OUTCOME_COLORS, list(OUTCOME_COLORS), primer)
         for i, plot in enumerate(self.heatmaps):
-            if i < len(view.columns):
+            if i < len(view.columns) and view.ran(i):
                 title = view.columns[i] + (f" — {view.messages[i]}" if i in view.messages else "")
-                frame = view.heatmap_frame(i)
-                updates[plot] = plot_update(frame, OUTCOME_COLORS, view.sent_series(plot, list(frame["outcome"])),
-                                            visible=True, title=title[:90])
+                updates[plot] = gr.update(value=view.heatmap_frame(i), color_map=outcome_colors, visible=True,
+                                          title=title[:90])
             else:
                 updates[plot] = gr.update(visible=False, value=None)
-        pareto = view.pareto_frame()
-        colors = {name: color for name, color in zip(view.columns, COLORS)}
-        updates[self.pareto] = plot_update(pareto, colors, view.sent_series(self.pareto, list(pareto["column"])))
+        roster = view.pareto_roster()
+        colors = roster_colors(dict(zip(view.columns, COLORS)), roster, primer)
+        updates[self.pareto] = (gr.update(value=view.pareto_frame(), color_map=colors) if roster
+                                else plot_update(None, colors))
         updates[self.table] = view.table()
         return updates
+
+    def record_files(self, record: dict, records) -> list[str]:
+        """The run's JSON record and its CSV (one row per cell), written to a fresh temporary folder."""
+        folder = Path(tempfile.mkdtemp(prefix="kvlab-needle-"))
+        (folder / "needle.json").write_text(json.dumps(record, indent=1))
+        (folder / "needle.csv").write_text(records_to_csv(records))
+        return [str(folder / "needle.json"), str(folder / "needle.csv")]
 
     def stream(self, session, source, columns_text, lengths, depths, seeds, new_tokens):
         """Load, check and run the grid, yielding {component: update}; bad input ends with a message."""
         stop = session.get("stop") or threading.Event()
-        yield {self.status: "loading the model…"}
+        yield {self.status: "loading the model…", self.download: None}
         try:
             columns = column_specs(columns_text)
             loaded = self.pool.get(ModelSpec(source=(source or "").strip() or "bundled"))
             grid = parse_grid(lengths, depths, seeds, int(new_tokens), max_positions=max_positions(loaded),
-                              min_tokens=min_context_tokens(loaded.tokenizer))
+                              min_tokens=min_context_tokens(loaded.tokenizer),
+                              key_tokens=functools.partial(key_tokens, loaded.tokenizer))
         except (ValueError, GridError, ModelLoadError) as err:
             yield {self.status: f"⚠️ {err}"}
             return
         view = NeedleView()
         for event in run_needle(loaded, columns, grid, stop):
+            if isinstance(event, (NeedleCell, NeedleDone)) and not view.records:
+                yield self.redraw(view)  # no point yet, upper case: the spec is rebuilt from the primer before one
             view.apply(event)
             if isinstance(event, NeedleDone):
-                path = Path(tempfile.mkdtemp(prefix="kvlab-needle-")) / "needle.json"
-                path.write_text(json.dumps(event.record, indent=1))
-                yield {**self.redraw(view), self.download: str(path)}
-                yield self.redraw(view)  # a native plot rebuilds its spec from the previous frame: settle on the last
+                yield {**self.redraw(view), self.download: self.record_files(event.record, event.records)}
+                yield self.redraw(view, primer=True)  # lower case again: the spec is rebuilt from the last frame
             else:
-                yield self.redraw(view)
+                yield self.redraw(view, primer=not view.records)  # no point drawn yet: still the run's primer
 
 
 def build_needle_tab(pool) -> NeedleTab:

@@ -4,7 +4,10 @@
 points (context length x depth, one outcome colour scale shared by every column: hit, miss, beyond the model)
 with the answer, key, key log-prob and cache bytes for the hover; `pareto_frame()` puts every column on hit
 rate against mean cache bytes and marks the Pareto front (no other column has a higher or equal hit rate
-with fewer or equal bytes, one of them strictly). Pure: no gradio, no model.
+with fewer or equal bytes, one of them strictly). Both frames hold one blank row (no y, so nothing is drawn)
+for each series of their roster without a point yet (`heatmap_frame`: every outcome; `pareto_frame`: every
+column that runs), so a native plot's colour domain, fixed by the first frame it builds its spec from, holds
+every series of the run. Pure: no gradio, no model.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import pandas as pd
 from kvlab.needle.record import CellRecord, summarize
 from kvlab.needle.runner import NeedleCell, NeedleColumnError, NeedleDone, NeedleStarted
 
+NAN = float("nan")
 HIT, MISS, GATED, ERROR = "hit", "miss", "beyond the model", "error"
 OUTCOME_COLORS = {HIT: "#2e7d32", MISS: "#c62828", GATED: "#9e9e9e", ERROR: "#6a1b9a"}
 """The one colour scale every column's heatmap uses."""
@@ -48,14 +52,6 @@ class NeedleView:
         self.records: list[CellRecord] = []
         self.record: dict | None = None
         self.stopped = False
-        self._sent: dict[object, list[str]] = {}
-
-    def sent_series(self, plot, series: list[str]) -> list[str]:
-        """The series last sent to `plot` (this frame's on the first call), remembering `series` for the next."""
-        series = list(dict.fromkeys(series))
-        previous = self._sent.get(plot, series)
-        self._sent[plot] = series
-        return previous
 
     def apply(self, event) -> None:
         if isinstance(event, NeedleStarted):
@@ -68,24 +64,38 @@ class NeedleView:
         elif isinstance(event, NeedleDone):
             self.records, self.record, self.stopped = list(event.records), event.record, event.stopped
 
+    def ran(self, column: int) -> bool:
+        """Whether `column` runs or ran: it has a cell, or no message stopped it before its first one."""
+        return column not in self.messages or any(r.column == column for r in self.records)
+
+    def pareto_roster(self) -> list[str]:
+        """The names of the columns the Pareto plot may show: every column that runs or ran."""
+        return [name for i, name in enumerate(self.columns) if self.ran(i)]
+
     def heatmap_frame(self, column: int) -> pd.DataFrame:
         """Column `column`'s finished cells, one row each with HEATMAP_FIELDS (tokens as text, so lengths are
-        evenly spaced categories)."""
+        evenly spaced categories), then a blank row (depth NaN) for each outcome of OUTCOME_COLORS not drawn."""
         rows = [(f"{r.target_tokens}", r.depth, outcome(r), r.answer_text, r.key,
-                 round(r.key_logprob, 2) if r.key_logprob is not None else None,
-                 round(r.cache_bytes / MIB, 2) if r.cache_bytes is not None else None, r.seed)
+                 round(r.key_logprob, 2) if r.key_logprob is not None else NAN,
+                 round(r.cache_bytes / MIB, 2) if r.cache_bytes is not None else NAN, r.seed)
                 for r in self.records if r.column == column]
+        first = rows[0][0] if rows else f"{self.cells[0][0]}" if self.cells else ""
+        drawn = {row[2] for row in rows}
+        rows += [(first, NAN, name, "", "", NAN, NAN, NAN) for name in OUTCOME_COLORS if name not in drawn]
         return pd.DataFrame(rows, columns=HEATMAP_FIELDS)
 
     def summary(self) -> list[dict]:
         return summarize(self.records, self.columns, self.dense)
 
     def pareto_frame(self) -> pd.DataFrame:
-        """One point per column that has scored cells: mean cache MiB, hit rate, on the Pareto front or not."""
+        """One point per column that has scored cells: mean cache MiB, hit rate, on the Pareto front or not; then
+        a blank row (NaN bytes and rate) for each column of `pareto_roster()` without a point yet."""
         rows = [row for row in self.summary() if row["hit_rate"] is not None and row["mean_cache_bytes"] is not None]
         front = pareto_front([(row["mean_cache_bytes"], row["hit_rate"]) for row in rows])
         data = [(row["strategy"], round(row["mean_cache_bytes"] / MIB, 2), round(row["hit_rate"], 3),
                  "front" if on else "dominated") for row, on in zip(rows, front)]
+        drawn = {row[0] for row in data}
+        data += [(name, NAN, NAN, "") for name in self.pareto_roster() if name not in drawn]
         return pd.DataFrame(data, columns=PARETO_FIELDS)
 
     def table(self) -> pd.DataFrame:

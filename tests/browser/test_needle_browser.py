@@ -1,10 +1,13 @@
-"""The Needle tab in headless chromium: heatmaps fill while cells finish, the Pareto plot shows every column."""
+"""The Needle tab in headless chromium: heatmaps fill while cells finish (each finished cell a coloured mark,
+every outcome in the legend from the start), the Pareto plot shows every column."""
 
 import re
 from pathlib import Path
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 COLUMNS = ("dynamic", "sink 4+60", "quantized quanto int4 r128")
+MARKS = "g.mark-symbol.role-mark path"
+"""Vega's drawn points (a blank row of the frame draws none); legend swatches are `.role-legend-symbol`."""
 
 
 def test_needle_heatmaps_fill_live_and_the_pareto_plot_shows_every_column(page):
@@ -16,14 +19,16 @@ def test_needle_heatmaps_fill_live_and_the_pareto_plot_shows_every_column(page):
     status = page.locator("#needle-status")
     status.filter(has_text=re.compile(r"[1-9]\d* of 18 cells done")).wait_for(timeout=600_000)
     assert "finished" not in status.inner_text()  # seen while the grid still runs
-    page.locator("#needle-heatmap-0 svg.marks").wait_for(state="visible")
+    page.locator(f"#needle-heatmap-0 {MARKS}").first.wait_for(state="attached", timeout=30_000)  # a finished cell is drawn live
+    page.locator(f"#needle-pareto {MARKS}").first.wait_for(state="attached", timeout=30_000)
+    assert page.locator("#needle-heatmap-0 .role-legend-symbol path").count() == 4  # every outcome's swatch
     status.filter(has_text="finished in").wait_for(timeout=900_000)
     assert "18 of 18 cells done" in status.inner_text()
     for i in range(len(COLUMNS)):
         page.locator(f"#needle-heatmap-{i} svg.marks").wait_for(state="visible")
-        assert page.locator(f"#needle-heatmap-{i} svg.marks path, #needle-heatmap-{i} svg.marks .mark-symbol").count() > 0
+        page.wait_for_function(f"document.querySelectorAll('#needle-heatmap-{i} {MARKS}').length === 6")
     assert not page.locator("#needle-heatmap-3").is_visible()
-    page.locator("#needle-pareto svg.marks").wait_for(state="visible")
+    page.wait_for_function(f"document.querySelectorAll('#needle-pareto {MARKS}').length === {len(COLUMNS)}")
     table = page.locator("#needle-table").inner_text()
     for name in COLUMNS:
         assert name in table
@@ -31,3 +36,20 @@ def test_needle_heatmaps_fill_live_and_the_pareto_plot_shows_every_column(page):
     for name in COLUMNS:
         assert name in pareto  # the plot's legend names every column
     page.screenshot(path=str(DOCS / "needle.png"), full_page=True)
+
+
+def test_stop_ends_a_needle_run_after_the_cell_in_progress_and_keeps_its_records(page):
+    page.get_by_role("tab", name="Needle").click()
+    page.locator("#needle-columns textarea").fill("dynamic")
+    page.locator("#needle-lengths textarea").fill("128")
+    page.locator("#needle-depths textarea").fill(", ".join(f"{d / 10:g}" for d in range(11)))
+    page.locator("#needle-run").click()
+    status = page.locator("#needle-status")
+    status.filter(has_text=re.compile(r"[1-9]\d* of 11 cells done")).wait_for(timeout=600_000)
+    page.locator("#needle-stop").click()
+    status.filter(has_text="stopped after").wait_for(timeout=120_000)
+    done = int(re.search(r"(\d+) of 11 cells done", status.inner_text()).group(1))
+    assert 1 <= done < 11
+    page.wait_for_function(f"document.querySelectorAll('#needle-heatmap-0 {MARKS}').length === {done}")
+    record = page.locator("#needle-record").inner_text()
+    assert "needle" in record and ".json" in record and ".csv" in record

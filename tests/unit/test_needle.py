@@ -1,6 +1,7 @@
 """The needle wing on the tiny model: prompt building, grid limits, one cell's scores, the grid runner, records."""
 
 import dataclasses
+import functools
 import json
 import threading
 
@@ -11,7 +12,8 @@ from kvlab.engine import Decoder, score_continuation
 from kvlab.generation import GenerationSettings
 from kvlab.needle.cell import run_cell
 from kvlab.needle.grid import MAX_CELLS, GridError, parse_grid, parse_tokens
-from kvlab.needle.prompt import ANSWER_PREFIX, INSTRUCTION, build_passkey_prompt, min_context_tokens, passkey_for
+from kvlab.needle.prompt import (ANSWER_PREFIX, INSTRUCTION, build_passkey_prompt, key_tokens, min_context_tokens,
+                                 passkey_for)
 from kvlab.needle.record import (CSV_FIELDS, CellRecord, load_record, records_to_csv, reproduce_snippet,
                                  summarize)
 from kvlab.needle.runner import NeedleCell, NeedleColumnError, NeedleDone, NeedleStarted, run_needle
@@ -53,6 +55,20 @@ def test_grid_parses_lengths_and_leaves_out_bad_values_with_a_line_each():
         parse_grid("100", [i / 1000 for i in range(MAX_CELLS + 1)])
     with pytest.raises(GridError, match="new tokens"):
         parse_grid("100", "0", "0", 0)
+
+
+def test_new_tokens_fewer_than_the_key_takes_are_raised_to_it_with_a_problem_line(tiny_tokenizer):
+    prompts = [build_passkey_prompt(tiny_tokenizer, 200, 0.5, seed) for seed in (0, 1, 2)]
+    needed = key_tokens(tiny_tokenizer, [0, 1, 2])
+    assert needed == max(len(p.key_ids) for p in prompts) > 1
+    count = functools.partial(key_tokens, tiny_tokenizer)
+    grid = parse_grid("200", "0", "0 1 2", 1, key_tokens=count)
+    assert grid.new_tokens == needed
+    assert grid.problems == [f"new tokens 1 is fewer than the {needed} tokens the key takes (no cell could hit); "
+                             f"raised to {needed}"]
+    assert parse_grid("200", "0", "0 1 2", needed, key_tokens=count).problems == []
+    with pytest.raises(GridError, match="the key takes 40 tokens"):
+        parse_grid("200", "0", "0", 1, key_tokens=lambda seeds: 40)
 
 
 def _scored(tiny, strategy, prompt):

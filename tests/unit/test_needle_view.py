@@ -1,5 +1,7 @@
 """The Needle tab's view model, its column parsing with sweeps, the tab's stream on the tiny model, presets."""
 
+from pathlib import Path
+
 import gradio as gr
 import pytest
 
@@ -8,7 +10,7 @@ from kvlab.needle.preset import list_needle_presets, load_needle_preset
 from kvlab.needle.runner import run_needle
 from kvlab.presets import PresetError, list_presets
 from kvlab.ui.needle_tab import NeedleTab, column_specs
-from kvlab.ui.needle_view import GATED, HEATMAP_FIELDS, MISS, NeedleView, pareto_front
+from kvlab.ui.needle_view import GATED, HEATMAP_FIELDS, MISS, OUTCOME_COLORS, NeedleView, pareto_front
 
 
 def test_sweeps_expand_into_columns_and_bad_items_stay_in_their_place():
@@ -32,11 +34,14 @@ def test_view_fills_heatmaps_with_one_outcome_scale_and_puts_every_column_on_the
     for event in run_needle(tiny, [{"strategy": "dynamic"}, {"strategy": "sink", "window_length": 64}], grid):
         view.apply(event)
     frame = view.heatmap_frame(1)
-    assert list(frame.columns) == list(HEATMAP_FIELDS) and len(frame) == 2
+    assert list(frame.columns) == list(HEATMAP_FIELDS) and set(frame["outcome"]) == set(OUTCOME_COLORS)
+    drawn = frame.dropna(subset=["depth"])
+    assert len(drawn) == 2 and len(frame) == 2 + len(OUTCOME_COLORS) - len(set(drawn["outcome"]))
+    frame = drawn
     dense = {r.cell: r.hit for r in view.records if r.column == 0}
     assert all(o == (GATED if not dense[(120, d, 0)] else o) for d, o in zip(frame["depth"], frame["outcome"]))
     assert set(frame["outcome"]) <= {GATED, MISS, "hit"}
-    pareto = view.pareto_frame()
+    pareto = view.pareto_frame().dropna(subset=["hit_rate"])
     assert list(pareto["column"]) == [c for c, row in zip(view.columns, view.summary()) if row["scored"]]
     assert "4 of 4 cells done" in view.status_text() and "finished in" in view.status_text()
 
@@ -50,9 +55,31 @@ def test_tab_streams_live_updates_and_reports_bad_input_in_its_status(tiny_pool)
     assert "the grid is empty" in bad[-1][tab.status]
     updates = list(tab.stream({}, "bundled", "dynamic, sink:window_length=64|128", "120", "0, 2", "0", 2))
     assert "depth 2 is outside [0, 1]" in updates[-1][tab.status]
-    filled = [len(u[tab.heatmaps[0]]["value"]) for u in updates[1:] if u[tab.heatmaps[0]].get("value") is not None]
-    assert filled[0] == 1 and filled[-1] == 1 and len(updates) >= 5
-    assert updates[-1][tab.heatmaps[3]]["visible"] is False and updates[-2][tab.download].endswith(".json")
+    frames = [u[tab.heatmaps[0]]["value"] for u in updates[1:] if u[tab.heatmaps[0]].get("value") is not None]
+    filled = [len(frame.dropna(subset=["depth"])) for frame in frames]
+    assert filled[0] == 0 and filled[-1] == 1 and len(updates) >= 5
+    assert all(set(frame["outcome"]) == set(OUTCOME_COLORS) for frame in frames)  # every colour from the primer on
+    maps = [u[tab.heatmaps[0]]["color_map"] for u in updates[1:] if "color_map" in u[tab.heatmaps[0]]]
+    upper, lower = ({k: case(v) for k, v in OUTCOME_COLORS.items()} for case in (str.upper, str.lower))
+    assert maps[0] == lower and maps[-2] == upper and maps[-1] == lower  # the last frame rebuilds the spec
+    assert len({str(m) for m in maps}) == 2
+    first_upper = maps.index(upper)
+    assert filled[first_upper] == 0 and filled[first_upper + 1] == 1  # the spec settles before the first point
+    assert updates[-1][tab.heatmaps[3]]["visible"] is False
+    assert [Path(p).suffix for p in updates[-2][tab.download]] == [".json", ".csv"]
+
+
+def test_a_column_that_never_ran_has_no_heatmap_and_its_reason_wraps_in_the_table(tiny_pool):
+    with gr.Blocks():
+        tab = NeedleTab(tiny_pool).build()
+    assert tab.table.wrap is True
+    updates = list(tab.stream({}, "bundled", "dynamic, nope, sink:window_length=0", "120", "0", "0", 2))
+    last = updates[-1]
+    assert last[tab.heatmaps[0]]["visible"] is True
+    assert last[tab.heatmaps[1]]["visible"] is False and last[tab.heatmaps[2]]["visible"] is False
+    notes = list(last[tab.table]["note"])
+    assert notes[0] == "" and "unknown strategy" in notes[1] and notes[2]
+    assert set(last[tab.pareto]["value"]["column"]) == {"dynamic"}
 
 
 def test_redraw_puts_every_scored_column_on_the_pareto_plot_in_its_colour(tiny_pool):
@@ -63,6 +90,11 @@ def test_redraw_puts_every_scored_column_on_the_pareto_plot_in_its_colour(tiny_p
         tab = NeedleTab(tiny_pool).build()
     view = NeedleView()
     view.apply(NeedleStarted(["dynamic", "sink 4+60"], [(100, 0.0, 0), (100, 1.0, 0)], [0], []))
+    primer = tab.redraw(view, primer=True)
+    assert list(primer[tab.pareto]["value"]["column"]) == view.columns  # every column known before its point
+    assert primer[tab.pareto]["value"]["hit_rate"].isna().all()
+    assert all(c == c.lower() for c in primer[tab.pareto]["color_map"].values())
+    assert set(primer[tab.heatmaps[1]]["value"]["outcome"]) == set(OUTCOME_COLORS)
     for column, depth, hit, size in ((0, 0.0, True, 400), (1, 0.0, False, 100), (0, 1.0, True, 400),
                                      (1, 1.0, True, 100)):
         view.apply(NeedleCell(CellRecord(column, view.columns[column], 100, 100, depth, 0, "12345", 10, "t", [1],
