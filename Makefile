@@ -18,7 +18,7 @@ run: setup
 	$(PYTHON) app.py
 
 test: setup-test
-	$(PYTHON) -m pytest -q tests
+	$(PYTHON) -m pytest -q --durations=15 tests
 
 test-fast: setup-test
 	$(PYTHON) -m pytest -q -m unit tests
