@@ -236,7 +236,7 @@ def test_makefile_targets_use_the_venv_python() -> None:
     assert "PYTHON := .venv/bin/python" in text
     for target in ["run", "test", "test-fast", "bench", "clean"]:
         assert re.search(rf"^{target}:", text, re.MULTILINE), f"no '{target}' target"
-    assert "$(PYTHON) -m pytest -q tests" in text
+    assert re.search(r"^test: setup-test\n\t\$\(PYTHON\) -m pytest -q (--durations=\d+ )?tests$", text, re.MULTILINE)
     assert re.search(r"^test-fast: setup-test\n\t\$\(PYTHON\) -m pytest -q -m unit tests$", text, re.MULTILINE)
     assert "activate" not in text
 
