@@ -42,7 +42,8 @@ def test_the_budget_preset_shows_two_switches(page):
     summary = page.locator("#kv-summary")
     summary.wait_for(state="visible")
     table = summary.inner_text()
-    assert "dynamic · budget 3.00 MiB" in table and "switched to sink 4+44" in table
+    notes = page.locator("#kv-summary-notes").text_content()  # the whole notes, behind their toggle
+    assert "dynamic · budget 3.00 MiB" in table and "switched to sink 4+44" in notes
 
     ARTIFACTS.mkdir(exist_ok=True)
     page.screenshot(path=str(SCREENSHOT), full_page=True)
