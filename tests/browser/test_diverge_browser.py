@@ -30,7 +30,6 @@ def test_the_first_divergence_link_opens_inspect_at_that_step_with_both_strategi
     page.wait_for_function(f"document.querySelector('#kv-prompt textarea').value === {SAMPLING_PROMPT!r}")
     page.locator("#kv-decoding").get_by_text("greedy").click()
     page.locator("#kv-max-new input").fill(str(NEW_TOKENS))
-    page.locator("#kv-retime input").uncheck()
     page.click("#kv-run")
     snap = wait_for_status(page, "finished", "stopped", "✖")
     assert snap["status"].startswith("finished"), snap["status"]
