@@ -68,15 +68,16 @@ def test_ratio_zero_keeps_every_position_and_matches_dynamic(tiny):
 
 def test_hooks_are_removed_after_a_scoring_error(tiny):
     attentions = [layer.self_attn for layer in tiny.model.model.layers]
+    before = [len(a._forward_hooks) for a in attentions]  # transformers may keep its own output-capture hooks
 
     def failing(inputs):
         raise RuntimeError("scoring failed")
 
     with pytest.raises(RuntimeError, match="scoring failed"):
         with prune_at_prefill(tiny.model, failing, lambda seq, layer: seq):
-            assert all(len(a._forward_hooks) == 1 for a in attentions)
+            assert [len(a._forward_hooks) for a in attentions] == [n + 1 for n in before]
             tiny.model(input_ids=torch.arange(5, 25)[None], use_cache=True)
-    assert all(len(a._forward_hooks) == 0 for a in attentions)
+    assert [len(a._forward_hooks) for a in attentions] == before
 
 
 def test_target_tokens_and_target_mib_set_the_kept_count(tiny):
