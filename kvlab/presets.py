@@ -139,8 +139,12 @@ def parse_preset(data: dict, source: str = "preset", lenient_columns: bool = Fal
         raise PresetError(f"{source}: " + "; ".join(problems)) from None
 
 
-def load_preset(path: str | Path) -> Preset:
-    """Read and validate one preset file (a name like `quickstart` looks in `presets_dir()`)."""
+def read_preset_yaml(path: str | Path) -> tuple[Path, object]:
+    """(the file, its parsed YAML) for a preset path or a name like `quickstart` (looked up in `presets_dir()`).
+
+    Raises:
+        PresetError: no such file, or not valid YAML.
+    """
     path = Path(path)
     named = presets_dir() / f"{path}.yaml"
     if not path.exists() and named.exists():
@@ -148,9 +152,14 @@ def load_preset(path: str | Path) -> Preset:
     if not path.is_file():
         raise PresetError(f"preset file not found: {path}")
     try:
-        data = yaml.safe_load(path.read_text())
+        return path, yaml.safe_load(path.read_text())
     except yaml.YAMLError as err:
         raise PresetError(f"{path.name}: not valid YAML: {err}") from None
+
+
+def load_preset(path: str | Path) -> Preset:
+    """Read and validate one preset file (a name like `quickstart` looks in `presets_dir()`)."""
+    path, data = read_preset_yaml(path)
     return parse_preset(data, path.name)
 
 

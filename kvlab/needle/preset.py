@@ -14,7 +14,7 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from ..presets import ModelSection, PresetError, presets_dir
+from ..presets import ModelSection, PresetError, presets_dir, read_preset_yaml
 from ..columns import MAX_COLUMNS, Column
 from ..strategies import STRATEGIES, StrategyError
 from .grid import DEFAULT_DEPTHS, DEFAULT_NEW_TOKENS, MAX_NEW_TOKENS
@@ -61,16 +61,7 @@ def load_needle_preset(path: str | Path) -> NeedlePreset:
     Raises:
         PresetError: missing file, not YAML, or a field that fails the schema (the message names it).
     """
-    path = Path(path)
-    named = presets_dir() / f"{path}.yaml"
-    if not path.exists() and named.exists():
-        path = named
-    if not path.is_file():
-        raise PresetError(f"preset file not found: {path}")
-    try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as err:
-        raise PresetError(f"{path.name}: not valid YAML: {err}") from None
+    path, data = read_preset_yaml(path)
     try:
         return NeedlePreset.model_validate(data)
     except ValidationError as err:
