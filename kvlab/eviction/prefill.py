@@ -29,40 +29,54 @@ from .scoring import LayerInputs
 
 @dataclass
 class LayerEviction:
-    """What one layer kept. kept: (kv_heads, kept) prompt positions, ascending, int64 on the CPU.
-    scores: (kv_heads, seq) the method's score of every prompt position, float32 on the CPU."""
+    """What one layer kept at its last compression. kept: (kv_heads, kept) absolute positions, ascending, int64 on
+    the CPU. scores: (kv_heads, positions) the method's score of every position scored, indexed by absolute
+    position, float32 on the CPU; NaN for a position the layer no longer held when it was scored.
+    compressions: how many times the layer was compressed while decoding (`kvlab.eviction.decoding`)."""
 
     layer_idx: int
     kept: torch.Tensor
     scores: torch.Tensor
+    compressions: int = 0
 
     @property
     def kept_tokens(self) -> int:
         return int(self.kept.shape[-1])
 
 
+def _runs(mask: list[bool]) -> tuple[tuple[str, int, int], ...]:
+    """(state, start, stop) runs of `held`/`evicted` over a per-position mask."""
+    runs: list[tuple[str, int, int]] = []
+    for position, kept in enumerate(mask):
+        state = "held" if kept else "evicted"
+        if runs and runs[-1][0] == state:
+            runs[-1] = (state, runs[-1][1], position + 1)
+        else:
+            runs.append((state, position, position + 1))
+    return tuple(runs)
+
+
 @dataclass
 class EvictionRecord:
-    """Per layer, what a prefill kept (`layers`), and the layers left whole with the reason (`skipped`).
-    prompt_tokens: positions scored (the part of the prompt that was compressed)."""
+    """Per layer, what a prefill (and any compression while decoding) kept (`layers`), and the layers left whole
+    with the reason (`skipped`). prompt_tokens: positions scored at prefill (the part of the prompt compressed)."""
 
     prompt_tokens: int = 0
     layers: dict[int, LayerEviction] = field(default_factory=dict)
     skipped: dict[int, str] = field(default_factory=dict)
 
-    def head_runs(self, layer_idx: int, seen_tokens: int) -> tuple[tuple[tuple[str, int, int], ...], ...]:
-        """Per KV head of layer `layer_idx`, (state, start, stop) runs over positions 0..seen_tokens-1: `held` or
-        `evicted` over the scored prompt, `held` after it (tokens fed later are all kept). The Inspect strip."""
-        mask = self.kept_mask(layer_idx).tolist()
+    def head_runs(self, layer_idx: int, seen_tokens: int,
+                  held: torch.Tensor | None = None) -> tuple[tuple[tuple[str, int, int], ...], ...]:
+        """Per KV head of layer `layer_idx`, (state, start, stop) runs over positions 0..seen_tokens-1, `held` or
+        `evicted`: from `held` ((kv_heads, held) absolute positions the layer says it holds) when given; else
+        from the prefill's choice over the scored prompt, every later token held. The Inspect strip."""
+        if held is not None:
+            mask = torch.zeros(held.shape[0], seen_tokens, dtype=torch.bool)
+            mask.scatter_(1, held.long().clamp(max=seen_tokens - 1), True)
+            return tuple(_runs(row) for row in mask.tolist())
         heads = []
-        for row in mask:
-            runs: list[tuple[str, int, int]] = []
-            for position, kept in enumerate(row):
-                state = "held" if kept else "evicted"
-                if runs and runs[-1][0] == state:
-                    runs[-1] = (state, runs[-1][1], position + 1)
-                else:
-                    runs.append((state, position, position + 1))
+        for row in self.kept_mask(layer_idx).tolist():
+            runs = list(_runs(row))
             if seen_tokens > self.prompt_tokens:
                 if runs and runs[-1][0] == "held":
                     runs[-1] = ("held", runs[-1][1], seen_tokens)
@@ -72,11 +86,21 @@ class EvictionRecord:
         return tuple(heads)
 
     def kept_mask(self, layer_idx: int) -> torch.Tensor:
-        """(kv_heads, prompt_tokens) bool: True where layer `layer_idx` kept the position."""
+        """(kv_heads, positions scored) bool: True where layer `layer_idx` kept the position."""
         layer = self.layers[layer_idx]
         mask = torch.zeros(layer.scores.shape, dtype=torch.bool)
         mask.scatter_(1, layer.kept, True)
         return mask
+
+    def note_compression(self, layer_idx: int, before: torch.Tensor, scores: torch.Tensor, after: torch.Tensor,
+                         seen_tokens: int, pruned: bool = True) -> None:
+        """Record a compression while decoding: `before`/`after` (kv_heads, held) absolute positions held before
+        and after, `scores` (kv_heads, len(before)) their scores in storage order."""
+        by_position = torch.full((before.shape[0], seen_tokens), float("nan"))
+        by_position.scatter_(1, before.long().cpu(), scores.detach().float().cpu())
+        previous = self.layers.get(layer_idx)
+        count = (previous.compressions if previous else 0) + int(pruned)
+        self.layers[layer_idx] = LayerEviction(layer_idx, after.sort(dim=-1).values.cpu(), by_position, count)
 
 
 Scorer = Callable[[LayerInputs], torch.Tensor]
@@ -121,18 +145,30 @@ def prune_layer(layer, scores: torch.Tensor, kept: int) -> torch.Tensor:
     gather = indices.unsqueeze(-1).expand(-1, -1, -1, head_dim)
     layer.keys = layer.keys.gather(2, gather).contiguous()
     layer.values = layer.values.gather(2, gather).contiguous()
+    keep_slots = getattr(layer, "keep_slots", None)
+    if callable(keep_slots):  # a layer that tracks the positions it holds (kvlab's PrunedLayer)
+        keep_slots(indices)
     return indices
 
 
 @contextlib.contextmanager
-def prune_at_prefill(model, score: Scorer, kept_tokens: KeptTokens, record: EvictionRecord | None = None):
+def prune_at_prefill(model, score: Scorer, kept_tokens: KeptTokens, record: EvictionRecord | None = None,
+                     compress_every: int = 0):
     """While open, every forward of `model` on an empty cache prunes each full-attention layer's cache to
     `kept_tokens(seq, layer_idx)` positions per KV head ranked by `score`; yields the `EvictionRecord` filled
-    in (batch row 0). A forward on a cache that already holds more tokens than it was fed is not pruned.
+    in (batch row 0). A later forward (the cache already held tokens) is not pruned, unless `compress_every` is
+    set: then each layer buffers the tokens fed and, every `compress_every` of them, is compressed back to
+    `kept_tokens(record.prompt_tokens, layer_idx)` (`kvlab.eviction.decoding`, kvpress's DecodingPress). The
+    buffer lives on the cache, so the block may be opened anew for each forward.
 
-    Raises (from inside the forward):
-        ValueError: the scorer or the budget refuses the prompt (e.g. shorter than SnapKV's window).
+    Raises:
+        ValueError: `compress_every` < 0; from inside the forward, the scorer or the budget refuses the prompt
+            (e.g. shorter than SnapKV's window) or the buffered tokens.
     """
+    from .decoding import buffer_of, decode_step
+
+    if compress_every < 0:
+        raise ValueError(f"compress_every must be >= 0, got {compress_every}")
     record = EvictionRecord() if record is None else record
     decoder = decoder_of(model)
     rotary = getattr(decoder, "rotary_emb", None)
@@ -145,9 +181,15 @@ def prune_at_prefill(model, score: Scorer, kept_tokens: KeptTokens, record: Evic
             return output
         layer = cache.layers[module.layer_idx]
         seq = hidden.shape[1]
-        if layer.keys is None or layer.keys.shape[2] != seq:
+        if layer.keys is None:
             return output
         cos, sin = kwargs["position_embeddings"]
+        if layer.keys.shape[2] != seq:  # the cache held tokens before this forward: not a prefill
+            if compress_every and record.prompt_tokens:
+                kept = kept_tokens(record.prompt_tokens, module.layer_idx)
+                decode_step(module, layer, buffer_of(cache), (hidden.detach(), cos, sin), score, kept,
+                            compress_every, rotary, record)
+            return output
         inputs = LayerInputs(module, hidden, layer.keys, layer.values, cos, sin, rotary)
         scores = score(inputs)
         kept = prune_layer(layer, scores, kept_tokens(seq, module.layer_idx))

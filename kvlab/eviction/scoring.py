@@ -29,6 +29,10 @@ class LayerInputs:
     hidden_states: (batch, seq, hidden) the attention's input. keys, values: (batch, kv_heads, seq, head_dim)
     as cached (keys rotated). cos, sin: (batch, seq, head_dim) rotary tables of the prefill positions.
     rotary: the model's rotary embedding module (`forward(x, position_ids) -> (cos, sin)`), or None.
+    next_position: the absolute position of the token after these (None: `keys.shape[2]`, true at prefill).
+
+    While decoding (`kvlab.eviction.decoding`), hidden_states, cos and sin are the last `n` tokens fed, which
+    are the last `n` cached keys; the keys before them are whatever the cache still holds.
     """
 
     attention: torch.nn.Module
@@ -38,6 +42,12 @@ class LayerInputs:
     cos: torch.Tensor
     sin: torch.Tensor
     rotary: torch.nn.Module | None = None
+    next_position: int | None = None
+
+    @property
+    def position_after(self) -> int:
+        """The absolute position of the next token (`next_position`, else the cached length)."""
+        return self.keys.shape[2] if self.next_position is None else self.next_position
 
     @property
     def num_heads(self) -> int:
@@ -122,19 +132,21 @@ def tova_scores(inputs: LayerInputs) -> torch.Tensor:
 
 
 def observed_attention_scores(inputs: LayerInputs) -> torch.Tensor:
-    """H2O-style observed attention (arXiv:2306.14048; kvpress `presses/observed_attention_press.py`): the prompt's
-    causal attention weights summed over queries and divided by how many queries could attend to the key, averaged
-    over each KV head's query group. kvpress reads the weights from eager attention; kvlab computes them from the
-    layer's queries and keys, so any attention kernel works.
+    """H2O-style observed attention (arXiv:2306.14048; kvpress `presses/observed_attention_press.py`): the causal
+    attention weights of the fed queries (the whole prompt at prefill) summed over queries and divided by how many
+    of them could attend to the key, averaged over each KV head's query group. kvpress reads the weights from
+    eager attention; kvlab computes them from the layer's queries and keys, so any attention kernel works.
 
     Raises:
-        ValueError: a prompt longer than OBSERVED_ATTENTION_MAX_TOKENS.
+        ValueError: more than OBSERVED_ATTENTION_MAX_TOKENS cached keys.
     """
     batch, kv_heads, seq, _ = inputs.keys.shape
     if seq > OBSERVED_ATTENTION_MAX_TOKENS:
         raise ValueError(f"observed_attention scores at most {OBSERVED_ATTENTION_MAX_TOKENS} prompt tokens, got {seq}")
-    weights = last_queries_attention(inputs, seq)
-    scores = weights.sum(2) / torch.arange(seq, 0, -1, dtype=weights.dtype, device=weights.device)
+    fed = inputs.hidden_states.shape[1]
+    weights = last_queries_attention(inputs, fed)
+    seeing = torch.arange(seq, 0, -1, dtype=weights.dtype, device=weights.device).clamp(max=fed)
+    scores = weights.sum(2) / seeing
     return scores.view(batch, kv_heads, inputs.groups, seq).mean(2)
 
 
@@ -174,7 +186,9 @@ def expected_attention_scores(inputs: LayerInputs, n_future_positions: int = 512
     `n_future_positions` queries are expected to pay each key, from the mean (and covariance) of the prompt's
     pre-rotary queries after its first `n_sink`, rotated by the averaged future rotary matrix:
     softmax(K·mu/sqrt(d) + K·Sigma·K/(2d)), averaged over the query group, times the value norm (`use_vnorm`).
-    The first `n_sink` positions are always kept.
+    The first `n_sink` cached positions are always kept. The future positions start at `inputs.position_after`;
+    kvpress starts them at the fed length, which is the same at prefill and not while decoding (kvlab
+    `kvlab.eviction.decoding` feeds the true position).
 
     Raises:
         ValueError: a prompt of `n_sink` tokens or fewer, or a model without a rotary embedding module.
@@ -187,12 +201,12 @@ def expected_attention_scores(inputs: LayerInputs, n_future_positions: int = 512
     queries = prerope_queries(inputs.attention, inputs.hidden_states[:, n_sink:])
     mean = queries.mean(dim=2, keepdim=True)
     centered = queries - mean
-    rotation = _averaged_rotation(inputs, seq, n_future_positions).to(mean.device)
+    rotation = _averaged_rotation(inputs, inputs.position_after, n_future_positions).to(mean.device)
     mean = mean.squeeze(2) @ rotation.T
     keys = repeat_kv(inputs.keys[:, :, n_sink:], inputs.groups).transpose(2, 3)
     scores = (mean.unsqueeze(2) @ keys).squeeze(2) / math.sqrt(head_dim)
     if use_covariance:
-        cov = torch.einsum("bnsi,bnsj->bnij", centered, centered) / (seq - n_sink)
+        cov = torch.einsum("bnsi,bnsj->bnij", centered, centered) / queries.shape[2]
         cov = rotation @ cov @ rotation.T
         scores = scores + torch.einsum("bhin,bhij,bhjn->bhn", keys, cov, keys) / head_dim / 2
     scores = F.softmax(scores, dim=-1).view(batch, kv_heads, inputs.groups, seq - n_sink).mean(dim=2)

@@ -21,6 +21,8 @@ This module runs and describes; it does not render (`kvlab.ui.inspect_view`) and
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import asdict, dataclass, replace
 
 import torch
@@ -237,14 +239,19 @@ def layer_types(config, count: int) -> list[str]:
     return [types[i] if i < len(types) else "full_attention" for i in range(count)]
 
 
-def _with_eviction(row: LayerRow, record, seen_tokens: int) -> LayerRow:
-    """`row` with the kept/evicted positions per KV head and their scores, when `record` (a pruned cache's
-    `EvictionRecord`) pruned this layer; the layer's own strip then shows head 0's."""
+def _with_eviction(row: LayerRow, layer, record, seen_tokens: int) -> LayerRow:
+    """`row` with the held/evicted positions per KV head and their scores (None where not scored), when `record`
+    (a pruned cache's `EvictionRecord`) pruned this layer; the layer's own strip then shows head 0's. The
+    positions come from the layer's `held_positions()` where it has one (it follows compressions while
+    decoding), else from the prefill's record."""
     index = row.layers[0]
     if record is None or index not in record.layers:
         return row
-    heads = record.head_runs(index, seen_tokens)
-    scores = tuple(tuple(round(float(x), 6) for x in head) for head in record.layers[index].scores.tolist())
+    own = getattr(layer, "held_positions", None)
+    held = own() if callable(own) else None
+    heads = record.head_runs(index, seen_tokens, held)
+    scores = tuple(tuple(None if math.isnan(x) else round(float(x), 6) for x in head)
+                   for head in record.layers[index].scores.tolist())
     return replace(row, strip=heads[0], head_strips=heads, head_scores=scores)
 
 
@@ -253,7 +260,8 @@ def layer_rows(cache, config, seen_tokens: int, max_shown: int = MAX_LAYERS_SHOW
     layers that read the same are collapsed into one row spanning them."""
     layers = list(getattr(cache, "layers", None) or [])
     types = layer_types(config, len(layers))
-    rows = [_with_eviction(layer_row(layer, i, types[i], seen_tokens), getattr(cache, "eviction", None), seen_tokens)
+    record = getattr(cache, "eviction", None)
+    rows = [_with_eviction(layer_row(layer, i, types[i], seen_tokens), layer, record, seen_tokens)
             for i, layer in enumerate(layers)]
     if len(rows) <= max_shown:
         return tuple(rows)

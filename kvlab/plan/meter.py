@@ -178,14 +178,17 @@ class StrategyMeter:
     def _measure(self, group: LayerGroup, context: int, prefill: int, cache) -> int:
         index = group.indices[0]
         if self.strategy.is_evicting and group.layer_type == "full_attention":
-            # A scored-eviction strategy keeps `kept_tokens` of the prompt per layer; decoded tokens all stay.
+            # A scored-eviction strategy keeps `kept_tokens` of the prompt per layer; decoded tokens all stay, or,
+            # with `compress_every`, the layer is back at its budget every that many tokens.
             config = self.arch.stand_in.config
             kept = {self.strategy.kept_tokens(prefill, i, config, self.dtype) for i in group.indices}
             if len(kept) > 1:
                 raise MeasureError(f"{self.strategy.describe()} keeps a different number of positions in each "
                                    f"layer ({min(kept)}..{max(kept)} of {prefill}); Plan measures one layer per group")
             held = kept.pop()
-            context, prefill = context - prefill + held, held
+            decoded = context - prefill
+            every = getattr(self.strategy, "compress_every", 0)
+            context, prefill = held + (decoded % every if every else decoded), held
         layer = cache.layers[index] if index < len(cache.layers) else None
         chunks = split_schedule(layer, prefill, context - prefill)
         if index not in self._on_cpu:

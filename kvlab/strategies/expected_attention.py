@@ -33,6 +33,9 @@ class ExpectedAttention(ScoredEviction):
         for knob in ("use_covariance", "use_vnorm"):
             if not isinstance(getattr(self, knob), bool):
                 raise StrategyError(f"{knob} must be true or false, got {getattr(self, knob)!r}")
+        if 0 < self.compress_every <= self.n_sink:
+            raise StrategyError(f"expected_attention: compress_every must be more than n_sink={self.n_sink} (the "
+                                f"query statistics skip the first n_sink tokens fed), got {self.compress_every}")
         if isinstance(self.epsilon, bool) or not isinstance(self.epsilon, (int, float)) or self.epsilon < 0:
             raise StrategyError(f"epsilon must be a number >= 0, got {self.epsilon!r}")
 

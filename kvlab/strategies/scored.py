@@ -11,7 +11,11 @@ layers). `query_aware: false` with `question_tokens: N` compresses the prompt wi
 question) and feeds them afterwards, as kvpress's pipeline does; `query_aware: true` compresses the whole prompt.
 Sliding-window layers (Gemma 3) are not pruned, as kvpress leaves them: they keep their window.
 
-Not done here: compression during decoding (kvpress's DecodingPress), batches of several rows.
+`compress_every: N` (0: off) compresses each layer back to its prefill budget every N tokens fed after the
+prompt (kvpress's DecodingPress, `kvlab.eviction.decoding`), so a long run stays near its budget; at N = 1 a
+layer evicts one position per step, as TOVA's and H2O's papers do.
+
+Not done here: batches of several rows.
 """
 
 from __future__ import annotations
@@ -26,27 +30,89 @@ DEFAULT_COMPRESSION_RATIO = 0.5
 """kvlab's default (kvpress's presses default to 0.0, which keeps everything)."""
 
 
-def _pruned_cache_class():
-    from transformers import DynamicCache
+class HeldPositions:
+    """A pruned layer's bookkeeping: `positions` ((kv_heads, held) int64 absolute positions, or None before the
+    first token) and `seen` (tokens fed)."""
+
+    def __init__(self):
+        self.positions = None
+        self.seen = 0
+
+
+def _pruned_cache_classes():
+    import torch
+    from transformers import DynamicCache, DynamicLayer
+
+    class PrunedLayer(DynamicLayer):
+        """A `DynamicLayer` that knows which absolute positions it holds (batch row 0): `positions`,
+        (kv_heads, held) int64 on the CPU in storage order, kept in step with `keys`/`values` by `update` and
+        `keep_slots`; `seen`, the tokens fed to it. `held_positions()` is what `kvlab.inspect.held` reads for
+        divergence forensics. The bookkeeping sits in a `HeldPositions` object, which the byte counts of
+        `kvlab.accounting` (every tensor attribute of a layer) do not see: it is not cache data."""
+
+        is_croppable = False
+
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.held = HeldPositions()
+
+        @property
+        def positions(self):
+            return self.held.positions
+
+        @property
+        def seen(self) -> int:
+            return self.held.seen
+
+        def update(self, key_states, value_states, *args, **kwargs):
+            fed, heads = key_states.shape[-2], key_states.shape[1]
+            new = torch.arange(self.held.seen, self.held.seen + fed).expand(heads, -1)
+            old = self.held.positions
+            self.held.positions = new.clone() if old is None else torch.cat([old, new], dim=1)
+            self.held.seen += fed
+            return super().update(key_states, value_states, *args, **kwargs)
+
+        def keep_slots(self, indices) -> None:
+            """Follow a prune: `indices` (batch, kv_heads, kept) are the slots kept, in their new order."""
+            self.held.positions = self.held.positions.gather(1, indices[0].cpu())
+
+        def held_positions(self):
+            """(kv_heads, held) absolute positions of the held keys/values, in storage order."""
+            return self.held.positions
+
+        def reset(self) -> None:
+            super().reset()
+            self.held = HeldPositions()
+
+        def crop(self, tokens_to_remove: int) -> None:
+            raise NotImplementedError("a pruned cache cannot be cropped: the positions it evicted are gone")
 
     class PrunedCache(DynamicCache):
-        """A `DynamicCache` whose prompt was pruned at prefill; `eviction` holds the `EvictionRecord`
-        (what each layer kept, with the scores), for the Inspect view."""
+        """A `DynamicCache` whose prompt was pruned at prefill (and, with `compress_every`, again while
+        decoding); full-attention layers are `PrunedLayer`s. `eviction` holds the `EvictionRecord` (what each
+        layer kept, with the scores), for the Inspect view."""
 
         eviction = None
 
-    return PrunedCache
+        def __init__(self, config):
+            super().__init__(config=config)
+            for index, layer in enumerate(self.layers):
+                if type(layer) is DynamicLayer:
+                    self.layers[index] = PrunedLayer()
+
+    return PrunedLayer, PrunedCache
 
 
-_PRUNED_CACHE = None
+_CLASSES = None
 
 
 def pruned_cache(config):
-    """A fresh `PrunedCache(config=config)` (a `DynamicCache` with an `eviction` record slot)."""
-    global _PRUNED_CACHE
-    if _PRUNED_CACHE is None:
-        _PRUNED_CACHE = _pruned_cache_class()
-    return _PRUNED_CACHE(config=config)
+    """A fresh `PrunedCache(config)`: a `DynamicCache` with an `eviction` record slot whose full-attention layers
+    track the positions they hold."""
+    global _CLASSES
+    if _CLASSES is None:
+        _CLASSES = _pruned_cache_classes()
+    return _CLASSES[1](config)
 
 
 @dataclass
@@ -58,12 +124,13 @@ class ScoredEviction(Strategy):
     paper: ClassVar[str] = ""
     kvpress_file: ClassVar[str] = ""
     scorer_name: ClassVar[str] = ""
-    title_knobs = ("compression_ratio", "target_tokens", "target_mib")
+    title_knobs = ("compression_ratio", "target_tokens", "target_mib", "compress_every")
     compression_ratio: float = DEFAULT_COMPRESSION_RATIO
     target_tokens: int = 0
     target_mib: float = 0.0
     query_aware: bool = True
     question_tokens: int = 0
+    compress_every: int = 0
 
     def __post_init__(self):
         ratio = self.compression_ratio
@@ -82,16 +149,21 @@ class ScoredEviction(Strategy):
         if not self.query_aware and not self.question_tokens:
             raise StrategyError("query_aware: false needs question_tokens >= 1 (the prompt's last tokens that "
                                 "are fed after compression)")
+        require_int("compress_every", self.compress_every, 0)
 
     def title(self) -> str:
         if self.target_tokens:
-            return f"{self.name} {self.target_tokens} tok"
-        if self.target_mib:
-            return f"{self.name} {self.target_mib:g} MiB"
-        return f"{self.name} {self.compression_ratio:g}"
+            budget = f"{self.target_tokens} tok"
+        elif self.target_mib:
+            budget = f"{self.target_mib:g} MiB"
+        else:
+            budget = f"{self.compression_ratio:g}"
+        return f"{self.name} {budget}" + (f" every {self.compress_every}" if self.compress_every else "")
 
     def caveat(self) -> str:
-        return ("the prompt's keys/values were pruned per layer and head after prefill; decoded tokens are all kept"
+        decode = (f"every {self.compress_every} tokens fed after the prompt, each layer was compressed back to its "
+                  "budget (kvpress's DecodingPress)" if self.compress_every else "decoded tokens are all kept")
+        return ("the prompt's keys/values were pruned per layer and head after prefill; " + decode
                 + ("" if self.query_aware else f"; the last {self.question_tokens} prompt tokens were fed afterwards"))
 
     def unavailable_reason(self, loaded) -> str | None:
@@ -164,8 +236,20 @@ class ScoredEviction(Strategy):
         return self._feed(loaded, cache, sequence, total - compressed)
 
     def _feed(self, loaded, cache, sequence, new_tokens: int):
-        """Feed the last `new_tokens` after pruning; one token per forward when the layers hold different
-        lengths (PyramidKV), because transformers builds one causal mask from layer 0's length."""
+        """Feed the last `new_tokens` after pruning, compressing while decoding when `compress_every` is set."""
+        record = getattr(cache, "eviction", None)
+        if not self.compress_every or record is None:
+            return self._feed_tokens(loaded, cache, sequence, new_tokens)
+        from ..eviction.prefill import prune_at_prefill
+
+        config, dtype = loaded.config, loaded.model.dtype
+        with prune_at_prefill(loaded.model, self.score, lambda seq, layer: self.kept_tokens(seq, layer, config, dtype),
+                              record, self.compress_every):
+            return self._feed_tokens(loaded, cache, sequence, new_tokens)
+
+    def _feed_tokens(self, loaded, cache, sequence, new_tokens: int):
+        """Feed the last `new_tokens`; one token per forward when the layers hold different lengths (PyramidKV),
+        because transformers builds one causal mask from layer 0's length."""
         from ..eviction.prefill import true_position_ids
 
         total = sequence.shape[1]
@@ -194,9 +278,13 @@ class ScoredEviction(Strategy):
         """(imports, the `prune_at_prefill(...)` call) of the snippets."""
         return ([f"from kvlab.eviction.scoring import {self.scorer_name}",
                  "from kvlab.eviction.prefill import prune_at_prefill"],
-                f"prune_at_prefill(model, lambda inputs: {self.scorer_code()}, lambda seq, layer: {self.kept_code()})")
+                f"prune_at_prefill(model, lambda inputs: {self.scorer_code()}, lambda seq, layer: {self.kept_code()}"
+                + (f", compress_every={self.compress_every})" if self.compress_every else ")"))
 
     def cache_code(self):
+        if self.compress_every:  # the layers track the positions they hold (Expected Attention's future positions)
+            return (["from kvlab.strategies.scored import pruned_cache"],
+                    "cache = pruned_cache(model.config)  # a DynamicCache whose layers know the positions they hold")
         return ["from transformers import DynamicCache"], "cache = DynamicCache(config=model.config)"
 
     def generate_context_code(self) -> tuple[list[str], str]:
@@ -207,13 +295,17 @@ class ScoredEviction(Strategy):
 
     def forward_code(self) -> tuple[list[str], list[str]]:
         imports, call = self.prune_code()
+        positions = ("position_ids = torch.arange(sequence.shape[1] - input_ids.shape[1], sequence.shape[1])[None]  "
+                     "# true positions: the pruned cache counts fewer tokens")
+        forward = ("out = model(input_ids=input_ids, cache=cache, use_cache=True, position_ids=position_ids, "
+                   "logits_to_keep=1)")
+        if self.compress_every:
+            return imports, [positions, f"with {call}:  # prunes at prefill, then every {self.compress_every} "
+                             "tokens fed (the buffer lives on the cache)", f"    {forward}"]
         return imports, [
-            "position_ids = torch.arange(sequence.shape[1] - input_ids.shape[1], sequence.shape[1])[None]  "
-            "# true positions: the pruned cache counts fewer tokens",
+            positions,
             "if cache.get_seq_length() == 0:  # prefill: prune each layer's cache per KV head by the method's score",
             f"    with {call}:",
-            "        out = model(input_ids=input_ids, cache=cache, use_cache=True, position_ids=position_ids, "
-            "logits_to_keep=1)",
+            f"        {forward}",
             "else:",
-            "    out = model(input_ids=input_ids, cache=cache, use_cache=True, position_ids=position_ids, "
-            "logits_to_keep=1)"]
+            f"    {forward}"]

@@ -27,6 +27,10 @@ class SnapKV(ScoredEviction):
         super().__post_init__()
         require_int("window_size", self.window_size, 1)
         require_int("kernel_size", self.kernel_size, 1)
+        if 0 < self.compress_every <= self.window_size:
+            raise StrategyError(f"{self.name}: compress_every must be more than window_size={self.window_size} "
+                                f"(the window is the last tokens fed since the last compression), got "
+                                f"{self.compress_every}")
         if self.kernel_size % 2 == 0:
             raise StrategyError(f"kernel_size must be odd (1, 3, 5, ...), got {self.kernel_size}")
 

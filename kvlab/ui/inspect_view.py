@@ -229,7 +229,8 @@ def _strip_row(label: str, runs, width: int, per_cell: int, tokens: list[str] | 
         start = cell * per_cell
         where = str(start) if per_cell == 1 else f"{start}–{start + per_cell - 1}"
         token = f" {tokens[start]!r}" if tokens and per_cell == 1 and start < len(tokens) else ""
-        score = f" score {scores[start]:.4g}" if per_cell == 1 and start < len(scores) else ""
+        value = scores[start] if per_cell == 1 and start < len(scores) else None
+        score = "" if value is None else f" score {value:.4g}"
         cells.append(f'<i class="kv-tok kv-st-{state or "none"}" title="{html.escape(where + token)}: '
                      f'{html.escape(STATE_LABELS.get(state, "not seen") + score)}"></i>')
     counts = ", ".join(f"{state} {stop - start}" for state, start, stop in runs)

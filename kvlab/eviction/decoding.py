@@ -1,0 +1,80 @@
+"""Compressing a pruned cache again while decoding (kvpress's `DecodingPress`, kvpress `presses/decoding_press.py`).
+
+`kvlab.eviction.prefill.prune_at_prefill(..., compress_every=N)` calls `decode_step` from its forward hook for
+every forward after the prefill: it buffers the layer's input hidden states and rotary tables for every token
+fed; once a layer has been fed `every` tokens since its last compression, its whole cache
+(the positions it kept and the tokens fed since) is scored with the buffered tokens as the queries (they are the
+layer's last cached keys) and pruned back to `target(layer_idx)` positions per KV head. The buffer lives on the
+cache (`DecodeBuffer`), so the count carries over from one forward (one decode step) to the next; it is emptied
+after each compression, as kvpress does.
+
+Differs from kvpress: kvpress keeps at most `hidden_states_buffer_size` (256) buffered tokens and compresses to a
+fixed `target_size`; kvlab keeps all `every` of them and compresses back to the budget the prefill gave the layer,
+so after `d` tokens fed a layer holds `budget + d % every` positions. kvpress counts decoding steps only; kvlab
+counts every token fed after the prefill (a question fed after the prompt when `query_aware` is false, a chat's
+next turn). Sliding-window layers are left as they are (they keep their window). This module does not prefill.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from .prefill import EvictionRecord, Scorer, prune_layer
+from .scoring import LayerInputs
+
+
+@dataclass
+class DecodeBuffer:
+    """Per layer index, the (hidden_states (batch, n, hidden), cos, sin (batch, n, head_dim)) of the tokens fed
+    since that layer's last compression."""
+
+    fed: dict[int, list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]] = field(default_factory=dict)
+
+    def count(self, layer_idx: int) -> int:
+        """Tokens buffered for layer `layer_idx`."""
+        return sum(hidden.shape[1] for hidden, _, _ in self.fed.get(layer_idx, ()))
+
+
+def buffer_of(cache) -> DecodeBuffer:
+    """The cache's `DecodeBuffer` (created on first use, kept as `cache.decode_buffer`)."""
+    buffer = getattr(cache, "decode_buffer", None)
+    if buffer is None:
+        buffer = DecodeBuffer()
+        cache.decode_buffer = buffer
+    return buffer
+
+
+def compress_layer(module, layer, buffered, score: Scorer, kept: int, rotary=None):
+    """Score `layer`'s whole cache with the `buffered` (hidden, cos, sin) tokens as queries and keep the `kept`
+    best positions per KV head. Returns (scores (batch, kv_heads, held) before pruning, kept slot indices
+    (batch, kv_heads, kept), or None when the layer already holds no more than `kept`)."""
+    hidden = torch.cat([item[0] for item in buffered], dim=1)
+    cos = torch.cat([item[1] for item in buffered], dim=1)
+    sin = torch.cat([item[2] for item in buffered], dim=1)
+    inputs = LayerInputs(module, hidden, layer.keys, layer.values, cos, sin, rotary, getattr(layer, "seen", None))
+    scores = score(inputs)
+    if layer.keys.shape[2] <= kept:
+        return scores, None
+    return scores, prune_layer(layer, scores, kept)
+
+
+def decode_step(module, layer, buffer: DecodeBuffer, fed: tuple, score: Scorer, kept: int, every: int,
+                rotary=None, record: EvictionRecord | None = None) -> bool:
+    """Buffer one forward's `fed` (hidden_states, cos, sin) for `layer` (the cache layer of attention `module`) and,
+    once `every` tokens are buffered, compress the layer to `kept` positions per KV head and empty its buffer;
+    `record` notes what was kept. Returns whether it compressed.
+
+    Raises:
+        ValueError: from the scorer, when it refuses the buffered tokens (e.g. fewer than SnapKV's window).
+    """
+    index = module.layer_idx
+    buffer.fed.setdefault(index, []).append(fed)
+    if buffer.count(index) < every:
+        return False
+    before = getattr(layer, "positions", None)
+    scores, indices = compress_layer(module, layer, buffer.fed.pop(index), score, kept, rotary)
+    if record is not None and before is not None:
+        record.note_compression(index, before, scores[0], layer.positions, layer.seen, pruned=indices is not None)
+    return True

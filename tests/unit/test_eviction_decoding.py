@@ -1,0 +1,166 @@
+"""Compression while decoding (`compress_every`, kvpress's DecodingPress) on the tiny model: each layer returns to
+its prefill budget every N tokens fed, the positions a layer says it holds follow every prune, Inspect and the
+divergence forensics read them, Plan counts them, and bad knobs get a message."""
+
+import pytest
+import torch
+
+from kvlab.accounting import bytes_per_token, cache_bytes
+from kvlab.engine import Decoder
+from kvlab.generation import GenerationSettings
+from kvlab.inspect.held import held_kv, held_positions
+from kvlab.inspect.inspector import layer_rows
+from kvlab.strategies import STRATEGIES, StrategyError, make_strategy
+
+EVICTING = [name for name, cls in STRATEGIES.items() if cls.is_evicting]
+SMALL_WINDOW = {"snapkv": {"window_size": 8}, "pyramidkv": {"window_size": 8}, "expected_attention": {}}
+PROMPT_TOKENS = 40
+EVERY = 10
+NEW_TOKENS = 26
+
+
+def run(tiny, spec, new_tokens=NEW_TOKENS, prompt_tokens=PROMPT_TOKENS):
+    strategy = make_strategy(spec)
+    ids = torch.arange(10, 10 + prompt_tokens)[None]
+    cache = strategy.build_cache(tiny, prompt_tokens + new_tokens)
+    settings = GenerationSettings(max_new_tokens=new_tokens, stop_at_eos=False, fidelity=False)
+    steps = list(Decoder(tiny, strategy, cache, ids, settings, measure_bytes=True))
+    return strategy, cache, steps
+
+
+def budgets(tiny, strategy, prompt_tokens=PROMPT_TOKENS):
+    return [strategy.kept_tokens(prompt_tokens, i, tiny.config, tiny.model.dtype)
+            for i in range(tiny.config.num_hidden_layers)]
+
+
+@pytest.mark.parametrize("name", EVICTING)
+def test_each_layer_returns_to_its_budget_every_n_tokens(tiny, name):
+    spec = {"strategy": name, "compression_ratio": 0.5, "compress_every": EVERY, **SMALL_WINDOW.get(name, {})}
+    strategy, cache, steps = run(tiny, spec)
+    fed = NEW_TOKENS - 1  # the last token generated is never fed
+    kept = budgets(tiny, strategy)
+    per_layer_token = bytes_per_token(tiny.config, tiny.model.dtype) // tiny.config.num_hidden_layers
+    for i, layer in enumerate(cache.layers):
+        assert layer.keys.shape[2] == kept[i] + fed % EVERY
+        assert cache.eviction.layers[i].compressions == fed // EVERY
+    assert steps[-1].cache_bytes == cache_bytes(cache) == per_layer_token * sum(k + fed % EVERY for k in kept)
+    # without compress_every the same run keeps every decoded token
+    _, dense_decode, _ = run(tiny, {key: value for key, value in spec.items() if key != "compress_every"})
+    assert dense_decode.layers[0].keys.shape[2] == kept[0] + fed
+
+
+@pytest.mark.parametrize("name", ["knorm", "tova", "snapkv"])
+def test_held_positions_follow_every_prune(tiny, name):
+    """Layer 0's keys depend only on the token and its position, so the pruned cache's layer-0 keys must equal a
+    dense cache's at exactly the positions the layer says it holds, after prefill pruning and three compressions."""
+    spec = {"strategy": name, "compression_ratio": 0.5, "compress_every": EVERY, **SMALL_WINDOW.get(name, {})}
+    _, cache, steps = run(tiny, spec)
+    fed_ids = torch.tensor([[*range(10, 10 + PROMPT_TOKENS), *[step.token_id for step in steps[:-1]]]])
+    dense = make_strategy({"strategy": "dynamic"})
+    dense_cache = dense.build_cache(tiny, fed_ids.shape[1])
+    with torch.no_grad():
+        tiny.model(input_ids=fed_ids, cache=dense_cache, use_cache=True)
+    layer = cache.layers[0]
+    positions = layer.held_positions()
+    seen = fed_ids.shape[1]
+    assert layer.seen == seen
+    assert positions.shape == layer.keys.shape[1:3]
+    assert all(len(set(row)) == len(row) for row in positions.tolist())
+    assert positions.max() < seen and positions.max() >= PROMPT_TOKENS  # decoded tokens are held too
+    expected = dense_cache.layers[0].keys[0].gather(1, positions[..., None].expand(-1, -1, layer.keys.shape[-1]))
+    torch.testing.assert_close(layer.keys[0], expected, rtol=1e-5, atol=1e-5)
+    # the divergence forensics read the same positions (and keys) from the layer
+    found, reason = held_positions(layer, seen, positions.shape[0])
+    assert reason == "" and torch.equal(found, positions)
+    held, reason = held_kv(layer, seen)
+    assert reason == "" and torch.equal(held.positions, positions)
+
+
+def test_tova_every_step_keeps_the_cache_at_its_budget(tiny):
+    """compress_every 1 is TOVA as its paper runs it: one position out per token in."""
+    strategy, cache, steps = run(tiny, {"strategy": "tova", "compression_ratio": 0.5, "compress_every": 1})
+    kept = budgets(tiny, strategy)
+    sizes = {step.cache_bytes for step in steps[1:]}
+    assert len(sizes) == 1
+    assert [layer.keys.shape[2] for layer in cache.layers] == kept
+
+
+def test_inspect_shows_decoded_positions_evicted_after_a_compression(tiny):
+    strategy, cache, steps = run(tiny, {"strategy": "knorm", "compression_ratio": 0.5, "compress_every": EVERY})
+    seen = PROMPT_TOKENS + NEW_TOKENS - 1
+    rows = layer_rows(cache, tiny.config, seen)
+    for row in rows:
+        layer = cache.layers[row.layers[0]]
+        for head, runs in enumerate(row.head_strips):
+            assert runs[-1][2] == seen
+            held = sum(stop - start for state, start, stop in runs if state == "held")
+            assert held == layer.keys.shape[2]
+            held_set = {p for state, start, stop in runs if state == "held" for p in range(start, stop)}
+            assert held_set == set(layer.held_positions()[head].tolist())
+        scores = row.head_scores[0]
+        assert len(scores) == PROMPT_TOKENS + (NEW_TOKENS - 1) // EVERY * EVERY  # scored at the last compression
+        assert any(value is None for value in scores)  # positions already gone at that compression
+    evicted_late = [start for state, start, _ in rows[0].head_strips[0] if state == "evicted" and start >= PROMPT_TOKENS]
+    assert evicted_late, "some decoded positions were evicted by a compression while decoding"
+
+
+def test_plan_counts_the_budget_plus_the_tokens_since_the_last_compression():
+    from kvlab.plan.planner import PlanRequest, plan
+
+    strategies = ({"strategy": "dynamic"}, {"strategy": "knorm", "compression_ratio": 0.5},
+                  {"strategy": "knorm", "compression_ratio": 0.5, "compress_every": 100})
+    result = plan(PlanRequest(contexts=(1250,), prefill_tokens=1000, dtype="float32", strategies=strategies))
+    dense, kept_all, every = [s["contexts"][0]["cache_bytes"] for s in result.to_json()["strategies"]]
+    per_token = dense // 1250
+    assert kept_all == per_token * (500 + 250)
+    assert every == per_token * (500 + 250 % 100)
+
+
+@pytest.mark.parametrize("spec, message", [
+    ({"strategy": "snapkv", "compress_every": 64}, "more than window_size=64"),
+    ({"strategy": "pyramidkv", "window_size": 8, "compress_every": 8}, "more than window_size=8"),
+    ({"strategy": "expected_attention", "compress_every": 3}, "more than n_sink=4"),
+    ({"strategy": "knorm", "compress_every": -1}, "compress_every must be an integer >= 0"),
+    ({"strategy": "tova", "compress_every": 1.5}, "compress_every must be an integer >= 0"),
+])
+def test_bad_compress_every_gets_a_message(spec, message):
+    with pytest.raises(StrategyError, match=message):
+        make_strategy(spec)
+
+
+def test_title_and_caveat_say_it_compresses_while_decoding():
+    strategy = make_strategy({"strategy": "knorm", "compression_ratio": 0.5, "compress_every": 32})
+    assert strategy.title() == "knorm 0.5 every 32"
+    assert "every 32 tokens fed after the prompt" in strategy.caveat()
+    assert "decoded tokens are all kept" in make_strategy({"strategy": "knorm"}).caveat()
+
+
+def test_a_pruned_cache_refuses_a_crop_with_the_reason(tiny):
+    _, cache, _ = run(tiny, {"strategy": "knorm", "compression_ratio": 0.5}, new_tokens=2)
+    with pytest.raises(NotImplementedError, match="cannot be cropped"):
+        cache.layers[0].crop(1)
+
+
+@pytest.mark.parametrize("name", ["knorm", "expected_attention", "snapkv"])
+def test_view_code_reproduces_a_column_that_compresses_while_decoding(tiny, name):
+    """The snippet's cache line and `with prune_at_prefill(..., compress_every=N)` around plain `generate()` give the
+    column's tokens and leave the cache at the same size."""
+    from kvlab.ui.code import code_snippet
+
+    spec = {"strategy": name, "compression_ratio": 0.5, "compress_every": EVERY, **SMALL_WINDOW.get(name, {})}
+    strategy = make_strategy(spec)
+    settings = GenerationSettings(max_new_tokens=NEW_TOKENS, stop_at_eos=False, fidelity=False)
+    snippet = code_snippet(strategy, settings, "hello", chat=False)
+    compile(snippet, name, "exec")
+    imports, call = strategy.prune_code()
+    cache_imports, cache_line = strategy.cache_code()
+    assert f"compress_every={EVERY})" in call and f"with {call}:" in snippet and cache_line.split("  #")[0] in snippet
+    namespace = {"model": tiny.model}
+    exec("\n".join([*imports, *cache_imports, cache_line]), namespace)
+    ids = torch.arange(10, 10 + PROMPT_TOKENS)[None]
+    with eval(call, namespace):
+        out = tiny.model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), cache=namespace["cache"],
+                                  max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False)
+    _, cache, steps = run(tiny, spec)
+    assert out[0, PROMPT_TOKENS:].tolist() == [s.token_id for s in steps]
+    assert [layer.keys.shape[2] for layer in namespace["cache"].layers] == [layer.keys.shape[2] for layer in cache.layers]
