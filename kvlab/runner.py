@@ -82,7 +82,7 @@ def new_result(index: int, column: Column, prompt_tokens: int) -> ColumnResult:
         knobs=strategy.knobs(),
         lossy=strategy.lossy,
         use_cache=strategy.use_cache,
-        caveat=strategy.caveat(),
+        caveat=strategy.caveat_for(prompt_tokens),
         prompt_tokens=prompt_tokens,
         budget_bytes=column.budget.budget_bytes if column.budget is not None else None,
     )

@@ -169,6 +169,11 @@ class Strategy:
         """What to keep in mind when reading this column's numbers ('' if nothing)."""
         return ""
 
+    def caveat_for(self, prompt_tokens: int) -> str:
+        """`caveat()` for a run on a prompt of `prompt_tokens` tokens (a strategy whose caveat depends on the
+        prompt's length overrides this)."""
+        return self.caveat()
+
     def runtime_note(self) -> str:
         """One sentence about how this process runs the strategy, when that differs from the usual (e.g. a
         backend's slower fallback kernel); '' otherwise. Asked after `build_cache`."""

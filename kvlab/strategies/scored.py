@@ -26,6 +26,13 @@ from typing import ClassVar
 from .base import Strategy, StrategyError, require_int
 
 MIB = 1 << 20
+
+
+def kept_tokens_at(seq: int, compression_ratio: float) -> int:
+    """kvpress's `max(1, int(seq * (1 - compression_ratio)))` (`kvlab.eviction.scoring.kept_tokens`)."""
+    from ..eviction.scoring import kept_tokens
+
+    return kept_tokens(seq, compression_ratio)
 DEFAULT_COMPRESSION_RATIO = 0.5
 """kvlab's default (kvpress's presses default to 0.0, which keeps everything)."""
 
@@ -165,6 +172,17 @@ class ScoredEviction(Strategy):
                   "budget (kvpress's DecodingPress)" if self.compress_every else "decoded tokens are all kept")
         return ("the prompt's keys/values were pruned per layer and head after prefill; " + decode
                 + ("" if self.query_aware else f"; the last {self.question_tokens} prompt tokens were fed afterwards"))
+
+    def caveat_for(self, prompt_tokens: int) -> str:
+        compressed = prompt_tokens - (0 if self.query_aware else self.question_tokens)
+        if self.target_tokens and self.target_tokens >= compressed:
+            return (f"nothing was pruned: target_tokens={self.target_tokens} keeps all {compressed} prompt tokens "
+                    "it could prune (the cache is dynamic's)")
+        if not (self.target_tokens or self.target_mib) and kept_tokens_at(compressed, self.compression_ratio) \
+                >= compressed:
+            return (f"nothing was pruned: compression_ratio={self.compression_ratio:g} of {compressed} prompt tokens "
+                    "removes none (the cache is dynamic's)")
+        return self.caveat()
 
     def unavailable_reason(self, loaded) -> str | None:
         from ..eviction.prefill import decoder_of

@@ -164,3 +164,18 @@ def test_view_code_reproduces_a_column_that_compresses_while_decoding(tiny, name
     _, cache, steps = run(tiny, spec)
     assert out[0, PROMPT_TOKENS:].tolist() == [s.token_id for s in steps]
     assert [layer.keys.shape[2] for layer in namespace["cache"].layers] == [layer.keys.shape[2] for layer in cache.layers]
+
+
+def test_the_caveat_says_when_the_budget_prunes_nothing(tiny):
+    from kvlab.columns import Column
+    from kvlab.runner import new_result
+
+    big = make_strategy({"strategy": "knorm", "target_tokens": 500})
+    assert "nothing was pruned: target_tokens=500 keeps all 60" in big.caveat_for(60)
+    assert big.caveat_for(600) == big.caveat() and "pruned per layer" in big.caveat()
+    agnostic = make_strategy({"strategy": "knorm", "target_tokens": 55, "query_aware": False, "question_tokens": 10})
+    assert "keeps all 50" in agnostic.caveat_for(60)
+    assert "removes none" in make_strategy({"strategy": "tova", "compression_ratio": 0}).caveat_for(60)
+    assert "nothing was pruned" not in make_strategy({"strategy": "tova", "compression_ratio": 0.01}).caveat_for(60)
+    result = new_result(0, Column(strategy=big), 60)
+    assert result.caveat == big.caveat_for(60)
