@@ -162,6 +162,30 @@ def tiny(tiny_tokenizer):
     return build_tiny(tiny_tokenizer)
 
 
+TINY_HYBRID_WINDOW = 16
+"""The sliding window of `tiny_hybrid`'s sliding layers."""
+
+
+@pytest.fixture(scope="session")
+def tiny_hybrid(tiny):
+    """A 4-layer random Gemma 3 on CPU, sliding (window TINY_HYBRID_WINDOW) and full-attention layers alternating,
+    with the tiny tokenizer."""
+    import torch
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    from kvlab.models import LoadedModel, ModelSpec
+
+    torch.manual_seed(0)
+    config = Gemma3TextConfig(
+        vocab_size=len(tiny.tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+        num_attention_heads=2, num_key_value_heads=1, head_dim=32, sliding_window=TINY_HYBRID_WINDOW,
+        layer_types=["sliding_attention", "full_attention"] * 2, max_position_embeddings=1024,
+        eos_token_id=tiny.tokenizer.eos_token_id, bos_token_id=1, pad_token_id=2)
+    model = Gemma3ForCausalLM(config).eval()
+    return LoadedModel(ModelSpec(source="tiny-random-gemma3", device="cpu"), model, tiny.tokenizer,
+                       torch.device("cpu"), 0.0, "tiny-random-gemma3")
+
+
 class TinyPool:
     """Stands in for `kvlab.models.ModelPool` in a tab built in-process: every spec is one model."""
 

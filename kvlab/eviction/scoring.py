@@ -11,6 +11,7 @@ This module only scores; pruning lives in `kvlab.eviction.prefill`.
 
 from __future__ import annotations
 
+import inspect
 import math
 from dataclasses import dataclass
 
@@ -170,7 +171,10 @@ def _averaged_rotation(inputs: LayerInputs, seq: int, n_future_positions: int) -
     head_dim = inputs.attention.head_dim
     sample = inputs.hidden_states.new_zeros(1, 1, head_dim)
     positions = torch.arange(seq, seq + n_future_positions, device=sample.device)[None]
-    cos, sin = inputs.rotary(sample, positions)
+    if "layer_type" in inspect.signature(inputs.rotary.forward).parameters:  # Gemma 3: a rotary table per layer type
+        cos, sin = inputs.rotary(sample, positions, getattr(inputs.attention, "layer_type", None) or "full_attention")
+    else:
+        cos, sin = inputs.rotary(sample, positions)
     cos, sin = cos[0], sin[0]
     eye = torch.eye(head_dim, dtype=cos.dtype, device=cos.device)
     swap = torch.zeros_like(eye)

@@ -9,7 +9,6 @@ import torch
 
 from kvlab.chat.session import ChatSession, ChatTurnDone
 from kvlab.generation import GenerationSettings
-from kvlab.models import LoadedModel, ModelSpec
 from kvlab.chat.reuse import held_tokens
 from kvlab.runner import collect, run_compare
 from kvlab.strategies import make_strategy
@@ -18,20 +17,9 @@ WINDOW = 16
 SETTINGS = GenerationSettings(max_new_tokens=6, stop_at_eos=False, fidelity=False)
 
 
-@pytest.fixture(scope="module")
-def hybrid(tiny):
-    """4 layers alternating sliding (window 16) and full attention, the tiny tokenizer."""
-    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
-
-    torch.manual_seed(0)
-    config = Gemma3TextConfig(
-        vocab_size=len(tiny.tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=4,
-        num_attention_heads=2, num_key_value_heads=1, head_dim=32, sliding_window=WINDOW,
-        layer_types=["sliding_attention", "full_attention"] * 2, max_position_embeddings=1024,
-        eos_token_id=tiny.tokenizer.eos_token_id, bos_token_id=1, pad_token_id=2)
-    model = Gemma3ForCausalLM(config).eval()
-    return LoadedModel(ModelSpec(source="tiny-random-gemma3", device="cpu"), model, tiny.tokenizer,
-                       torch.device("cpu"), 0.0, "tiny-random-gemma3")
+@pytest.fixture
+def hybrid(tiny_hybrid):
+    return tiny_hybrid
 
 
 def chat(loaded, spec):
