@@ -179,3 +179,30 @@ def test_the_caveat_says_when_the_budget_prunes_nothing(tiny):
     assert "nothing was pruned" not in make_strategy({"strategy": "tova", "compression_ratio": 0.01}).caveat_for(60)
     result = new_result(0, Column(strategy=big), 60)
     assert result.caveat == big.caveat_for(60)
+
+
+def test_an_eviction_strategy_is_a_fallback_that_stays_in_the_budget(tiny):
+    """A dynamic column over its budget falls back to knorm (every id so far re-prefilled and pruned); compressing
+    every 4 tokens keeps it under the budget for the rest of the run, where plain knorm outgrows it again."""
+    from kvlab.runner import collect, run_compare
+
+    prompt = torch.tensor([[1, 400, 401, 402, 403, 404]])
+    settings = GenerationSettings(max_new_tokens=60, stop_at_eos=False, fidelity=False)
+    budget_kib = 20
+    per_token = bytes_per_token(tiny.config, tiny.model.dtype)
+    assert per_token == 1024
+
+    def column(fallback):
+        return {"strategy": "dynamic", "budget_mib": budget_kib / 1024, "fallback": fallback}
+
+    every = {"strategy": "knorm", "compression_ratio": 0.5, "compress_every": 4}
+    plain = {"strategy": "knorm", "compression_ratio": 0.5}
+    done = collect(run_compare(tiny, prompt, [column([every]), column([plain])], settings))
+    kept, grown = done.results
+    assert kept.status == "ok" and len(kept.token_ids) == 60
+    assert [f["to"] for f in kept.fallbacks] == ["knorm 0.5 every 4"] and kept.fallbacks[0]["at_token"] == 15
+    assert max(kept.cache_bytes) <= budget_kib * 1024
+    assert kept.fallbacks[0]["bytes_after"] == per_token * (21 // 2)  # 6 + 15 ids re-prefilled, half kept
+    assert [f["at_token"] for f in grown.fallbacks] == [15]
+    assert "over budget from token 26" in grown.message and "no smaller cache is left" in grown.message
+    assert grown.cache_bytes[-1] > budget_kib * 1024
