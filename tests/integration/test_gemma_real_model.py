@@ -128,3 +128,24 @@ def test_a_local_gguf_file_loads_through_the_convert_once_cache(bundled, tmp_pat
     tokens = [collect(run_compare(model, prompt, [{"strategy": "dynamic"}], settings)).results[0].token_ids
               for model in (loaded, bundled)]
     assert tokens[0] == tokens[1]
+
+
+@pytest.mark.parametrize("spec", [{"strategy": "expected_attention", "compression_ratio": 0.5},
+                                  {"strategy": "snapkv", "compression_ratio": 0.5, "compress_every": 70}])
+def test_eviction_prunes_the_full_layers_and_leaves_the_sliding_ones(gemma, spec):
+    """As kvpress leaves them, the 15 sliding layers keep their window; the 3 full layers hold half the prompt plus
+    what was fed since (with compress_every 70, back at the budget after 70 tokens)."""
+    text = " ".join([load_preset("hybrid_sliding").prompt.text] * 2)
+    prompt = gemma.tokenizer(text, return_tensors="pt")["input_ids"][:, :150]
+    new_tokens = 80
+    settings = GenerationSettings(max_new_tokens=new_tokens, stop_at_eos=False, fidelity=False)
+    columns = [{"strategy": "dynamic"}, spec]
+    dense, pruned = collect(run_compare(gemma, prompt, columns, settings, mode="sequential")).results
+    assert pruned.status == "ok", pruned.message
+    fed = new_tokens - 1
+    every = spec.get("compress_every", 0)
+    held_full = 75 + (fed % every if every else fed)
+    assert pruned.cache_bytes_by_layer_type["full_attention"][-1] == FULL_LAYERS * PER_LAYER_TOKEN * held_full
+    sliding = pruned.cache_bytes_by_layer_type["sliding_attention"][-1]
+    assert sliding == dense.cache_bytes_by_layer_type["sliding_attention"][-1]
+    assert sliding // (SLIDING_LAYERS * PER_LAYER_TOKEN) == 150 + fed  # every token: the window is not full yet
