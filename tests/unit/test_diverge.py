@@ -174,3 +174,19 @@ def test_the_diverge_document_has_per_step_per_layer_records(tiny):
     assert data["steps"][1]["layers"][0]["kv_error"] is None and data["steps"][1]["layers"][0]["reasons"]
     assert data["explanation"] and data["reference"] == "dynamic"
     assert "cache 21/11 tokens" in step_line(records[1])  # 10 prompt slots + 11 fed again
+
+
+@pytest.mark.parametrize("spec", [{"strategy": "knorm", "compression_ratio": 0.5},
+                                  {"strategy": "tova", "compression_ratio": 0.5, "compress_every": 3}])
+def test_an_eviction_cache_is_measured_on_every_layer_from_the_positions_it_holds(tiny, spec):
+    """A scored-eviction layer says which positions it holds, so KV error and attention lost are measured (not
+    None): layer 0's held keys are exact, and the attention the evicted positions had is lost from step 0."""
+    prompt = torch.arange(10, 50)[None]
+    _, records = lockstep(tiny, make_strategy(spec), prompt)
+    for record in records:
+        assert record.cache_length < record.seen_tokens
+        for layer in record.layers:
+            for name in PER_LAYER:
+                assert getattr(layer, name) is not None, (record.index, layer.layer, name, layer.reasons)
+            assert layer.attention_lost > 0 and layer.held_tokens < layer.reference_held_tokens
+        assert record.layers[0].kv_error < FLOAT32_ATOL
