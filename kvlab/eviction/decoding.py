@@ -10,7 +10,8 @@ after each compression, as kvpress does.
 
 Differs from kvpress: kvpress keeps at most `hidden_states_buffer_size` (256) buffered tokens and compresses to a
 fixed `target_size`; kvlab keeps all `every` of them and compresses back to the budget the prefill gave the layer,
-so after `d` tokens fed a layer holds `budget + d % every` positions. kvpress counts decoding steps only; kvlab
+so after `d` tokens fed one per forward a layer holds `budget + d % every` positions (a forward feeding
+several tokens that bring the count to `every` or more is compressed at its end). kvpress counts decoding steps only; kvlab
 counts every token fed after the prefill (a question fed after the prompt when `query_aware` is false, a chat's
 next turn). Sliding-window layers are left as they are (they keep their window). This module does not prefill.
 """

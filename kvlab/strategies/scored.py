@@ -107,6 +107,12 @@ def _pruned_cache_classes():
                 if type(layer) is DynamicLayer:
                     self.layers[index] = PrunedLayer()
 
+        def reset(self) -> None:
+            """Empty every layer and forget the eviction record and the decoding buffer."""
+            super().reset()
+            self.eviction = None
+            self.decode_buffer = None
+
     return PrunedLayer, PrunedCache
 
 

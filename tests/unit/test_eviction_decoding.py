@@ -206,3 +206,30 @@ def test_an_eviction_strategy_is_a_fallback_that_stays_in_the_budget(tiny):
     assert [f["at_token"] for f in grown.fallbacks] == [15]
     assert "over budget from token 26" in grown.message and "no smaller cache is left" in grown.message
     assert grown.cache_bytes[-1] > budget_kib * 1024
+
+
+def test_a_chat_with_compress_every_stays_near_its_budget_over_turns(tiny):
+    """Every token a later turn feeds (the user's message, the reply) counts towards the next compression; a message
+    fed in one forward that brings the count to 5 or more is compressed at its end, so the cache stays within 5
+    positions of its budget."""
+    import dataclasses
+
+    from kvlab.chat.session import ChatSession, ChatTurnDone
+
+    settings = GenerationSettings(max_new_tokens=6, stop_at_eos=False, fidelity=False)
+    strategy = make_strategy({"strategy": "knorm", "compression_ratio": 0.5, "compress_every": 5})
+    chat = ChatSession(tiny, strategy, dataclasses.replace(settings))
+    text = "Tell me about the rain in the mountains and the rivers that run to the sea, please."
+    for message in (text, "And then?", "Why is that so?"):
+        stats = next(e.stats for e in chat.send(message, baseline=False) if isinstance(e, ChatTurnDone))
+        assert stats.reply_ids
+    record = chat.cache.eviction
+    fed_after = len(chat.cached_ids) - record.prompt_tokens
+    assert fed_after > 5
+    budget = strategy.kept_tokens(record.prompt_tokens, 0, tiny.config, tiny.model.dtype)
+    for index, layer in enumerate(chat.cache.layers):
+        assert budget <= layer.keys.shape[2] < budget + 5
+        assert layer.seen == len(chat.cached_ids)
+        assert record.layers[index].compressions >= 3
+    chat.cache.reset()
+    assert chat.cache.eviction is None and chat.cache.decode_buffer is None and chat.cache.layers[0].seen == 0
