@@ -32,7 +32,8 @@ import torch
 
 from ..engine import Decoder, forward
 from ..generation import GenerationSettings
-from .inspector import MAX_INSPECT_STEPS, Candidate, InspectError, held_tokens, kl_nats, top_candidates
+from .inspector import (MAX_INSPECT_STEPS, Candidate, InspectError, SteppedSession, held_tokens, kl_nats,
+                        top_candidates)
 from ..strategies import Strategy
 from ..strategies.dynamic import Dynamic
 from .held import HeldKV, held_kv
@@ -155,7 +156,7 @@ def first_layer_with(step: DivergeStep, name: str, atol: float = DIVERGED_ATOL) 
     return None
 
 
-class DivergeSession:
+class DivergeSession(SteppedSession):
     """A lossy strategy stepped in lockstep with a reference on the same model and ids.
 
     Args:
@@ -273,17 +274,6 @@ class DivergeSession:
             held_tokens=held_tokens(lossy_layer) if lossy_layer is not None else 0,
             reference_held_tokens=held_tokens(ref_layer), reasons=reasons)
 
-    def steps(self, count: int):
-        """Generator of up to `count` lockstep steps (stops early at the end of the run)."""
-        for _ in range(count):
-            record = self.step()
-            if record is None:
-                return
-            yield record
-
-    @property
-    def token_ids(self) -> list[int]:
-        return list(self.decoder.token_ids)
 
 
 def _diverged_from(lens: list[int], ref_lens: list[int]) -> int | None:

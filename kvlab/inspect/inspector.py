@@ -290,7 +290,30 @@ def kl_nats(reference_logits: torch.Tensor, logits: torch.Tensor) -> float:
     return max(0.0, float((ref.exp() * (ref - other)).sum()))
 
 
-class InspectSession:
+class SteppedSession:
+    """What a session that steps a `Decoder` (`self.decoder`) one token per `step()` shares."""
+
+    decoder: Decoder
+
+    def step(self):
+        raise NotImplementedError
+
+    def steps(self, count: int):
+        """Generator of up to `count` step records (stops early at the end of the run); each `next` is one step,
+        so `kvlab.compute.compute_iter` runs them on the compute thread one at a time."""
+        for _ in range(count):
+            record = self.step()
+            if record is None:
+                return
+            yield record
+
+    @property
+    def token_ids(self) -> list[int]:
+        """The tokens chosen so far."""
+        return list(self.decoder.token_ids)
+
+
+class InspectSession(SteppedSession):
     """One strategy's generation, stepped on demand through the engine's decode loop.
 
     Args:
@@ -373,16 +396,3 @@ class InspectSession:
         self.records.append(record)
         return record
 
-    def steps(self, count: int):
-        """Generator of up to `count` step records (stops early at the end of the run); each `next` is one step,
-        so `kvlab.compute.compute_iter` runs them on the compute thread one at a time."""
-        for _ in range(count):
-            record = self.step()
-            if record is None:
-                return
-            yield record
-
-    @property
-    def token_ids(self) -> list[int]:
-        """The tokens chosen so far."""
-        return list(self.decoder.token_ids)
