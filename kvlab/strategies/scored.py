@@ -37,95 +37,12 @@ DEFAULT_COMPRESSION_RATIO = 0.5
 """kvlab's default (kvpress's presses default to 0.0, which keeps everything)."""
 
 
-class HeldPositions:
-    """A pruned layer's bookkeeping: `positions` ((kv_heads, held) int64 absolute positions, or None before the
-    first token) and `seen` (tokens fed)."""
-
-    def __init__(self):
-        self.positions = None
-        self.seen = 0
-
-
-def _pruned_cache_classes():
-    import torch
-    from transformers import DynamicCache, DynamicLayer
-
-    class PrunedLayer(DynamicLayer):
-        """A `DynamicLayer` that knows which absolute positions it holds (batch row 0): `positions`,
-        (kv_heads, held) int64 on the CPU in storage order, kept in step with `keys`/`values` by `update` and
-        `keep_slots`; `seen`, the tokens fed to it. `held_positions()` is what `kvlab.inspect.held` reads for
-        divergence forensics. The bookkeeping sits in a `HeldPositions` object, which the byte counts of
-        `kvlab.accounting` (every tensor attribute of a layer) do not see: it is not cache data."""
-
-        is_croppable = False
-
-        def __init__(self, *args, **kwargs):
-            super().__init__(*args, **kwargs)
-            self.held = HeldPositions()
-
-        @property
-        def positions(self):
-            return self.held.positions
-
-        @property
-        def seen(self) -> int:
-            return self.held.seen
-
-        def update(self, key_states, value_states, *args, **kwargs):
-            fed, heads = key_states.shape[-2], key_states.shape[1]
-            new = torch.arange(self.held.seen, self.held.seen + fed).expand(heads, -1)
-            old = self.held.positions
-            self.held.positions = new.clone() if old is None else torch.cat([old, new], dim=1)
-            self.held.seen += fed
-            return super().update(key_states, value_states, *args, **kwargs)
-
-        def keep_slots(self, indices) -> None:
-            """Follow a prune: `indices` (batch, kv_heads, kept) are the slots kept, in their new order."""
-            self.held.positions = self.held.positions.gather(1, indices[0].cpu())
-
-        def held_positions(self):
-            """(kv_heads, held) absolute positions of the held keys/values, in storage order."""
-            return self.held.positions
-
-        def reset(self) -> None:
-            super().reset()
-            self.held = HeldPositions()
-
-        def crop(self, tokens_to_remove: int) -> None:
-            raise NotImplementedError("a pruned cache cannot be cropped: the positions it evicted are gone")
-
-    class PrunedCache(DynamicCache):
-        """A `DynamicCache` whose prompt was pruned at prefill (and, with `compress_every`, again while
-        decoding); full-attention layers are `PrunedLayer`s. `eviction` holds the `EvictionRecord` (what each
-        layer kept, with the scores), for the Inspect view."""
-
-        eviction = None
-
-        def __init__(self, config):
-            super().__init__(config=config)
-            for index, layer in enumerate(self.layers):
-                if type(layer) is DynamicLayer:
-                    self.layers[index] = PrunedLayer()
-
-        def reset(self) -> None:
-            """Empty every layer and forget the eviction record and the decoding buffer."""
-            super().reset()
-            self.eviction = None
-            self.decode_buffer = None
-
-    return PrunedLayer, PrunedCache
-
-
-_CLASSES = None
-
-
 def pruned_cache(config):
-    """A fresh `PrunedCache(config)`: a `DynamicCache` with an `eviction` record slot whose full-attention layers
-    track the positions they hold."""
-    global _CLASSES
-    if _CLASSES is None:
-        _CLASSES = _pruned_cache_classes()
-    return _CLASSES[1](config)
+    """A fresh `kvlab.eviction.cache.PrunedCache(config)`: a `DynamicCache` with an `eviction` record slot whose
+    full-attention layers track the positions they hold."""
+    from ..eviction.cache import PrunedCache
+
+    return PrunedCache(config)
 
 
 @dataclass
@@ -307,8 +224,8 @@ class ScoredEviction(Strategy):
 
     def cache_code(self):
         if self.compress_every:  # the layers track the positions they hold (Expected Attention's future positions)
-            return (["from kvlab.strategies.scored import pruned_cache"],
-                    "cache = pruned_cache(model.config)  # a DynamicCache whose layers know the positions they hold")
+            return (["from kvlab.eviction.cache import PrunedCache"],
+                    "cache = PrunedCache(model.config)  # a DynamicCache whose layers know the positions they hold")
         return ["from transformers import DynamicCache"], "cache = DynamicCache(config=model.config)"
 
     def generate_context_code(self) -> tuple[list[str], str]:

@@ -1,0 +1,85 @@
+"""The cache the scored-eviction strategies prune: a `DynamicCache` whose full-attention layers know which
+absolute positions they hold (`PrunedLayer`), with a slot for the `EvictionRecord` (`PrunedCache`).
+
+The positions are bookkeeping, not cache data: they sit in a `HeldPositions` object, which the byte counts of
+`kvlab.accounting` (every tensor attribute of a layer) do not see. This module does not score or prune
+(`kvlab.eviction.prefill`, `kvlab.eviction.decoding`).
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import DynamicCache, DynamicLayer
+
+
+class HeldPositions:
+    """A pruned layer's bookkeeping: `positions` ((kv_heads, held) int64 absolute positions, or None before the
+    first token) and `seen` (tokens fed)."""
+
+    def __init__(self):
+        self.positions = None
+        self.seen = 0
+
+
+class PrunedLayer(DynamicLayer):
+    """A `DynamicLayer` that knows which absolute positions it holds (batch row 0): `positions`,
+    (kv_heads, held) int64 on the CPU in storage order, kept in step with `keys`/`values` by `update` and
+    `keep_slots`; `seen`, the tokens fed to it. `held_positions()` is what `kvlab.inspect.held` reads for
+    divergence forensics. The bookkeeping sits in a `HeldPositions` object, which the byte counts of
+    `kvlab.accounting` (every tensor attribute of a layer) do not see: it is not cache data."""
+
+    is_croppable = False
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.held = HeldPositions()
+
+    @property
+    def positions(self):
+        return self.held.positions
+
+    @property
+    def seen(self) -> int:
+        return self.held.seen
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        fed, heads = key_states.shape[-2], key_states.shape[1]
+        new = torch.arange(self.held.seen, self.held.seen + fed).expand(heads, -1)
+        old = self.held.positions
+        self.held.positions = new.clone() if old is None else torch.cat([old, new], dim=1)
+        self.held.seen += fed
+        return super().update(key_states, value_states, *args, **kwargs)
+
+    def keep_slots(self, indices) -> None:
+        """Follow a prune: `indices` (batch, kv_heads, kept) are the slots kept, in their new order."""
+        self.held.positions = self.held.positions.gather(1, indices[0].cpu())
+
+    def held_positions(self):
+        """(kv_heads, held) absolute positions of the held keys/values, in storage order."""
+        return self.held.positions
+
+    def reset(self) -> None:
+        super().reset()
+        self.held = HeldPositions()
+
+    def crop(self, tokens_to_remove: int) -> None:
+        raise NotImplementedError("a pruned cache cannot be cropped: the positions it evicted are gone")
+
+class PrunedCache(DynamicCache):
+    """A `DynamicCache` whose prompt was pruned at prefill (and, with `compress_every`, again while
+    decoding); full-attention layers are `PrunedLayer`s. `eviction` holds the `EvictionRecord` (what each
+    layer kept, with the scores), for the Inspect view."""
+
+    eviction = None
+
+    def __init__(self, config):
+        super().__init__(config=config)
+        for index, layer in enumerate(self.layers):
+            if type(layer) is DynamicLayer:
+                self.layers[index] = PrunedLayer()
+
+    def reset(self) -> None:
+        """Empty every layer and forget the eviction record and the decoding buffer."""
+        super().reset()
+        self.eviction = None
+        self.decode_buffer = None
