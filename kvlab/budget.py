@@ -305,9 +305,9 @@ class ResilientSteps:
         here = sum(size for device, size in by_device.items() if torch.device(device).type == kind)
         share = here / total if total else 1.0
         config, dtype, strategy = self.loaded.config, self.loaded.model.dtype, decoder.strategy
-        held_next = strategy.held_tokens_by_layer(config, decoder.next_seen_tokens, self.max_total)
-        held_now = strategy.held_tokens_by_layer(config, decoder.seen_tokens, self.max_total) if total \
-            else [0] * len(held_next)
+        held_now, held_next = strategy.held_tokens_now_and_next(config, dtype, decoder.cache, decoder.seen_tokens,
+                                                                decoder.next_seen_tokens, self.max_total)
+        held_now = held_now if total else [0] * len(held_next)
         growth = predicted_next_cache_bytes(config, dtype, 0, held_now, held_next)
         return here + int(round(share * growth))
 

@@ -44,7 +44,8 @@ class PrunedLayer(DynamicLayer):
 
     def update(self, key_states, value_states, *args, **kwargs):
         fed, heads = key_states.shape[-2], key_states.shape[1]
-        new = torch.arange(self.held.seen, self.held.seen + fed).expand(heads, -1)
+        device = "meta" if key_states.is_meta else "cpu"  # Plan feeds shapes only (meta): allocate nothing
+        new = torch.arange(self.held.seen, self.held.seen + fed, device=device).expand(heads, -1)
         old = self.held.positions
         self.held.positions = new.clone() if old is None else torch.cat([old, new], dim=1)
         self.held.seen += fed

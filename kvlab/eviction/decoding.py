@@ -9,11 +9,13 @@ cache (`DecodeBuffer`), so the count carries over from one forward (one decode s
 after each compression, as kvpress does.
 
 Differs from kvpress: kvpress keeps at most `hidden_states_buffer_size` (256) buffered tokens and compresses to a
-fixed `target_size`; kvlab keeps all `every` of them and compresses back to the budget the prefill gave the layer,
-so after `d` tokens fed one per forward a layer holds `budget + d % every` positions (a forward feeding
-several tokens that bring the count to `every` or more is compressed at its end). kvpress counts decoding steps only; kvlab
-counts every token fed after the prefill (a question fed after the prompt when `query_aware` is false, a chat's
-next turn). Sliding-window layers are left as they are (they keep their window). This module does not prefill.
+fixed `target_size`; kvlab keeps all `every` of them and compresses back to a target the caller gives (kvlab's
+strategies: the prefill's budget, or `target_tokens` as asked), so after `d` tokens fed one per forward a layer
+holds `target + d % every` positions once it has reached its target (`held_after`; a forward feeding several
+tokens that bring the count to `every` or more is compressed at its end, which kvlab's strategies avoid by
+feeding one token per forward). kvpress counts decoding steps only; kvlab counts every token fed after the
+prefill (a question fed after the prompt when `query_aware` is false, a chat's next turn). Sliding-window layers
+are left as they are (they keep their window). This module does not prefill.
 """
 
 from __future__ import annotations
@@ -59,6 +61,19 @@ def compress_layer(module, layer, buffered, score: Scorer, kept: int, rotary=Non
     if layer.keys.shape[2] <= kept:
         return scores, None
     return scores, prune_layer(layer, scores, kept)
+
+
+def held_after(kept: int, fed: int, every: int, target: int) -> int:
+    """Positions a layer holds after a prefill that kept `kept` and `fed` tokens fed one per forward, compressed
+    back to `target` every `every` of them (a compression keeps min(held, target))."""
+    full, rest = divmod(fed, every)
+    held = kept
+    for _ in range(full):
+        after = min(held + every, target)
+        if after == held:  # steady: every later compression lands here again
+            break
+        held = after
+    return held + rest
 
 
 def decode_step(module, layer, buffer: DecodeBuffer, fed: tuple, score: Scorer, kept: int, every: int,

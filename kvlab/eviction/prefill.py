@@ -153,13 +153,14 @@ def prune_layer(layer, scores: torch.Tensor, kept: int) -> torch.Tensor:
 
 @contextlib.contextmanager
 def prune_at_prefill(model, score: Scorer, kept_tokens: KeptTokens, record: EvictionRecord | None = None,
-                     compress_every: int = 0):
+                     compress_every: int = 0, compress_to: KeptTokens | None = None):
     """While open, every forward of `model` on an empty cache prunes each full-attention layer's cache to
     `kept_tokens(seq, layer_idx)` positions per KV head ranked by `score`; yields the `EvictionRecord` filled
     in (batch row 0). A later forward (the cache already held tokens) is not pruned, unless `compress_every` is
     set: then each layer buffers the tokens fed and, every `compress_every` of them, is compressed back to
-    `kept_tokens(record.prompt_tokens, layer_idx)` (`kvlab.eviction.decoding`, kvpress's DecodingPress). The
-    buffer lives on the cache, so the block may be opened anew for each forward.
+    `compress_to(record.prompt_tokens, layer_idx)` (default `kept_tokens`: the prefill's budget) positions
+    (`kvlab.eviction.decoding`, kvpress's DecodingPress). The buffer lives on the cache, so the block may be
+    opened anew for each forward.
 
     Raises:
         ValueError: `compress_every` < 0; from inside the forward, the scorer or the budget refuses the prompt
@@ -186,7 +187,7 @@ def prune_at_prefill(model, score: Scorer, kept_tokens: KeptTokens, record: Evic
         cos, sin = kwargs["position_embeddings"]
         if layer.keys.shape[2] != seq:  # the cache held tokens before this forward: not a prefill
             if compress_every and record.prompt_tokens:
-                kept = kept_tokens(record.prompt_tokens, module.layer_idx)
+                kept = (compress_to or kept_tokens)(record.prompt_tokens, module.layer_idx)
                 decode_step(module, layer, buffer_of(cache), (hidden.detach(), cos, sin), score, kept,
                             compress_every, rotary, record)
             return output

@@ -77,10 +77,13 @@ def _teacher_force(loaded, strategy, cache, sequence: torch.Tensor, to_feed) -> 
 def run_cell(loaded, strategy, prompt: PasskeyPrompt, new_tokens: int, eos: set[int] = frozenset()) -> CellOutcome:
     """Run `prompt` through a fresh cache of `strategy` and score it (see the module docstring).
 
-    Raises whatever building the cache or a forward raises (the caller reports it in the column).
+    Raises:
+        StrategyError: the strategy cannot take this prompt (`Strategy.check_fits`), before any compute;
+        whatever building the cache or a forward raises (the caller reports it in the column).
     """
     ids = torch.tensor([list(prompt.prompt_ids)], device=loaded.device)
     key = list(prompt.key_ids)
+    strategy.check_fits(ids.shape[1], max(new_tokens, len(key)))
     cache = strategy.build_cache(loaded, ids.shape[1] + max(new_tokens, len(key)))
     started = time.perf_counter()
     logits = forward(loaded, strategy, cache, ids, ids.shape[1])

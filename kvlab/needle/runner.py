@@ -129,7 +129,8 @@ def run_needle(loaded, specs, grid: Grid, stop: threading.Event | None = None) -
             try:
                 _fill(record, compute(run_cell, loaded, columns[index].strategy, prompt, grid.new_tokens, eos))
             except Exception as err:  # noqa: BLE001 - a failing cache ends its own column only
-                messages[index], statuses[index] = f"{type(err).__name__}: {err}", "error"
+                plain = isinstance(err, ValueError)  # StrategyError and the scorers: messages written for the user
+                messages[index], statuses[index] = str(err) if plain else f"{type(err).__name__}: {err}", "error"
                 record.status, record.message = "error", messages[index]
                 records.append(record)
                 yield NeedleColumnError(index, "error", messages[index])

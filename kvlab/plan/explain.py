@@ -63,7 +63,9 @@ def explain(strategy, arch, laws: dict, states: dict) -> str:
         return "keeps nothing (use_cache=False): 0 bytes at any context; every step recomputes the whole sequence"
     parts = []
     for group in arch.groups:
-        if group in laws:
+        if group in laws and strategy.is_evicting and group.window is None:
+            parts.append(f"{group.count} of {arch.layers} layers {group.label}: {strategy.growth_text()}")
+        elif group in laws:
             parts.append(f"{group.count} of {arch.layers} layers {group.label}: {_law_text(laws[group])}")
         elif group in states:
             parts.append(f"{group.count} of {arch.layers} layers {group.label}: hold a fixed "

@@ -63,6 +63,10 @@ class MeasureError(RuntimeError):
     """The strategy's cache cannot be measured on this model; the message gives the reason."""
 
 
+class PlanLimit(MeasureError):
+    """The strategy can run on the model, but Plan cannot measure it (the message says why)."""
+
+
 @dataclass(frozen=True)
 class GroupLaw:
     """How one layer of a group grows with the context (prefilled in one forward).
@@ -178,17 +182,19 @@ class StrategyMeter:
     def _measure(self, group: LayerGroup, context: int, prefill: int, cache) -> int:
         index = group.indices[0]
         if self.strategy.is_evicting and group.layer_type == "full_attention":
-            # A scored-eviction strategy keeps `kept_tokens` of the prompt per layer; decoded tokens all stay, or,
-            # with `compress_every`, the layer is back at its budget every that many tokens.
+            # A scored-eviction strategy keeps `kept_tokens` of the prompt per layer, then holds what
+            # `held_tokens_after` says (decoded tokens all kept, or back at its budget every `compress_every`).
             config = self.arch.stand_in.config
-            kept = {self.strategy.kept_tokens(prefill, i, config, self.dtype) for i in group.indices}
+            question = 0 if self.strategy.query_aware else self.strategy.question_tokens
+            kept = {self.strategy.kept_tokens(prefill - question, i, config, self.dtype) for i in group.indices}
             if len(kept) > 1:
-                raise MeasureError(f"{self.strategy.describe()} keeps a different number of positions in each "
-                                   f"layer ({min(kept)}..{max(kept)} of {prefill}); Plan measures one layer per group")
+                raise PlanLimit(f"Plan measures one layer per group, and this strategy keeps a different number of "
+                                f"positions in each layer ({min(kept)}..{max(kept)} of a {prefill - question}-token "
+                                "prompt); Compare and Inspect show its bytes")
             held = kept.pop()
-            decoded = context - prefill
-            every = getattr(self.strategy, "compress_every", 0)
-            context, prefill = held + (decoded % every if every else decoded), held
+            after = {self.strategy.held_tokens_after(prefill, context - prefill, i, config, self.dtype)
+                     for i in group.indices}
+            context, prefill = after.pop(), held
         layer = cache.layers[index] if index < len(cache.layers) else None
         chunks = split_schedule(layer, prefill, context - prefill)
         if index not in self._on_cpu:

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .explain import explain, strategy_notes
-from .meter import FAR_TOKENS, GroupLaw, MeasureError, StrategyMeter, linear_state_bytes
+from .meter import FAR_TOKENS, GroupLaw, MeasureError, PlanLimit, StrategyMeter, linear_state_bytes
 from .probe import Architecture, ProbeError, describe_architecture
 from ..strategies import StrategyError, make_strategy
 from ..strategies.dynamic import Dynamic
@@ -283,7 +283,7 @@ def _plan_strategy(arch: Architecture, strategy, spec, request: PlanRequest) -> 
         laws = {group: totals.meter.law(group) for group in totals.meter.groups}
         bound, unbounded = (None, False) if request.budget_bytes is None else _max_context(totals, laws, request)
     except MeasureError as err:
-        message = f"{name} cannot serve this model: {err}"
+        message = f"{name}: {err}" if isinstance(err, PlanLimit) else f"{name} cannot serve this model: {err}"
         for cell in failed:
             cell.error = message
         return StrategyPlan(name, spec_json, "error", message, message, [], failed)

@@ -121,6 +121,14 @@ class Strategy:
             return [held] * len(layer_windows(config))
         return [min(held, self.window_tokens(w)) if w else held for w in layer_windows(config)]
 
+    def held_tokens_now_and_next(self, config, dtype, cache, seen_tokens: int, next_seen_tokens: int,
+                                 max_total_tokens: int) -> tuple[list[int], list[int]]:
+        """Per decoder layer, the tokens `cache` holds after `seen_tokens` ids and will hold after the step that
+        brings it to `next_seen_tokens` (what a column's budget predicts); `held_tokens_by_layer` of both here,
+        a strategy that prunes by its own rule overrides it."""
+        return (self.held_tokens_by_layer(config, seen_tokens, max_total_tokens),
+                self.held_tokens_by_layer(config, next_seen_tokens, max_total_tokens))
+
     @property
     def is_compileable(self) -> bool:
         """Its decode steps run through `torch.compile` (static with `compile: true`)."""

@@ -2,8 +2,9 @@
 following kvpress `presses/observed_attention_press.py`: each position's attention from every later prompt query,
 averaged over the queries that could see it and over each KV head's query group. kvpress needs eager attention
 to read the weights; kvlab computes them from the layer's queries and keys, so any attention kernel serves, up to
-`OBSERVED_ATTENTION_MAX_TOKENS` prompt tokens ((heads, seq, seq) float32 weights per layer). Applied once at
-prefill (H2O evicts at every decoding step; not done here)."""
+`OBSERVED_ATTENTION_MAX_TOKENS` prompt tokens ((heads, seq, seq) float32 weights per layer). Applied at
+prefill; `compress_every: 1` evicts at every decoding step as H2O does, scoring with the tokens fed since
+the last compression (H2O accumulates the attention every token ever paid; not done here)."""
 
 from dataclasses import dataclass
 

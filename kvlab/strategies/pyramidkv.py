@@ -32,9 +32,10 @@ class PyramidKV(SnapKV):
         return pyramid_kept_tokens(seq, self.target_ratio(seq, config, dtype), layer_idx, layers,
                                    self.window_size, self.beta)
 
-    def kept_code(self) -> str:
-        ratio = self.compression_ratio if not (self.target_tokens or self.target_mib) else "<ratio of the budget>"
-        return (f"pyramid_kept_tokens(seq, {ratio}, layer, model.config.num_hidden_layers, {self.window_size}, "
+    def kept_code(self, seq: str = "seq") -> str:
+        ratio = (f"1 - {super().kept_code(seq)} / {seq}" if self.target_tokens or self.target_mib
+                 else self.compression_ratio)
+        return (f"pyramid_kept_tokens({seq}, {ratio}, layer, model.config.num_hidden_layers, {self.window_size}, "
                 f"{self.beta})")
 
     def prune_code(self):

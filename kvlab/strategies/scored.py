@@ -98,14 +98,32 @@ class ScoredEviction(Strategy):
 
     def caveat_for(self, prompt_tokens: int) -> str:
         compressed = prompt_tokens - (0 if self.query_aware else self.question_tokens)
-        if self.target_tokens and self.target_tokens >= compressed:
-            return (f"nothing was pruned: target_tokens={self.target_tokens} keeps all {compressed} prompt tokens "
-                    "it could prune (the cache is dynamic's)")
-        if not (self.target_tokens or self.target_mib) and kept_tokens_at(compressed, self.compression_ratio) \
-                >= compressed:
-            return (f"nothing was pruned: compression_ratio={self.compression_ratio:g} of {compressed} prompt tokens "
-                    "removes none (the cache is dynamic's)")
-        return self.caveat()
+        if self.target_tokens:
+            whole = self.target_tokens >= compressed
+            why = f"target_tokens={self.target_tokens} keeps all {compressed} prompt tokens it could prune"
+        else:
+            whole = not self.target_mib and kept_tokens_at(compressed, self.compression_ratio) >= compressed
+            why = f"compression_ratio={self.compression_ratio:g} of {compressed} prompt tokens removes none"
+        if not whole:
+            return self.caveat()
+        if self.compress_every:
+            return (f"nothing was pruned at prefill: {why}; every {self.compress_every} tokens fed after the prompt, "
+                    "each layer was compressed back to its budget (kvpress's DecodingPress)")
+        return f"nothing was pruned: {why} (the cache is dynamic's)"
+
+    def growth_text(self) -> str:
+        """How a pruned layer's cache grows, in words (Plan's explanation)."""
+        if self.target_tokens:
+            budget = f"keep {self.target_tokens:,} of the prompt's positions per KV head (target_tokens)"
+        elif self.target_mib:
+            budget = f"keep the prompt's positions that fit {self.target_mib:g} MiB (target_mib)"
+        else:
+            budget = (f"keep {1 - self.compression_ratio:.0%} of the prompt's positions per KV head "
+                      f"(compression_ratio {self.compression_ratio:g})")
+        question = "" if self.query_aware else f", plus the {self.question_tokens} question tokens"
+        after = (f"then grow by each token fed and go back to the budget every {self.compress_every} tokens"
+                 if self.compress_every else "then keep every token fed after it")
+        return f"{budget}{question}, {after}"
 
     def unavailable_reason(self, loaded) -> str | None:
         from ..eviction.prefill import decoder_of
@@ -152,6 +170,55 @@ class ScoredEviction(Strategy):
             return self.budget_tokens(seq, config, dtype)
         return kept_tokens(seq, self.compression_ratio)
 
+    def absolute_budget(self, config, dtype) -> int:
+        """Positions per head `target_tokens` or `target_mib` ask for, not capped by a prompt (0 for a ratio)."""
+        if not (self.target_tokens or self.target_mib):
+            return 0
+        return self.budget_tokens(1 << 62, config, dtype)
+
+    def compress_target(self, compressed_tokens: int, layer_idx: int, config, dtype) -> int:
+        """Positions layer `layer_idx` keeps after a compression while decoding, after a prefill that compressed
+        `compressed_tokens`: the prefill's budget for a ratio; `target_tokens`/`target_mib` as asked, also when
+        the prompt was shorter."""
+        return self.kept_tokens(max(compressed_tokens, self.absolute_budget(config, dtype)), layer_idx, config,
+                                dtype)
+
+    def held_tokens_after(self, prompt_tokens: int, fed_after: int, layer_idx: int, config, dtype) -> int:
+        """Positions a pruned layer holds after a prompt of `prompt_tokens` and `fed_after` tokens fed after it
+        (one per forward, as decoding feeds them)."""
+        from ..eviction.decoding import held_after
+
+        question = 0 if self.query_aware else self.question_tokens
+        compressed = prompt_tokens - question
+        kept = self.kept_tokens(compressed, layer_idx, config, dtype)
+        if not self.compress_every:
+            return kept + question + fed_after
+        target = self.compress_target(compressed, layer_idx, config, dtype)
+        return held_after(kept, question + fed_after, self.compress_every, target)
+
+    def held_tokens_now_and_next(self, config, dtype, cache, seen_tokens: int, next_seen_tokens: int,
+                                 max_total_tokens: int) -> tuple[list[int], list[int]]:
+        """Per layer, positions held now and after the next step: a pruned layer by `held_tokens_after`
+        (the next step on an empty cache is a prefill of `next_seen_tokens`), a sliding layer as dynamic's."""
+        from ..accounting import layer_windows
+
+        record = getattr(cache, "eviction", None)
+        prompt = None if record is None else record.prompt_tokens + (0 if self.query_aware else self.question_tokens)
+        dense_now = self.held_tokens_by_layer(config, seen_tokens, max_total_tokens)
+        dense_next = self.held_tokens_by_layer(config, next_seen_tokens, max_total_tokens)
+        now, after = [], []
+        for index, window in enumerate(layer_windows(config)):
+            if window:
+                now.append(dense_now[index])
+                after.append(dense_next[index])
+            elif prompt is None:
+                now.append(0)
+                after.append(self.held_tokens_after(next_seen_tokens, 0, index, config, dtype))
+            else:
+                now.append(self.held_tokens_after(prompt, seen_tokens - prompt, index, config, dtype))
+                after.append(self.held_tokens_after(prompt, next_seen_tokens - prompt, index, config, dtype))
+        return now, after
+
     def build_cache(self, loaded, max_total_tokens: int):
         return pruned_cache(loaded.config)
 
@@ -185,17 +252,19 @@ class ScoredEviction(Strategy):
 
         config, dtype = loaded.config, loaded.model.dtype
         with prune_at_prefill(loaded.model, self.score, lambda seq, layer: self.kept_tokens(seq, layer, config, dtype),
-                              record, self.compress_every):
+                              record, self.compress_every,
+                              lambda seq, layer: self.compress_target(seq, layer, config, dtype)):
             return self._feed_tokens(loaded, cache, sequence, new_tokens)
 
     def _feed_tokens(self, loaded, cache, sequence, new_tokens: int):
         """Feed the last `new_tokens`; one token per forward when the layers hold different lengths (PyramidKV),
-        because transformers builds one causal mask from layer 0's length."""
+        because transformers builds one causal mask from layer 0's length, and with `compress_every`, so every
+        N-th token fed compresses as in decoding."""
         from ..eviction.prefill import true_position_ids
 
         total = sequence.shape[1]
         lengths = {layer.keys.shape[2] for layer in cache.layers if getattr(layer, "keys", None) is not None}
-        step = new_tokens if len(lengths) <= 1 else 1
+        step = new_tokens if len(lengths) <= 1 and not self.compress_every else 1
         out = None
         for end in range(total - new_tokens + step, total + 1, step):
             out = loaded.model(input_ids=sequence[:, end - step:end], cache=cache, use_cache=True,
@@ -206,21 +275,34 @@ class ScoredEviction(Strategy):
         """The call of this method's scoring function in the reproduce-it snippets, on `inputs`."""
         return f"{self.scorer_name}(inputs)"
 
-    def kept_code(self) -> str:
-        """The expression of the positions a layer keeps, of `seq` and `layer`, in the snippets."""
+    def absolute_code(self) -> str:
+        """The expression of `absolute_budget` in the snippets ('' for a ratio)."""
         if self.target_tokens:
-            return f"max(1, min(seq, {self.target_tokens}))"
+            return str(self.target_tokens)
         if self.target_mib:
-            return f"max(1, min(seq, {self.target_mib} * 2**20 // (2 * model.config.num_key_value_heads * " \
-                   "model.config.head_dim * model.dtype.itemsize * model.config.num_hidden_layers)))"
-        return f"max(1, int(seq * (1 - {self.compression_ratio})))"
+            full = ('sum(kind == "full_attention" for kind in (getattr(model.config, "layer_types", None) or '
+                    '["full_attention"] * model.config.num_hidden_layers))')
+            return (f"int({self.target_mib} * 2**20) // (2 * model.config.num_key_value_heads * model.config.head_dim"
+                    f" * model.dtype.itemsize * {full})")
+        return ""
+
+    def kept_code(self, seq: str = "seq") -> str:
+        """The expression of the positions a layer keeps out of `seq` (an expression), of `layer`, in the snippets."""
+        if self.target_tokens or self.target_mib:
+            return f"max(1, min({seq}, {self.absolute_code()}))"
+        return f"max(1, int({seq} * (1 - {self.compression_ratio})))"
 
     def prune_code(self) -> tuple[list[str], str]:
         """(imports, the `prune_at_prefill(...)` call) of the snippets."""
+        extra = ""
+        if self.compress_every:
+            extra = f", compress_every={self.compress_every}"
+            if self.target_tokens or self.target_mib:  # back to the asked-for budget, also after a shorter prompt
+                extra += f", compress_to=lambda seq, layer: {self.kept_code(f'max(seq, {self.absolute_code()})')}"
         return ([f"from kvlab.eviction.scoring import {self.scorer_name}",
                  "from kvlab.eviction.prefill import prune_at_prefill"],
                 f"prune_at_prefill(model, lambda inputs: {self.scorer_code()}, lambda seq, layer: {self.kept_code()}"
-                + (f", compress_every={self.compress_every})" if self.compress_every else ")"))
+                f"{extra})")
 
     def cache_code(self):
         if self.compress_every:  # the layers track the positions they hold (Expected Attention's future positions)

@@ -1,7 +1,8 @@
 """`tova`: TOVA (Oren et al. 2024, "Transformers are Multi-State RNNs", arXiv:2401.06104), following kvpress
 `presses/tova_press.py`: the prompt's last query's attention to each position, averaged over all query heads
 (one ranking shared by every KV head); kvpress always keeps the last position, which TOVA itself may drop;
-kvlab follows kvpress. Applied once at prefill (TOVA's paper evicts at every step; not done here)."""
+kvlab follows kvpress. Applied at prefill; `compress_every: 1` evicts one position per decoding step, as
+TOVA's paper does."""
 
 from dataclasses import dataclass
 
