@@ -132,15 +132,18 @@ def loop_snippet(strategy, settings, prompt_text: str, system: str = "", chat: b
     lines += ["", "sequence = inputs[\"input_ids\"]  # (1, prompt tokens)",
               "input_ids = sequence  # the first step feeds the prompt, each later step the token chosen before",
               "for step in range(max_new_tokens):", noted("    # input_ids this step", "input_ids")]
+    own_positions = any(line.startswith("position_ids =") for line in forward_lines)  # e.g. a pruned cache's
     if strategy.use_cache:
         lines += [noted("    past = cache.get_seq_length()  # tokens the cache counts before this step", "past"),
                   noted("    cache_position = torch.arange(past, past + input_ids.shape[1])  # slots written "
-                        "(transformers 5 keeps this inside the cache)", "cache_position"),
-                  noted("    position_ids = cache_position[None]", "position_ids")]
-    else:
+                        "(transformers 5 keeps this inside the cache)", "cache_position")]
+        if not own_positions:
+            lines.append(noted("    position_ids = cache_position[None]", "position_ids"))
+    elif not own_positions:
         lines.append(noted("    position_ids = torch.arange(sequence.shape[1])[None]", "position_ids"))
     lines.append("    with torch.inference_mode():")
-    lines += [f"        {line}" for line in forward_lines]
+    lines += [f"        {noted(line, 'position_ids') if line.startswith('position_ids =') else line}"
+              for line in forward_lines]
     lines += [noted("    # the model builds the causal mask from cache.get_mask_sizes", "mask"),
               noted("    next_token = int(out.logits[0, -1].argmax())", "next_token")]
     if settings.stop_at_eos:

@@ -145,3 +145,17 @@ def test_a_needle_column_that_cannot_take_the_prompt_says_why_in_its_own_words(t
     assert done.column_messages[1].startswith("question_tokens (1000) must be less than the prompt's")
     assert done.column_messages[2].startswith("snapkv needs a prompt longer than window_size=300")
     assert 0 not in done.column_messages
+
+
+def test_inspect_loop_code_annotates_the_true_positions_a_pruned_cache_is_fed():
+    from kvlab.ui.code import loop_snippet
+
+    strategy = make_strategy({"strategy": "knorm", "compress_every": 4})
+    settings = GenerationSettings(max_new_tokens=4, stop_at_eos=False, fidelity=False)
+    code = loop_snippet(strategy, settings, "hello", values={"position_ids": "[[54]]", "past": "27"})
+    compile(code, "loop", "exec")
+    assert "position_ids = cache_position[None]" not in code
+    annotated = [line for line in code.splitlines() if "# ← [[54]]" in line]
+    assert len(annotated) == 1 and "torch.arange(sequence.shape[1] - input_ids.shape[1]" in annotated[0]
+    dynamic = loop_snippet(make_strategy({"strategy": "dynamic"}), settings, "hello", values={"position_ids": "[[5]]"})
+    assert "position_ids = cache_position[None]  # ← [[5]]" in dynamic
