@@ -160,13 +160,13 @@ class Strategy:
 
     def describe(self) -> str:
         """The column's name: `label` if set, else `title()` followed by every other knob that differs from its
-        default, e.g. `quantized hqq int4 r128 q_group_size=32`, so two columns differing in any knob differ
-        in name."""
+        default, as the command line writes it (`quantized hqq int4 r128 q_group_size=32`, `query_aware=false`),
+        so two columns differing in any knob differ in name."""
         if self.label:
             return self.label
         defaults = {f.name: f.default for f in dataclasses.fields(self)}
-        extra = [f"{name}={value}" for name, value in self.knobs().items()
-                 if name not in self.title_knobs and value != defaults.get(name)]
+        extra = [f"{name}={str(value).lower() if isinstance(value, bool) else value}"
+                 for name, value in self.knobs().items() if name not in self.title_knobs and value != defaults.get(name)]
         return " ".join([self.title(), *extra])
 
     def title(self) -> str:

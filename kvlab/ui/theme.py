@@ -71,7 +71,8 @@ CSS = """
            background: var(--background-fill-primary); gap: 6px !important; }
 .kv-about, .kv-about p { font-size: 0.8em; line-height: 1.35; color: var(--body-text-color-subdued); margin: 0; }
 .kv-knobs { gap: 4px !important; }
-.kv-knobs label span { font-size: 0.75em; }
+.kv-knobs label span { font-size: 0.75em; white-space: normal !important; overflow-wrap: anywhere;
+                       text-overflow: clip !important; overflow: visible !important; }
 .kv-status { font-size: 0.85em; line-height: 1.5; }
 .kv-title { font-weight: 600; font-size: 1.05em; }
 .kv-badge { display: inline-block; padding: 0 8px; border-radius: 999px; font-size: 0.85em; font-weight: 600;
