@@ -233,3 +233,15 @@ def test_a_chat_with_compress_every_stays_near_its_budget_over_turns(tiny):
         assert record.layers[index].compressions >= 3
     chat.cache.reset()
     assert chat.cache.eviction is None and chat.cache.decode_buffer is None and chat.cache.layers[0].seen == 0
+
+
+def test_position_tracking_allocates_nothing_for_meta_tensors(tiny):
+    """Plan measures caches by feeding meta tensors of up to 2**33 tokens; the positions a pruned layer tracks
+    follow them onto the meta device instead of allocating 64 GiB on the host."""
+    from kvlab.eviction.cache import PrunedCache
+
+    cache = PrunedCache(tiny.config)
+    keys = torch.empty(1, 1, 2**33, 64, device="meta")
+    cache.update(keys, keys, 0)
+    layer = cache.layers[0]
+    assert layer.positions.is_meta and layer.seen == 2**33
