@@ -104,17 +104,24 @@ def test_a_budgeted_eviction_column_is_predicted_from_what_it_keeps(tiny):
     {"strategy": "pyramidkv", "window_size": 4, "target_tokens": 20},
     {"strategy": "pyramidkv", "window_size": 4, "target_mib": 0.02, "compress_every": 5},
     {"strategy": "tova", "target_tokens": 60, "compress_every": 3},
+    {"strategy": "knorm", "compression_ratio": 0.5, "compress_every": 10},
+    {"strategy": "expected_attention", "compression_ratio": 0.5, "compress_every": 10},
+    {"strategy": "snapkv", "window_size": 8, "compression_ratio": 0.5, "compress_every": 10},
 ], ids=lambda spec: make_strategy(spec).describe())
 @pytest.mark.parametrize("model", ["tiny", "tiny_hybrid"])
 def test_view_code_runs_and_reproduces_budgeted_columns(request, spec, model):
+    """The snippet's cache line and `with prune_at_prefill(...)` (with compress_every / compress_to where set)
+    around plain `generate()` give the column's tokens and per-layer sizes."""
     from kvlab.ui.code import code_snippet
 
     loaded = request.getfixturevalue(model)
     strategy = make_strategy(spec)
     settings = GenerationSettings(max_new_tokens=NEW_TOKENS, stop_at_eos=False, fidelity=False)
-    compile(code_snippet(strategy, settings, "hello", chat=False), "snippet", "exec")
+    snippet = code_snippet(strategy, settings, "hello", chat=False)
+    compile(snippet, "snippet", "exec")
     imports, call = strategy.prune_code()
     cache_imports, cache_line = strategy.cache_code()
+    assert f"with {call}:" in snippet and cache_line.split("  #")[0] in snippet
     namespace = {"model": loaded.model}
     exec("\n".join([*imports, *cache_imports, cache_line]), namespace)
     ids = torch.arange(10, 10 + PROMPT_TOKENS)[None]

@@ -141,31 +141,6 @@ def test_a_pruned_cache_refuses_a_crop_with_the_reason(tiny):
         cache.layers[0].crop(1)
 
 
-@pytest.mark.parametrize("name", ["knorm", "expected_attention", "snapkv"])
-def test_view_code_reproduces_a_column_that_compresses_while_decoding(tiny, name):
-    """The snippet's cache line and `with prune_at_prefill(..., compress_every=N)` around plain `generate()` give the
-    column's tokens and leave the cache at the same size."""
-    from kvlab.ui.code import code_snippet
-
-    spec = {"strategy": name, "compression_ratio": 0.5, "compress_every": EVERY, **SMALL_WINDOW.get(name, {})}
-    strategy = make_strategy(spec)
-    settings = GenerationSettings(max_new_tokens=NEW_TOKENS, stop_at_eos=False, fidelity=False)
-    snippet = code_snippet(strategy, settings, "hello", chat=False)
-    compile(snippet, name, "exec")
-    imports, call = strategy.prune_code()
-    cache_imports, cache_line = strategy.cache_code()
-    assert f"compress_every={EVERY})" in call and f"with {call}:" in snippet and cache_line.split("  #")[0] in snippet
-    namespace = {"model": tiny.model}
-    exec("\n".join([*imports, *cache_imports, cache_line]), namespace)
-    ids = torch.arange(10, 10 + PROMPT_TOKENS)[None]
-    with eval(call, namespace):
-        out = tiny.model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), cache=namespace["cache"],
-                                  max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False)
-    _, cache, steps = run(tiny, spec)
-    assert out[0, PROMPT_TOKENS:].tolist() == [s.token_id for s in steps]
-    assert [layer.keys.shape[2] for layer in namespace["cache"].layers] == [layer.keys.shape[2] for layer in cache.layers]
-
-
 def test_the_caveat_says_when_the_budget_prunes_nothing(tiny):
     from kvlab.columns import Column
     from kvlab.runner import new_result
