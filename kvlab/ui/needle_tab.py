@@ -21,7 +21,9 @@ import gradio as gr
 
 from kvlab.models import ModelLoadError, ModelSpec
 from kvlab.needle.grid import DEFAULT_NEW_TOKENS, MAX_NEW_TOKENS, GridError, expand_sweeps, parse_grid, split_items
+from kvlab.needle.preset import list_needle_presets
 from kvlab.needle.prompt import key_tokens, min_context_tokens
+from kvlab.presets import PresetError
 from kvlab.needle.record import records_to_csv
 from kvlab.needle.runner import NeedleCell, NeedleDone, max_positions, run_needle
 from kvlab.columns import MAX_COLUMNS, Column
@@ -30,7 +32,7 @@ from kvlab.strategies.base import parse_strategy_item
 from .compare_plots import plot_update, roster_colors
 from .loader import CONCURRENCY, MODEL_CONCURRENCY_ID
 from .model_picker import model_dropdown
-from .needle_view import OUTCOME_COLORS, NeedleView
+from .needle_view import NO_PRESET, OUTCOME_COLORS, NeedleView, preset_fields
 from .theme import COLORS
 
 DEFAULT_COLUMNS = "dynamic, sink:window_length=128, quantized:backend=quanto:nbits=4"
@@ -81,6 +83,8 @@ class NeedleTab:
     def build(self) -> "NeedleTab":
         gr.Markdown(EXPLAIN)
         with gr.Row():
+            self.preset = gr.Dropdown([NO_PRESET, *list_needle_presets()], value=NO_PRESET, label="preset",
+                                      info="fills the columns and the grid", scale=1, elem_id="needle-preset")
             self.source = model_dropdown("bundled", scale=2, elem_id="needle-model")
             self.columns = gr.Textbox(DEFAULT_COLUMNS, label="columns (compare syntax)", scale=3,
                                       elem_id="needle-columns")
@@ -117,7 +121,20 @@ class NeedleTab:
                           self.new_tokens], outputs, concurrency_limit=CONCURRENCY,
             concurrency_id=MODEL_CONCURRENCY_ID, api_visibility="private")
         self.stop_button.click(self.stop, self.session, None, **PRIVATE)
+        self.preset.change(self.apply_preset, self.preset,
+                           [self.columns, self.lengths, self.depths, self.seeds, self.new_tokens, self.status], **PRIVATE)
         return self
+
+    def apply_preset(self, name: str):
+        """Fill the form from needle preset `name` (NO_PRESET leaves it); a broken preset says why in the status."""
+        try:
+            fields = preset_fields(name)
+        except PresetError as err:
+            return *[gr.update()] * 5, f"⚠ {err}"
+        if fields is None:
+            return *[gr.update()] * 5, ""
+        return (fields["columns"], fields["lengths"], fields["depths"], fields["seeds"], fields["new_tokens"],
+                f"preset **{name}**: {fields['description']}")
 
     def prepare(self, session: dict) -> str:
         session["stop"] = threading.Event()

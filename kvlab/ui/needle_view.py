@@ -119,3 +119,29 @@ class NeedleView:
             lines.append(f"stopped after {self.record['wall_s']:.1f} s" if self.stopped
                          else f"finished in {self.record['wall_s']:.1f} s")
         return "  \n".join(lines)
+
+
+NO_PRESET = "(none)"
+"""The preset picker's entry that leaves the form as it is."""
+
+
+def preset_fields(name: str) -> dict | None:
+    """The form a needle preset fills: `columns` (compare syntax, knobs that differ from their defaults),
+    `lengths`, `depths`, `seeds` (comma lists), `new_tokens` and its `description`; None for NO_PRESET.
+
+    Raises:
+        PresetError: the preset is missing or invalid (the message names the file and field).
+    """
+    from kvlab.budget import strategy_item
+    from kvlab.columns import Column
+    from kvlab.needle.preset import load_needle_preset
+
+    if not name or name == NO_PRESET:
+        return None
+    preset = load_needle_preset(name)
+    columns = ", ".join(strategy_item(Column.from_spec(spec).strategy) for spec in preset.columns)
+    grid = preset.grid
+    return {"columns": columns, "lengths": ", ".join(str(length) for length in grid.lengths),
+            "depths": ", ".join(f"{depth:g}" for depth in grid.depths),
+            "seeds": ", ".join(str(seed) for seed in grid.seeds), "new_tokens": grid.new_tokens,
+            "description": " ".join(preset.description.split())}

@@ -125,3 +125,30 @@ def test_every_needle_preset_runs_on_the_tiny_model(tiny, name):
     done = list(run_needle(tiny, preset.columns, grid))[-1]
     assert [c["status"] for c in done.record["columns"]] == ["ok"] * len(preset.columns)
     assert len(done.records) == len(grid.cells) * len(preset.columns)
+
+
+@pytest.mark.parametrize("name", sorted(list_needle_presets()))
+def test_a_preset_fills_the_form_with_what_the_preset_runs(name):
+    """The preset picker writes the columns in compare syntax; read back by the tab they are the preset's
+    strategies, and the grid fields parse to the preset's grid."""
+    from kvlab.columns import Column
+    from kvlab.ui.needle_tab import column_specs
+    from kvlab.ui.needle_view import NO_PRESET, preset_fields
+
+    assert preset_fields(NO_PRESET) is None
+    fields = preset_fields(name)
+    preset = load_needle_preset(name)
+    parsed = [column.strategy for column in column_specs(fields["columns"])]
+    assert parsed == [Column.from_spec(spec).strategy for spec in preset.columns]
+    grid = parse_grid(fields["lengths"].split(", "), [float(d) for d in fields["depths"].split(", ")],
+                      [int(s) for s in fields["seeds"].split(", ")], fields["new_tokens"])
+    expected = parse_grid(preset.grid.lengths, preset.grid.depths, preset.grid.seeds, preset.grid.new_tokens)
+    assert grid.cells == expected.cells and fields["description"]
+
+
+def test_the_tab_fills_the_form_from_a_preset_and_says_why_one_cannot_be_read():
+    values = NeedleTab(None).apply_preset("needle_eviction")
+    assert values[0].startswith("dynamic, snapkv, pyramidkv, tova") and values[1] == "512, 1k"
+    assert values[5].startswith("preset **needle_eviction**: The scored eviction methods")
+    missing = NeedleTab(None).apply_preset("no_such_preset")
+    assert missing[5].startswith("⚠") and "no_such_preset" in missing[5]
