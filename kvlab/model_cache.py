@@ -204,6 +204,9 @@ def convert_gguf(gguf_path: Path, folder_name: str, display_name: str, notify: P
     except (OSError, ValueError, KeyError, RuntimeError) as err:
         shutil.rmtree(staging, ignore_errors=True)
         raise ModelLoadError(f"could not convert {name}: {type(err).__name__}: {str(err).splitlines()[0]}") from err
+    except BaseException:  # Ctrl-C (or a stop) mid-conversion leaves no half-written folder behind
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
     shutil.rmtree(target, ignore_errors=True)
     staging.rename(target)
     return target

@@ -24,8 +24,8 @@ NEEDLE = ["-m", "kvlab", "needle", "--strategies", "dynamic", "--lengths", "256"
           "--seeds", "1", "--new-tokens", "4"]
 
 
-def start(tmp_path, out: Path, command: list[str] = COMPARE) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"}
+def start(tmp_path, out: Path, command: list[str] = COMPARE, **env_extra: str) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1", **env_extra}
     return subprocess.Popen([sys.executable, *command, "--json", str(out)], cwd=tmp_path, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
@@ -62,17 +62,21 @@ def test_ctrl_c_during_a_run_writes_the_partial_record(tmp_path):
 
 
 def test_ctrl_c_while_the_model_loads_says_nothing_was_written(tmp_path):
+    """An empty model cache makes the load a ~20 s conversion, so the Ctrl-C sent at its first progress line lands
+    inside the load whatever else the machine is doing (a cached load takes under 2 s)."""
     out = tmp_path / "r.json"
-    proc = start(tmp_path, out)
+    proc = start(tmp_path, out, KVLAB_CACHE_DIR=str(tmp_path / "cache"))
     try:
         wait_for_line(proc, "[model]")
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=WAIT_S)
     finally:
         proc.kill()
-    assert proc.returncode == 130, err[-3000:]
+    # 130, or ended by the SIGINT itself once the message is out (a loader thread's interrupt): a shell shows 130
+    assert proc.returncode in (130, -signal.SIGINT), err[-3000:]
     assert "Traceback" not in err and err.strip().splitlines()[-1] == "kvlab compare: interrupted; nothing was written"
     assert not out.exists()
+    assert not list((tmp_path / "cache").glob("models/*.tmp*")), "a half-converted model was left in the cache"
 
 
 def test_ctrl_c_during_a_needle_grid_keeps_the_finished_cells(tmp_path):
