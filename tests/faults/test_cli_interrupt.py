@@ -26,8 +26,11 @@ NEEDLE = ["-m", "kvlab", "needle", "--strategies", "dynamic", "--lengths", "256"
 
 def start(tmp_path, out: Path, command: list[str] = COMPARE, **env_extra: str) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1", **env_extra}
+    # Ctrl-C as at a terminal: a test run started in the background (`make test &`) ignores SIGINT, and a
+    # child would inherit that and never see the interrupt.
     return subprocess.Popen([sys.executable, *command, "--json", str(out)], cwd=tmp_path, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 
 def wait_for_line(proc: subprocess.Popen, text: str) -> list[str]:
