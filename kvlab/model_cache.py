@@ -201,11 +201,11 @@ def convert_gguf(gguf_path: Path, folder_name: str, display_name: str, notify: P
         save_model(model, str(staging / "model.safetensors"), metadata={"format": "pt"})
         tokenizer.save_pretrained(staging)
         (staging / "ready").write_text(name + "\n")
-    except (OSError, ValueError, KeyError, RuntimeError) as err:
+    except BaseException as err:  # also Ctrl-C: no half-written folder is left behind
         shutil.rmtree(staging, ignore_errors=True)
-        raise ModelLoadError(f"could not convert {name}: {type(err).__name__}: {str(err).splitlines()[0]}") from err
-    except BaseException:  # Ctrl-C (or a stop) mid-conversion leaves no half-written folder behind
-        shutil.rmtree(staging, ignore_errors=True)
+        if isinstance(err, (OSError, ValueError, KeyError, RuntimeError)):
+            raise ModelLoadError(f"could not convert {name}: {type(err).__name__}: {str(err).splitlines()[0]}") \
+                from err
         raise
     shutil.rmtree(target, ignore_errors=True)
     staging.rename(target)

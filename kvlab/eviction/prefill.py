@@ -56,6 +56,14 @@ def _runs(mask: list[bool]) -> tuple[tuple[str, int, int], ...]:
     return tuple(runs)
 
 
+def held_runs(held: torch.Tensor, seen_tokens: int) -> tuple[tuple[tuple[str, int, int], ...], ...]:
+    """Per KV head, (state, start, stop) runs of `held`/`evicted` over positions 0..seen_tokens-1, from `held`
+    ((kv_heads, held) absolute positions a layer holds, `held_positions()`). The Inspect strip."""
+    mask = torch.zeros(held.shape[0], seen_tokens, dtype=torch.bool)
+    mask.scatter_(1, held.long().clamp(max=seen_tokens - 1), True)
+    return tuple(_runs(row) for row in mask.tolist())
+
+
 @dataclass
 class EvictionRecord:
     """Per layer, what a prefill (and any compression while decoding) kept (`layers`), and the layers left whole
@@ -64,26 +72,6 @@ class EvictionRecord:
     prompt_tokens: int = 0
     layers: dict[int, LayerEviction] = field(default_factory=dict)
     skipped: dict[int, str] = field(default_factory=dict)
-
-    def head_runs(self, layer_idx: int, seen_tokens: int,
-                  held: torch.Tensor | None = None) -> tuple[tuple[tuple[str, int, int], ...], ...]:
-        """Per KV head of layer `layer_idx`, (state, start, stop) runs over positions 0..seen_tokens-1, `held` or
-        `evicted`: from `held` ((kv_heads, held) absolute positions the layer says it holds) when given; else
-        from the prefill's choice over the scored prompt, every later token held. The Inspect strip."""
-        if held is not None:
-            mask = torch.zeros(held.shape[0], seen_tokens, dtype=torch.bool)
-            mask.scatter_(1, held.long().clamp(max=seen_tokens - 1), True)
-            return tuple(_runs(row) for row in mask.tolist())
-        heads = []
-        for row in self.kept_mask(layer_idx).tolist():
-            runs = list(_runs(row))
-            if seen_tokens > self.prompt_tokens:
-                if runs and runs[-1][0] == "held":
-                    runs[-1] = ("held", runs[-1][1], seen_tokens)
-                else:
-                    runs.append(("held", self.prompt_tokens, seen_tokens))
-            heads.append(tuple(runs))
-        return tuple(heads)
 
     def kept_mask(self, layer_idx: int) -> torch.Tensor:
         """(kv_heads, positions scored) bool: True where layer `layer_idx` kept the position."""

@@ -240,16 +240,16 @@ def layer_types(config, count: int) -> list[str]:
 
 
 def _with_eviction(row: LayerRow, layer, record, seen_tokens: int) -> LayerRow:
-    """`row` with the held/evicted positions per KV head and their scores (None where not scored), when `record`
-    (a pruned cache's `EvictionRecord`) pruned this layer; the layer's own strip then shows head 0's. The
-    positions come from the layer's `held_positions()` where it has one (it follows compressions while
-    decoding), else from the prefill's record."""
+    """`row` with the held/evicted positions per KV head (the layer's `held_positions()`, which follows every
+    prune) and their scores at the last compression (None where not scored), when `record` (a pruned cache's
+    `EvictionRecord`) pruned this layer; the layer's own strip then shows head 0's."""
+    from ..eviction.prefill import held_runs
+
     index = row.layers[0]
-    if record is None or index not in record.layers:
-        return row
     own = getattr(layer, "held_positions", None)
-    held = own() if callable(own) else None
-    heads = record.head_runs(index, seen_tokens, held)
+    if record is None or index not in record.layers or not callable(own):
+        return row
+    heads = held_runs(own(), seen_tokens)
     scores = tuple(tuple(None if math.isnan(x) else round(float(x), 6) for x in head)
                    for head in record.layers[index].scores.tolist())
     return replace(row, strip=heads[0], head_strips=heads, head_scores=scores)

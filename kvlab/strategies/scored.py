@@ -27,12 +27,6 @@ from .base import Strategy, StrategyError, require_int
 
 MIB = 1 << 20
 
-
-def kept_tokens_at(seq: int, compression_ratio: float) -> int:
-    """kvpress's `max(1, int(seq * (1 - compression_ratio)))` (`kvlab.eviction.scoring.kept_tokens`)."""
-    from ..eviction.scoring import kept_tokens
-
-    return kept_tokens(seq, compression_ratio)
 DEFAULT_COMPRESSION_RATIO = 0.5
 """kvlab's default (kvpress's presses default to 0.0, which keeps everything)."""
 
@@ -97,12 +91,14 @@ class ScoredEviction(Strategy):
                 + ("" if self.query_aware else f"; the last {self.question_tokens} prompt tokens were fed afterwards"))
 
     def caveat_for(self, prompt_tokens: int) -> str:
+        from ..eviction.scoring import kept_tokens
+
         compressed = prompt_tokens - (0 if self.query_aware else self.question_tokens)
         if self.target_tokens:
             whole = self.target_tokens >= compressed
             why = f"target_tokens={self.target_tokens} keeps all {compressed} prompt tokens it could prune"
         else:
-            whole = not self.target_mib and kept_tokens_at(compressed, self.compression_ratio) >= compressed
+            whole = not self.target_mib and kept_tokens(compressed, self.compression_ratio) >= compressed
             why = f"compression_ratio={self.compression_ratio:g} of {compressed} prompt tokens removes none"
         if not whole:
             return self.caveat()
@@ -153,14 +149,7 @@ class ScoredEviction(Strategy):
 
     def budget_tokens(self, seq: int, config, dtype) -> int:
         """Positions per head `target_tokens` or `target_mib` allow out of `seq` (at least 1, at most seq)."""
-        if self.target_tokens:
-            return max(1, min(seq, self.target_tokens))
-        from ..accounting import bytes_per_token, layer_windows
-
-        windows = layer_windows(config)
-        per_layer = bytes_per_token(config, dtype) // max(len(windows), 1)
-        pruned_layers = max(1, sum(1 for w in windows if not w))
-        return max(1, min(seq, int(self.target_mib * MIB) // (per_layer * pruned_layers)))
+        return max(1, min(seq, self.absolute_budget(config, dtype)))
 
     def kept_tokens(self, seq: int, layer_idx: int, config, dtype) -> int:
         """Positions each KV head of layer `layer_idx` keeps out of `seq` (uniform across layers here)."""
@@ -171,10 +160,18 @@ class ScoredEviction(Strategy):
         return kept_tokens(seq, self.compression_ratio)
 
     def absolute_budget(self, config, dtype) -> int:
-        """Positions per head `target_tokens` or `target_mib` ask for, not capped by a prompt (0 for a ratio)."""
-        if not (self.target_tokens or self.target_mib):
+        """Positions per head `target_tokens` or `target_mib` ask for, not capped by a prompt (0 for a ratio);
+        `target_mib` counts the full-attention layers only (the ones pruned)."""
+        if self.target_tokens:
+            return self.target_tokens
+        if not self.target_mib:
             return 0
-        return self.budget_tokens(1 << 62, config, dtype)
+        from ..accounting import bytes_per_token, layer_windows
+
+        windows = layer_windows(config)
+        per_layer = bytes_per_token(config, dtype) // max(len(windows), 1)
+        pruned_layers = max(1, sum(1 for w in windows if not w))
+        return int(self.target_mib * MIB) // (per_layer * pruned_layers)
 
     def compress_target(self, compressed_tokens: int, layer_idx: int, config, dtype) -> int:
         """Positions layer `layer_idx` keeps after a compression while decoding, after a prefill that compressed
