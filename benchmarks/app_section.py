@@ -20,7 +20,7 @@ app, the browser, the bench, the rest of the machine). Per column and per run it
 tok/s and of TTFT (the summary's figures, as the record's timing policy took them), the
 live figures beside them, and rank flips (two columns ordered oppositely by
 decode tok/s although both the app and the CLI tell them apart beyond their
-noise, `kvlab.report.within_noise`). The browser runs on this machine, on the
+noise, `kvlab.compare.summary.within_noise`). The browser runs on this machine, on the
 same cores as the app; the record says so. Every child is stopped in
 `finally`. This module measures and builds the record; it prints and draws
 nothing.
@@ -40,8 +40,8 @@ from pathlib import Path
 
 from kvlab.bench.harness import Context, make_check
 from kvlab.bench.startup import _keep_tail, _stop, _wait_for_app, child_env, free_port
+from kvlab.compare.summary import within_noise
 from kvlab.readiness import READY_FILE_ENV
-from kvlab.report import within_noise
 
 from .cpu_share import CpuShares
 

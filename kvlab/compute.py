@@ -17,7 +17,7 @@ a time, in the order the columns asked.
 Calls made on the compute thread itself run inline, so nested calls cannot
 deadlock. What runs here must not wait for another call to `compute`.
 Parallel-mode columns do not use this thread; while they run, they and this
-thread get a share of the intra-op threads (`kvlab.runner.shared_threads`).
+thread get a share of the intra-op threads (`kvlab.compare.runner.shared_threads`).
 """
 
 from __future__ import annotations

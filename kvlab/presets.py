@@ -5,7 +5,7 @@ columns (each `strategy:` plus its knobs, and optionally per-column
 `generation:` overrides and a cache budget: `budget_mib:` and `fallback:`, see
 `kvlab.budget`). Validation errors name the field and the allowed
 values. This module finds, parses and validates presets; running them is
-`kvlab.runner`'s job.
+`kvlab.compare.runner`'s job.
 
 The preset folder is `KVLAB_PRESETS_DIR` when set, else the repository's
 `presets/` beside the package (a source checkout or an editable install), else
@@ -23,8 +23,8 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
+from .compare.columns import MAX_COLUMNS, MODES, Column
 from .generation import GenerationSettings
-from .columns import MAX_COLUMNS, MODES, Column
 from .strategies import STRATEGIES, StrategyError
 
 PRESETS_DIR_ENV = "KVLAB_PRESETS_DIR"
@@ -125,7 +125,7 @@ def parse_preset(data: dict, source: str = "preset", lenient_columns: bool = Fal
     """Validate a preset mapping. Raises PresetError naming the field and the problem.
 
     lenient_columns: accept columns whose knobs are invalid (the caller reports each in its own row, see
-    `kvlab.columns.Column.or_rejected`); the rest is checked as usual.
+    `kvlab.compare.columns.Column.or_rejected`); the rest is checked as usual.
     """
     if not isinstance(data, dict):
         raise PresetError(f"{source}: expected a YAML mapping at the top level")

@@ -1,6 +1,6 @@
 """e2e section: what a user waits for, from Run to the finished summary, against bare transformers.
 
-The quickstart preset's columns (those that can run here) through `kvlab.runner.run_compare` as the app and
+The quickstart preset's columns (those that can run here) through `kvlab.compare.runner.run_compare` as the app and
 the CLI run them (fair mode, with fidelity scoring, the default timing policy), and with each optional pass
 changed (each other timing policy of `kvlab.measure.POLICIES`, fidelity off), against bare `model.generate`
 of the same columns one after another (`harness.bare_generate`). Both sides in one process after the model is loaded (start-up is the
@@ -56,7 +56,7 @@ def _bare_s(ctx: Context, ids, specs: list[dict], tokens: int) -> float:
 
 def _kvlab_s(ctx: Context, ids, specs: list[dict], settings, mode: str) -> float:
     """Seconds from the start of a run to its RunDone (every event consumed)."""
-    from ..runner import collect, run_compare
+    from ..compare.runner import collect, run_compare
 
     gc.collect()
     started = time.perf_counter()

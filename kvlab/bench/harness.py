@@ -1,6 +1,6 @@
 """What every bench section shares: sizes, figures (median/min/max), checks, and the timed runs.
 
-`run_kvlab` times one `kvlab.runner.run_compare`; `bare_generate` / `run_bare` /
+`run_kvlab` times one `kvlab.compare.runner.run_compare`; `bare_generate` / `run_bare` /
 `run_bare_together` time plain `model.generate` with a fresh cache built by the
 strategy registry (`kvlab.strategies.make_strategy(spec).build_cache`), so any
 registered strategy can be measured on both sides. Timed model work runs on
@@ -176,7 +176,7 @@ def run_kvlab(loaded, prompt_ids, specs: list, new_tokens: int, mode: str = "fai
 
     Raises RuntimeError when a column did not finish ok (its message says why).
     """
-    from ..runner import collect, run_compare
+    from ..compare.runner import collect, run_compare
 
     gc.collect()
     cpu = time.process_time()

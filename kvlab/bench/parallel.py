@@ -30,7 +30,7 @@ def bench_parallel(ctx: Context) -> dict:
     """The parallel section's record: wall times, cores busy, the bare reference and two checks."""
     import torch
 
-    from ..runner import parallel_threads
+    from ..compare.runner import parallel_threads
 
     specs = list(FAIR_STRATEGIES.values())
     elapsed, cores, lever = measure_parallel(ctx, specs)

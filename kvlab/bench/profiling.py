@@ -29,8 +29,8 @@ def profile_step(loaded, prompt_ids, spec: dict, new_tokens: int, folder: Path |
         from pyinstrument import Profiler
     except ModuleNotFoundError:
         return ""
-    from ..columns import Column
-    from ..runner import FreeTurns, run_column
+    from ..compare.columns import Column
+    from ..compare.runner import FreeTurns, run_column
     from ..strategies import make_strategy
 
     events: list = []

@@ -26,15 +26,16 @@ def main(argv: list[str]) -> int:
     import transformers  # noqa: F401 - imported to be timed
 
     marks["imports"] = time.time()
-    import kvlab  # noqa: F401 - imported to be timed
     import transformers.cache_utils  # noqa: F401 - imported to be timed
     import transformers.modeling_utils  # noqa: F401 - imported to be timed
 
+    import kvlab  # noqa: F401 - imported to be timed
+
     marks["lazy_imports"] = time.time()
-    from kvlab.events import TokenEvent
+    from kvlab.compare.events import TokenEvent
+    from kvlab.compare.runner import run_compare
     from kvlab.generation import GenerationSettings, encode_prompt
     from kvlab.models import ModelSpec, load_model
-    from kvlab.runner import run_compare
 
     loaded = load_model(ModelSpec(device="cpu"))
     marks["ready"] = time.time()

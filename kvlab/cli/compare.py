@@ -16,10 +16,10 @@ import json
 import sys
 import threading
 
+from ..compare.summary import format_table, run_record, summary_rows
 from ..generation import encode_prompt
 from ..measure import POLICIES
 from ..strategies.base import parse_strategy_item, split_strategy_list
-from ..report import format_table, run_record, summary_rows
 
 
 def add_parser(sub, parents) -> None:
@@ -128,7 +128,7 @@ def _apply_flags(data: dict, args) -> None:
 def _column(item: str, fallback: str | None = None):
     """A runner Column for one `--strategies` item (a budgeted one falls back along `fallback` unless it names
     its own), or a rejected one carrying the reason."""
-    from ..columns import Column
+    from ..compare.columns import Column
 
     try:
         spec = parse_strategy_item(item)
@@ -141,7 +141,7 @@ def _column(item: str, fallback: str | None = None):
 
 def cmd_replay(args) -> int:
     """Print a recorded run's label and summary table; 2 when the file cannot be replayed."""
-    from ..replay import RecordError, load_record
+    from ..compare.replay import RecordError, load_record
 
     others = [flag for flag in ("preset", "prompt", "strategies", "model") if getattr(args, flag)]
     try:
@@ -159,7 +159,7 @@ def cmd_replay(args) -> int:
 def progress(events, out=None):
     """Pass a run's events through, writing one progress line per column start and end and per phase to
     `out` (stderr): `[column 2] quantized hqq int4: done, 64 tokens`. The summary table stays on stdout."""
-    from ..events import ColumnDone, ColumnError, ColumnStarted, RunPhase
+    from ..compare.events import ColumnDone, ColumnError, ColumnStarted, RunPhase
 
     out = out or sys.stderr
     for event in events:
@@ -180,8 +180,8 @@ def progress(events, out=None):
 def cmd_compare(args) -> int:
     """Run the comparison; 2 when it cannot start (the --json path is checked before the model loads), 130
     when interrupted before a record exists (one line says nothing was written), else 0 or 1 (see above)."""
+    from ..compare.runner import collect, run_compare
     from ..models import ModelLoadError, load_model
-    from ..runner import run_compare, collect
     from .outputs import OutputError, StopOnInterrupt, check_writable, write_text
 
     if args.replay:

@@ -36,8 +36,8 @@ def add_parser(sub, parents) -> None:
 
 def _plan(args):
     """(preset, column specs, grid values) from the preset and the flags. Raises PresetError / ValueError."""
-    from ..strategies.base import split_strategy_list
     from ..needle.preset import load_needle_preset
+    from ..strategies.base import split_strategy_list
 
     preset = load_needle_preset(args.preset or DEFAULT_PRESET)
     specs = preset.columns
@@ -55,7 +55,7 @@ def _plan(args):
 
 def _column(item: str):
     """A column for one `--strategies` item, or a rejected one carrying the reason (reported in its place)."""
-    from ..columns import Column
+    from ..compare.columns import Column
     from ..strategies.base import parse_strategy_item
 
     try:
@@ -106,11 +106,11 @@ def _follow(events):
 
 def run(args) -> int:
     from ..models import ModelLoadError, ModelSpec, load_model
-    from ..presets import PresetError
     from ..needle.grid import GridError, parse_grid
     from ..needle.prompt import key_tokens, min_context_tokens
     from ..needle.record import format_summary, records_to_csv
     from ..needle.runner import max_positions, run_needle
+    from ..presets import PresetError
     from .outputs import OutputError, StopOnInterrupt, check_writable, write_text
 
     stop = threading.Event()

@@ -1,5 +1,5 @@
 """Noise and the busy note: each timing figure's relative noise from the step times themselves (which
-`kvlab.report.best_sets` uses to call two columns tied), and the run's timing record with the note the page
+`kvlab.compare.summary.best_sets` uses to call two columns tied), and the run's timing record with the note the page
 shows when the machine was too busy for a fair comparison.
 
 This module judges figures already measured; it runs no model.

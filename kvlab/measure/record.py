@@ -1,4 +1,4 @@
-"""A column's timing record (`ColumnTiming`, the `timing` of `kvlab.events.ColumnResult`) and the upgrade of
+"""A column's timing record (`ColumnTiming`, the `timing` of `kvlab.compare.events.ColumnResult`) and the upgrade of
 version-2 run records, whose timing fields were flat `live_*`/`quiet_*` twins, to the nested layout.
 
 This module holds data and converts it; it measures nothing and imports no model code.
@@ -25,7 +25,7 @@ class ColumnTiming:
 
     policy: `live` (the figures are the live run's) or `quiet` (they come from the re-timing pass after it).
     noise: relative noise of each figure (metric name -> fraction, e.g. 0.02), which
-    `kvlab.report.best_sets` uses to call two columns tied. warm_up_s: seconds this run spent on the
+    `kvlab.compare.summary.best_sets` uses to call two columns tied. warm_up_s: seconds this run spent on the
     strategy's one-time set-up before the column's clock started (0.0 when this process had done it; None
     when the column did not run). live: under `quiet`, the live run's figures (LIVE_FIGURES), else {}.
     per_token_s: under `quiet`, the re-timed steps in seconds (index 0 the prefill) over the first tokens;

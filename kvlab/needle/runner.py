@@ -1,6 +1,6 @@
 """The needle grid runner: every cell of a grid through every column's cache, streamed as small typed events.
 
-Columns are Compare's (`kvlab.runner.Column`: any registered strategy with its knobs, up to MAX_COLUMNS); a
+Columns are Compare's (`kvlab.compare.runner.Column`: any registered strategy with its knobs, up to MAX_COLUMNS); a
 column that cannot become a strategy or cannot run on this model gets a `NeedleColumnError` and the others run.
 Cells run shortest length first; within a cell the dense columns (caches that keep every token on this model)
 run first, so each cell's gate is known before the other columns' results of it are sent. Each cell is one
@@ -19,9 +19,9 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+from ..compare.columns import MAX_COLUMNS, Column
 from ..compute import compute
 from ..generation import eos_token_ids
-from ..columns import MAX_COLUMNS, Column
 from ..measure.warmup import warm_up_columns
 from .cell import run_cell
 from .grid import Grid

@@ -1,6 +1,6 @@
 """The Compare tab's replay, share link, `compare` API and ZeroGPU sizing, as plain functions and one small object.
 
-- `replay`: an uploaded run record (`kvlab.replay`) shown as it was measured: the cards set to the recorded
+- `replay`: an uploaded run record (`kvlab.compare.replay`) shown as it was measured: the cards set to the recorded
   strategies, the columns' text and status, the native plots, the summary, the code, and the status line
   `replayed: measured on <machine> at <time>`; a file that cannot be replayed says why there.
 - `open_shared`: the result a share link names (`?run=<id>`), shown as `replay` shows it.
@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import gradio as gr
 
+from kvlab.compare.replay import RecordError, load_record
 from kvlab.models import ModelLoadError
 from kvlab.presets import PresetError, load_preset
-from kvlab.replay import RecordError, load_record
 
 from . import zerogpu
 from .compare_replay import replay_code, view_from_record

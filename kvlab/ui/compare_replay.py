@@ -1,4 +1,4 @@
-"""A recorded Compare run shown again: a `kvlab.replay.Replayed` record -> the page's view model and code.
+"""A recorded Compare run shown again: a `kvlab.compare.replay.Replayed` record -> the page's view model and code.
 
 - `view_from_record`: the `RunView` the run ended with (columns' text, status, series and fallback switches,
   process memory when the page recorded it, each column in its page slot), so the plots, the summary table
@@ -10,9 +10,9 @@ Reads only; runs no model; no gradio.
 
 from __future__ import annotations
 
-from kvlab.events import ColumnResult
+from kvlab.compare.events import ColumnResult
+from kvlab.compare.replay import Replayed
 from kvlab.generation import GenerationSettings
-from kvlab.replay import Replayed
 from kvlab.strategies import StrategyError, make_strategy
 
 from .code import code_snippet

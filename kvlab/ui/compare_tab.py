@@ -6,7 +6,7 @@ and the preset overrides the form carries in a `gr.State`), `kvlab.ui.compare_vi
 model), a `kvlab.ui.compare_updates.CompareUpdater` (the view model -> component updates, built with the
 components it updates), `kvlab.ui.knobs` (the strategy cards' fields), `kvlab.ui.compare_plots` (native
 plots; the matplotlib PNG only on request) and `kvlab.ui.compare_extras` (replay, share links, the `compare`
-API, ZeroGPU sizing); running is `kvlab.runner`'s job. Per-session state lives
+API, ZeroGPU sizing); running is `kvlab.compare.runner`'s job. Per-session state lives
 in `gr.State`; the one shared object is the `ModelPool` of loaded weights
 (through a `BackgroundLoader`). Model-bound events (Run, the `compare` API)
 share one concurrency group limited to `CONCURRENCY` jobs; the queue shows a
@@ -21,14 +21,16 @@ import time
 
 import gradio as gr
 
+from kvlab.compare.columns import MAX_COLUMNS, MODES
+from kvlab.compare.runner import run_compare
 from kvlab.generation import MAX_NEW_TOKENS_CAP, encode_prompt
 from kvlab.measure import POLICIES
 from kvlab.models import DEVICES, DTYPES, ModelLoadError, ModelSpec
 from kvlab.presets import Preset, PresetError, list_presets, load_preset
-from kvlab.columns import MAX_COLUMNS, MODES
-from kvlab.runner import run_compare
 
+from . import zerogpu
 from .cards import StrategyCard, build_card
+from .compare_extras import CompareApi, open_shared, replay, run_gpu_s
 from .compare_form import (
     INTRO,
     MODE_HELP,
@@ -41,12 +43,10 @@ from .compare_form import (
     slot_specs,
     start_preset,
 )
+from .compare_plots import LivePlots
+from .compare_updates import CompareUpdater
 from .compare_view import SUMMARY_DATATYPES, SUMMARY_HELP, SUMMARY_WIDTHS, RunView
 from .diverge_view import divergence_links
-from . import zerogpu
-from .compare_plots import LivePlots
-from .compare_extras import CompareApi, open_shared, replay, run_gpu_s
-from .compare_updates import CompareUpdater
 from .knobs import card_form, max_knobs, strategy_choices
 from .loader import CONCURRENCY, MODEL_CONCURRENCY_ID, BackgroundLoader, device_present
 from .model_picker import model_bar

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import gradio as gr
 
-from kvlab.events import RunPhase
+from kvlab.compare.events import RunPhase
 from kvlab.strategies import StrategyError
 
 from .cards import StrategyCard

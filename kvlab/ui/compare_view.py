@@ -1,6 +1,6 @@
 """The Compare tab's view model, pure: the runner's events -> what the page shows.
 
-- `RunView.apply(event)` folds one `kvlab.events` event into a view model: per
+- `RunView.apply(event)` folds one `kvlab.compare.events` event into a view model: per
   column the streamed text, a status (waiting, running, done, stopped, error,
   unavailable) with its message, a live readout (tokens, tok/s, cache size), the
   series the plots draw (with each fallback switch of a budgeted column), and
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from kvlab.events import (
+from kvlab.compare.events import (
     ColumnDone,
     ColumnError,
     ColumnResult,
@@ -31,7 +31,7 @@ from kvlab.events import (
     StepMetrics,
     TokenEvent,
 )
-from kvlab.report import LABELS, best_marks, best_sets, by_layer_type_text, candidates, summary_rows
+from kvlab.compare.summary import LABELS, best_marks, best_sets, by_layer_type_text, candidates, summary_rows
 
 from .figures import MIB
 from .timing_text import TIMING_HELP, phase_text, policy_readout, timing_line

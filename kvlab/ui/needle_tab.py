@@ -19,14 +19,14 @@ from pathlib import Path
 
 import gradio as gr
 
+from kvlab.compare.columns import MAX_COLUMNS, Column
 from kvlab.models import ModelLoadError, ModelSpec
 from kvlab.needle.grid import DEFAULT_NEW_TOKENS, MAX_NEW_TOKENS, GridError, expand_sweeps, parse_grid, split_items
 from kvlab.needle.preset import list_needle_presets
 from kvlab.needle.prompt import key_tokens, min_context_tokens
-from kvlab.presets import PresetError
 from kvlab.needle.record import records_to_csv
 from kvlab.needle.runner import NeedleCell, NeedleDone, max_positions, run_needle
-from kvlab.columns import MAX_COLUMNS, Column
+from kvlab.presets import PresetError
 from kvlab.strategies.base import parse_strategy_item
 
 from .compare_plots import plot_update, roster_colors

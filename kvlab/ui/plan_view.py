@@ -26,12 +26,12 @@ import re
 import time
 from dataclasses import dataclass, field, replace
 
-from kvlab.plan.catalog import ConfigError, known_models, resolve_config
 from kvlab.bundled import MODELS as BUNDLED_MODELS
+from kvlab.compare.columns import MAX_COLUMNS
 from kvlab.models import BUNDLED
+from kvlab.plan.catalog import ConfigError, known_models, resolve_config
 from kvlab.plan.planner import GIB, Plan, PlanError, PlanRequest, plan
 from kvlab.plan.token_counts import parse_token_counts
-from kvlab.columns import MAX_COLUMNS
 
 from .figures import plan_figure, tokens_label
 from .knobs import NO_STRATEGY, column_spec, plan_columns

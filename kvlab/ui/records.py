@@ -21,12 +21,12 @@ import threading
 import time
 from pathlib import Path
 
-from kvlab.events import RunDone
+from kvlab.compare.events import RunDone
+from kvlab.compare.runner import collect, run_compare
+from kvlab.compare.summary import rows_to_csv, run_record
 from kvlab.generation import GenerationSettings, encode_prompt
 from kvlab.models import ModelSpec
 from kvlab.presets import load_preset, parse_preset
-from kvlab.report import rows_to_csv, run_record
-from kvlab.runner import collect, run_compare
 
 from .code import code_snippet
 from .compare_form import RunPlan

@@ -16,7 +16,7 @@ TIMING_HELP = ("The timing figures are the live run's, after a one-time warm-up;
 
 
 def phase_text(phase, tokens: int) -> str | None:
-    """The status line for a `kvlab.events.RunPhase` (None when it has none): its detail, after the tokens so
+    """The status line for a `kvlab.compare.events.RunPhase` (None when it has none): its detail, after the tokens so
     far once the columns ran."""
     if phase is None or phase.phase not in PHASES:
         return None

@@ -6,11 +6,11 @@ import sys
 
 import pytest
 
-from kvlab.events import RunDone, StepMetrics
+from kvlab.compare.columns import Column
+from kvlab.compare.events import RunDone, StepMetrics
+from kvlab.compare.runner import collect, run_compare
 from kvlab.generation import GenerationSettings, encode_prompt
 from kvlab.presets import load_preset
-from kvlab.columns import Column
-from kvlab.runner import collect, run_compare
 from kvlab.strategies import make_strategy
 
 
@@ -116,7 +116,7 @@ def test_cli_json_has_the_promised_fields_and_exit_codes(tmp_path):
 def test_stop_during_a_2000_token_run_returns_to_idle(bundled):
     import threading
 
-    from kvlab.events import TokenEvent
+    from kvlab.compare.events import TokenEvent
 
     prompt = encode_prompt(bundled.tokenizer, "Count from one to ten thousand.")
     stop = threading.Event()

@@ -8,9 +8,9 @@ a budgeted dynamic column falls back to an evicting cache and keeps its text.
 import pytest
 
 from kvlab.accounting import bytes_per_token
+from kvlab.compare.runner import collect, run_compare
 from kvlab.generation import GenerationSettings, encode_prompt
 from kvlab.presets import load_preset
-from kvlab.runner import collect, run_compare
 
 NEW_TOKENS = 4
 

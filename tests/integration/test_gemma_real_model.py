@@ -10,9 +10,9 @@ import sys
 import pytest
 import torch
 
+from kvlab.compare.runner import collect, run_compare
 from kvlab.generation import GenerationSettings
 from kvlab.presets import load_preset
-from kvlab.runner import collect, run_compare
 
 pytestmark = pytest.mark.gemma
 

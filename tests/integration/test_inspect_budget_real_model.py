@@ -10,9 +10,9 @@ import json
 import subprocess
 import sys
 
+from kvlab.compare.runner import collect, run_compare
 from kvlab.generation import GenerationSettings, encode_prompt
 from kvlab.inspect.inspector import STRIP_STATES
-from kvlab.runner import collect, run_compare
 
 PROMPT = "Tell me a story about a lighthouse keeper who befriends a whale."
 WINDOW = 32

@@ -8,10 +8,10 @@ given only `bundled`, must give each column's exact cache bytes at every step
 
 import pytest
 
-from kvlab.events import StepMetrics
+from kvlab.compare.events import StepMetrics
+from kvlab.compare.runner import run_compare
 from kvlab.generation import GenerationSettings, encode_prompt
 from kvlab.plan.planner import PlanRequest, plan
-from kvlab.runner import run_compare
 
 pytestmark = pytest.mark.integration
 

@@ -34,5 +34,5 @@ def test_no_backend_module_imports_gradio():
                           capture_output=True, text=True, timeout=IMPORT_TIMEOUT_S)
     assert proc.returncode == 0, proc.stderr[-4000:]
     report = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert {"kvlab.cli", "kvlab.runner", "kvlab.strategies.dynamic"} <= set(report["imported"])
+    assert {"kvlab.cli", "kvlab.compare.runner", "kvlab.strategies.dynamic"} <= set(report["imported"])
     assert report["gradio"] == [], f"importing the backend loaded {report['gradio']}"

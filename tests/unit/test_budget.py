@@ -9,11 +9,11 @@ import torch
 
 from kvlab.accounting import bytes_per_token
 from kvlab.budget import MAX_FALLBACKS, Budget, default_chain, format_chain, parse_budget, parse_chain
-from kvlab.events import FallbackSwitched, TokenEvent
+from kvlab.compare.columns import Column
+from kvlab.compare.events import FallbackSwitched, TokenEvent
+from kvlab.compare.runner import collect, run_compare
 from kvlab.generation import GenerationSettings
 from kvlab.presets import parse_preset
-from kvlab.columns import Column
-from kvlab.runner import collect, run_compare
 from kvlab.strategies import StrategyError, make_strategy
 from kvlab.strategies.dynamic import Dynamic
 from kvlab.strategies.sink import Sink

@@ -2,7 +2,7 @@
 stay in their own column), switches reach the column's message and the plot's marks, the record keeps the
 budget. No model, no gradio."""
 
-from kvlab.events import ColumnStarted, FallbackSwitched, StepMetrics, TokenEvent
+from kvlab.compare.events import ColumnStarted, FallbackSwitched, StepMetrics, TokenEvent
 from kvlab.presets import parse_preset
 from kvlab.ui.compare_form import RunRequest, plan_run, slot_specs
 from kvlab.ui.compare_view import RunView

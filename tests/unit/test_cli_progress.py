@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from kvlab.cli.compare import progress
+from kvlab.compare.runner import collect, run_compare
 from kvlab.generation import GenerationSettings
-from kvlab.runner import collect, run_compare
 
 pytestmark = pytest.mark.unit
 

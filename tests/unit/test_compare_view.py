@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 from matplotlib.figure import Figure
 
-from kvlab.events import (
+from kvlab.compare.events import (
     ColumnDone,
     ColumnError,
     ColumnResult,
@@ -18,9 +18,9 @@ from kvlab.events import (
     StepMetrics,
     TokenEvent,
 )
+from kvlab.compare.summary import SUMMARY_COLUMNS
 from kvlab.generation import GenerationSettings
 from kvlab.strategies import STRATEGIES, make_strategy
-from kvlab.report import SUMMARY_COLUMNS
 from kvlab.ui.code import code_snippet
 from kvlab.ui.compare_view import BEST_MARK, DISPLAY_COLUMNS, HEADERS, MISSING, RunView, format_value
 from kvlab.ui.figures import MIB, figure_png, render_figure

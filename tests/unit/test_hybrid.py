@@ -7,10 +7,10 @@ import dataclasses
 import pytest
 import torch
 
-from kvlab.chat.session import ChatSession, ChatTurnDone
-from kvlab.generation import GenerationSettings
 from kvlab.chat.reuse import held_tokens
-from kvlab.runner import collect, run_compare
+from kvlab.chat.session import ChatSession, ChatTurnDone
+from kvlab.compare.runner import collect, run_compare
+from kvlab.generation import GenerationSettings
 from kvlab.strategies import make_strategy
 
 WINDOW = 16
@@ -111,7 +111,7 @@ def test_quantized_and_sink_are_refused_on_sliding_layers_with_the_reason(hybrid
 
 
 def test_the_summary_and_csv_split_the_cache_by_layer_type(hybrid):
-    from kvlab.report import format_table, rows_to_csv, summary_rows
+    from kvlab.compare.summary import format_table, rows_to_csv, summary_rows
 
     settings = dataclasses.replace(SETTINGS, max_new_tokens=WINDOW)
     results = collect(run_compare(hybrid, torch.tensor([[1, 400, 401, 402]]), [{"strategy": "dynamic"}],
@@ -178,7 +178,7 @@ def test_the_budget_check_predicts_every_step_of_a_hybrid_cache_to_the_byte(hybr
 def test_a_budget_whose_fallbacks_cannot_run_here_says_so_when_the_column_starts(hybrid):
     """On a hybrid model the default chain's quantized and sink caches are refused: the page learns it from the
     column's first event, not only from the summary."""
-    from kvlab.events import ColumnStarted
+    from kvlab.compare.events import ColumnStarted
     from kvlab.ui.compare_view import RunView
 
     events = list(run_compare(hybrid, torch.tensor([[1, 400, 401]]),

@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from kvlab.accounting import LAYER_PARTS, layer_bytes_by_device, layer_parts
+from kvlab.compare.runner import collect, run_compare
 from kvlab.engine import Decoder
 from kvlab.generation import GenerationSettings
 from kvlab.inspect.inspector import MAX_INSPECT_STEPS, InspectError, InspectSession, layer_rows
-from kvlab.runner import collect, run_compare
 from kvlab.strategies import make_strategy
 
 PROMPT = torch.tensor([[1, 400, 401, 402, 403, 404, 405, 406, 407, 408]])

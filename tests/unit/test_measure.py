@@ -10,15 +10,16 @@ import torch
 
 from kvlab.cli import build_parser
 from kvlab.cli.compare import resolve_compare
-from kvlab.events import ColumnResult, RunDone, RunPhase
+from kvlab.compare.events import ColumnResult, RunDone, RunPhase
+from kvlab.compare.runner import collect, run_compare
+from kvlab.compare.summary import best_marks, best_sets, summary_rows
+from kvlab.compare.timing import for_policy
 from kvlab.generation import GenerationSettings
-from kvlab.report import best_marks, best_sets, summary_rows
-from kvlab.runner import collect, run_compare
-from kvlab.strategies import Strategy, make_strategy
-from kvlab.strategies.dynamic import Dynamic
-from kvlab.measure import POLICIES, for_policy
+from kvlab.measure import POLICIES
 from kvlab.measure.noise import run_timing, timing_noise
 from kvlab.measure.quiet import RETIME_MAX_TOKENS, SPIKE_RATIO, TTFT_REPEATS, apply_quiet, quiet_summary, spike_steps
+from kvlab.strategies import Strategy, make_strategy
+from kvlab.strategies.dynamic import Dynamic
 from kvlab.ui.compare_view import BEST_MARK, RunView
 
 PROMPT = torch.tensor([[1, 400, 401, 402, 403, 404]])
@@ -258,7 +259,7 @@ def test_busy_note_follows_the_noise():
 
 
 def test_the_runner_and_the_page_say_when_the_machine_was_busy(tiny, monkeypatch):
-    monkeypatch.setattr("kvlab.runner.sample_load", lambda: 50.0)
+    monkeypatch.setattr("kvlab.compare.runner.sample_load", lambda: 50.0)
     done = collect(run_compare(tiny, PROMPT, [{"strategy": "dynamic"}], QUIET))
     assert done.timing["busy"] and done.timing["load_average"] == 50.0
     view = RunView(["dynamic"])
@@ -266,7 +267,7 @@ def test_the_runner_and_the_page_say_when_the_machine_was_busy(tiny, monkeypatch
     assert "too busy for a fair comparison" in view.progress_text()
     assert "quiet re-timing" in view.progress_text()
     assert "\n" not in view.progress_text() and done.timing["note"] in view.summary_notes()  # the why, below
-    monkeypatch.setattr("kvlab.runner.sample_load", lambda: 0.0)
+    monkeypatch.setattr("kvlab.compare.runner.sample_load", lambda: 0.0)
     calm = collect(run_compare(tiny, PROMPT, [{"strategy": "dynamic"}], GREEDY))
     assert calm.timing["load_average"] == 0.0 and "load average" not in calm.timing["note"]  # (noise may still)
 

@@ -5,7 +5,7 @@ import gradio as gr
 import pandas as pd
 import pytest
 
-from kvlab.events import ColumnStarted, FallbackSwitched, MemorySample, StepMetrics, TokenEvent
+from kvlab.compare.events import ColumnStarted, FallbackSwitched, MemorySample, StepMetrics, TokenEvent
 from kvlab.ui import plot_frames as frames
 from kvlab.ui.compare_view import RunView
 from kvlab.ui.theme import COLORS

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kvlab.events import RunDone
+from kvlab.compare.events import RunDone
+from kvlab.compare.runner import run_compare
 from kvlab.generation import encode_prompt
 from kvlab.presets import load_preset
-from kvlab.runner import run_compare
 
 PRESETS_DIR = Path(__file__).resolve().parents[2] / "presets"
 PRESET_FILES = [path for path in sorted(PRESETS_DIR.glob("*.yaml"))

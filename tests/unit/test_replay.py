@@ -7,13 +7,13 @@ import pytest
 import torch
 
 from kvlab.cli import main
-from kvlab.events import ColumnResult, latency_summary_ms, percentile
+from kvlab.compare.events import ColumnResult, latency_summary_ms, percentile
+from kvlab.compare.replay import RecordError, load_record
+from kvlab.compare.runner import collect, run_compare
+from kvlab.compare.summary import RECORD_FORMAT_VERSION, SUMMARY_COLUMNS, rows_to_csv, run_record, summary_rows
 from kvlab.generation import GenerationSettings
 from kvlab.measure import ColumnTiming
 from kvlab.presets import parse_preset
-from kvlab.replay import RecordError, load_record
-from kvlab.report import RECORD_FORMAT_VERSION, SUMMARY_COLUMNS, rows_to_csv, run_record, summary_rows
-from kvlab.runner import collect, run_compare
 
 FIXTURES = Path(__file__).parent.parent / "fixtures"
 

@@ -6,11 +6,20 @@ import time
 import pytest
 import torch
 
-from kvlab.events import ColumnDone, ColumnError, ColumnStarted, FidelityScored, MemorySample, RunDone, StepMetrics, TokenEvent
-from kvlab.generation import GenerationSettings
+from kvlab.compare.columns import Column
+from kvlab.compare.events import (
+    ColumnDone,
+    ColumnError,
+    ColumnStarted,
+    FidelityScored,
+    MemorySample,
+    RunDone,
+    StepMetrics,
+    TokenEvent,
+)
+from kvlab.compare.runner import collect, parallel_threads, run_compare, shared_threads
 from kvlab.compute import compute, compute_iter
-from kvlab.columns import Column
-from kvlab.runner import collect, parallel_threads, run_compare, shared_threads
+from kvlab.generation import GenerationSettings
 from kvlab.strategies import make_strategy
 from kvlab.strategies.dynamic import Dynamic
 

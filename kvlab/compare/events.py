@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from .measure.record import ColumnTiming
+from ..measure.record import ColumnTiming
 
 
 @dataclass

@@ -2,18 +2,18 @@
 
 Weight-free: the preset schema (`kvlab.presets`), the planner's tab and the runner
 import it; it builds strategies and budgets from specs and validates them. It
-does not load models or run anything (running is `kvlab.runner`'s job).
+does not load models or run anything (running is `kvlab.compare.runner`'s job).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .budget import Budget, parse_budget, require_cache
-from .strategies import Strategy, StrategyError, make_strategy
+from ..budget import Budget, parse_budget, require_cache
+from ..strategies import Strategy, StrategyError, make_strategy
 
 MODES = ("fair", "parallel", "sequential")
-"""How a comparison's columns share the machine (see `kvlab.runner`)."""
+"""How a comparison's columns share the machine (see `kvlab.compare.runner`)."""
 MAX_COLUMNS = 8
 COLUMN_KEYS = ("generation", "budget_mib", "fallback")
 """What a column spec may hold besides its strategy and knobs."""

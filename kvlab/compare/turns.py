@@ -1,7 +1,7 @@
 """How the runner's columns take turns with the model: kvlab's compute thread (fair, sequential) or free threads
 (parallel), and the share of torch's intra-op threads parallel columns use.
 
-Moved out of `kvlab.runner` (which re-exports these names); it schedules, it does not measure.
+Moved out of `kvlab.compare.runner` (which re-exports these names); it schedules, it does not measure.
 """
 
 from __future__ import annotations
@@ -11,8 +11,7 @@ import threading
 
 import torch
 
-from .compute import compute, compute_iter
-
+from ..compute import compute, compute_iter
 
 _threads_guard = threading.Lock()
 _parallel_runs = 0

@@ -12,11 +12,11 @@ import threading
 from dataclasses import dataclass
 
 from ..compute import compute, compute_iter
-from ..events import RunPhase
-from .noise import run_timing, timing_noise
-from .quiet import RETIME_MAX_TOKENS, quiet_steps, quiet_summary
-from .record import POLICIES
-from .warmup import needs_warm_up, warm_up_columns
+from ..measure.noise import run_timing, timing_noise
+from ..measure.quiet import RETIME_MAX_TOKENS, quiet_steps, quiet_summary
+from ..measure.record import DEFAULT_POLICY, POLICIES
+from ..measure.warmup import needs_warm_up, warm_up_columns
+from .events import RunPhase
 
 
 @dataclass(frozen=True)
@@ -78,3 +78,12 @@ class Measurement:
         if used == "quiet":
             record.update(quiet_summary(results))
         return record
+
+
+def for_policy(name: str = DEFAULT_POLICY) -> Measurement:
+    """The `Measurement` for timing policy `name` (one of POLICIES).
+
+    Raises:
+        ValueError: an unknown policy; the message lists the allowed ones.
+    """
+    return Measurement(name)

@@ -188,7 +188,7 @@ def run_record(loaded, preset, settings, done: RunDone) -> dict:
     from dataclasses import asdict
     from datetime import datetime, timezone
 
-    from .measure.environment import environment
+    from ..measure.environment import environment
 
     return {
         "format": RECORD_FORMAT,

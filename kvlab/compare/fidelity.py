@@ -22,9 +22,9 @@ from collections.abc import Iterator
 
 import torch
 
-from .engine import RunStopped, score_continuation
+from ..engine import RunStopped, score_continuation
+from ..strategies import make_strategy
 from .events import ColumnResult, FidelityScored
-from .strategies import make_strategy
 
 FIDELITY_MAX_TOKENS = 256
 

@@ -28,7 +28,7 @@ any column starts, each column's strategy pays its one-time set-up once per proc
 `ColumnResult.timing.warm_up_s`, never in TTFT). After the columns finish, the
 policy may replace the live figures (the `quiet` policy re-times the columns in
 fair mode, with nothing relayed meanwhile). Then fidelity against the baseline
-column is scored (see `kvlab.fidelity`). `RunDone.timing` says how the figures were
+column is scored (see `kvlab.compare.fidelity`). `RunDone.timing` says how the figures were
 taken and whether the machine was too busy. This module runs; it does not render.
 """
 
@@ -42,12 +42,14 @@ from collections.abc import Iterator
 
 import torch
 
-from .accounting import cache_bytes_by_device, predicted_cache_bytes_by_layer_type
-from .budget import ResilientSteps, usable_chain
+from ..accounting import cache_bytes_by_device, predicted_cache_bytes_by_layer_type
+from ..budget import ResilientSteps, usable_chain
+from ..compute import compute, compute_iter
+from ..engine import Decoder, RunStopped
+from ..generation import GenerationSettings, IncrementalDetokenizer
+from ..measure.noise import sample_load
+from ..strategies import Strategy, StrategyError
 from .columns import MAX_COLUMNS, MODES, Column
-from .compute import compute, compute_iter
-from .turns import ComputeTurns, FreeTurns, parallel_threads, shared_threads  # noqa: F401 (re-exported)
-from .fidelity import score_fidelity
 from .events import (
     ColumnDone,
     ColumnError,
@@ -61,12 +63,10 @@ from .events import (
     StepMetrics,
     TokenEvent,
 )
-from .engine import Decoder, RunStopped
-from .generation import GenerationSettings, IncrementalDetokenizer
+from .fidelity import score_fidelity
 from .memory import MemoryTracker
-from .strategies import Strategy, StrategyError
-from .measure import for_policy
-from .measure.noise import sample_load
+from .timing import for_policy
+from .turns import ComputeTurns, FreeTurns, parallel_threads, shared_threads  # noqa: F401 (re-exported)
 
 MEMORY_SAMPLE_EVERY_S = 0.25
 QUEUE_POLL_S = 0.05

@@ -2,7 +2,7 @@
 write, checked and turned into the runner's own result objects, so a run measured on one machine can be shown
 again elsewhere exactly as it was (`python -m kvlab compare --replay FILE`, the Compare tab's replay).
 
-A record carries `format: "kvlab.compare"` and `format_version` (see `kvlab.report.RECORD_FORMAT_VERSION`);
+A record carries `format: "kvlab.compare"` and `format_version` (see `kvlab.compare.summary.RECORD_FORMAT_VERSION`);
 a version-2 record is upgraded to the current layout as it is read (`kvlab.measure.record.upgrade_v2`);
 anything else (another tool's JSON, a record from before versioning, a newer layout) is refused with a message
 that says what was found. Reads only; runs no model.
@@ -15,10 +15,10 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..measure import ColumnTiming
+from ..measure.record import upgrade_v2
 from .events import ColumnResult, RunDone
-from .measure import ColumnTiming
-from .measure.record import upgrade_v2
-from .report import RECORD_FORMAT, RECORD_FORMAT_VERSION
+from .summary import RECORD_FORMAT, RECORD_FORMAT_VERSION
 
 UPGRADED_VERSION = 2
 """The older `format_version` that is still replayed, upgraded on load."""
