@@ -100,7 +100,7 @@ if __name__ == "__main__":
 
 try:
     if __name__ == "__main__" and os.environ.get("KVLAB_EARLY_LOAD", "1") != "0":
-        from kvlab.models import ModelPool, ModelSpec
+        from kvlab.models.loading import ModelPool, ModelSpec
         from kvlab.ui.loader import BackgroundLoader
 
         log_to_stderr()
@@ -109,7 +109,7 @@ try:
 
     import gradio as gr
 
-    from kvlab.models import ModelPool
+    from kvlab.models.loading import ModelPool
     from kvlab.ui.chat_tab import build_chat_tab
     from kvlab.ui.compare_tab import build_compare_tab
     from kvlab.ui.inspect_tab import build_inspect_tab

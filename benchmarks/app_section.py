@@ -3,7 +3,7 @@
 In one bench run, every app run between two CLI fair runs of the preset
 (`python -m kvlab compare --preset quickstart --json F`, a fresh process each):
 CLI, then `python app.py` launched as a user would (free port,
-`KVLAB_READY_FILE`, see `kvlab.readiness`) and run through its `/compare` API
+`KVLAB_READY_FILE`, see `kvlab.models.readiness`) and run through its `/compare` API
 with gradio_client (the first run after start), CLI, the API again (a later
 run), and with that app stopped, CLI; then a second fresh app run from
 headless Chromium (`benchmarks.app_browser`: click Run, read the JSON
@@ -41,7 +41,7 @@ from pathlib import Path
 from kvlab.bench.harness import Context, make_check
 from kvlab.bench.startup import _keep_tail, _stop, _wait_for_app, child_env, free_port
 from kvlab.compare.summary import within_noise
-from kvlab.readiness import READY_FILE_ENV
+from kvlab.models.readiness import READY_FILE_ENV
 
 from .cpu_share import CpuShares
 
@@ -67,7 +67,7 @@ def cli_run(ctx: Context, folder: Path, label: str) -> dict:
     Raises:
         RuntimeError: the command failed (its last stderr lines in the message).
     """
-    from kvlab.models import cache_dir
+    from kvlab.models.loading import cache_dir
 
     env, root = child_env(cache_dir())
     out = folder / f"cli-{len(list(folder.glob('cli-*.json')))}.json"
@@ -89,7 +89,7 @@ class RunningApp:
         self.say, self.proc, self.folder, self.tail, self.reader = say, None, None, [], None
 
     def __enter__(self) -> "RunningApp":
-        from kvlab.models import cache_dir
+        from kvlab.models.loading import cache_dir
 
         env, root = child_env(cache_dir())
         port = free_port()

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from .models import head_dim
+from .models.loading import head_dim
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 """Model families whose attention applies rotate-half RoPE to the whole head after `k_proj`."""

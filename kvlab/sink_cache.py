@@ -42,7 +42,7 @@ from __future__ import annotations
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
-from .models import head_dim
+from .models.loading import head_dim
 from .rotary import SUPPORTED_ROPE_TYPES, KeyRerotator, inv_freq_from_config, unsupported_reason
 
 DEFAULT_NUM_SINK_TOKENS = 4

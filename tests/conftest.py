@@ -137,7 +137,7 @@ def build_tiny(tokenizer, device: str = "cpu"):
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from kvlab.models import LoadedModel, ModelSpec
+    from kvlab.models.loading import LoadedModel, ModelSpec
 
     torch.manual_seed(0)
     config = LlamaConfig(
@@ -173,7 +173,7 @@ def tiny_hybrid(tiny):
     import torch
     from transformers import Gemma3ForCausalLM, Gemma3TextConfig
 
-    from kvlab.models import LoadedModel, ModelSpec
+    from kvlab.models.loading import LoadedModel, ModelSpec
 
     torch.manual_seed(0)
     config = Gemma3TextConfig(
@@ -213,7 +213,7 @@ def tiny_cuda(tiny_tokenizer):
 
 @pytest.fixture(scope="session")
 def pool():
-    from kvlab.models import ModelPool
+    from kvlab.models.loading import ModelPool
 
     return ModelPool()
 
@@ -221,7 +221,7 @@ def pool():
 @pytest.fixture(scope="session")
 def bundled(pool):
     """The real bundled SmolLM2-135M-Instruct, fp32 on CPU, loaded once."""
-    from kvlab.models import ModelSpec
+    from kvlab.models.loading import ModelSpec
 
     return pool.get(ModelSpec(device="cpu"))
 
@@ -230,7 +230,7 @@ def bundled(pool):
 def gemma(pool):
     """The real bundled Gemma 3 270M (`bundled:gemma-3-270m`: 15 sliding layers, window 512, and 3 full ones),
     fp32 on CPU, loaded once (converted once into the cache folder, about 70 s cold)."""
-    from kvlab.models import ModelSpec
+    from kvlab.models.loading import ModelSpec
 
     return pool.get(ModelSpec("bundled:gemma-3-270m", device="cpu"))
 
@@ -240,6 +240,6 @@ def tokenizer():
     """The bundled model's tokenizer (from the converted copy; no weights loaded)."""
     from transformers import AutoTokenizer
 
-    from kvlab.models import prepare_bundled_model
+    from kvlab.models.loading import prepare_bundled_model
 
     return AutoTokenizer.from_pretrained(prepare_bundled_model())

@@ -112,7 +112,7 @@ def _terminate(signum, frame):
 
 def cmd_bench(args) -> int:
     """Run the bench from parsed flags; returns the exit status (2: nothing measured, 0: the bench ran)."""
-    from ..models import ModelLoadError
+    from ..models.loading import ModelLoadError
     from .suite import run_bench
 
     # 1. Flags and outputs, refused before anything is measured.

@@ -121,7 +121,7 @@ def bench_roofline(ctx: Context) -> dict:
     """The roofline section's record: copy bandwidth, one row per variant (tok/s, bound, fraction), one check."""
     import torch
 
-    from ..models import LoadedModel, ModelSpec
+    from ..models.loading import LoadedModel, ModelSpec
 
     nbytes = ctx.size.copy_mib * 2**20
     bandwidth = measure_bandwidth(nbytes)

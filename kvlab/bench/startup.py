@@ -4,7 +4,7 @@ Three launches per repeat: the backend (`startup_child.py`) on an empty cache
 folder (first launch, which converts the bundled GGUF; sizes with
 `fresh_launch`) and again on the same folder (second launch), then `python
 app.py` itself, timed until its page answers and until its preloaded model is
-ready. The app says it is ready (or failed) through `kvlab.readiness`: the bench
+ready. The app says it is ready (or failed) through `kvlab.models.readiness`: the bench
 names a temporary file in `KVLAB_READY_FILE` and polls it; the last lines of the
 app's stderr are kept for error messages. Every child process is stopped and
 every temporary folder removed in `finally`, SIGTERM included (the command line
@@ -26,7 +26,7 @@ import threading
 import time
 from pathlib import Path
 
-from ..readiness import ERROR, READY_FILE_ENV, read_announcements
+from ..models.readiness import ERROR, READY_FILE_ENV, read_announcements
 from .harness import PROMPT, BenchSize, Context, make_check, summarize
 
 STARTUP_READY_MAX_S = 5.0
@@ -167,7 +167,7 @@ def bench_startup(ctx: Context) -> dict:
 
 def measure_startup(ctx: Context) -> tuple[dict, list[dict], list[float]]:
     """({"first": [marks], "second": [marks]}, [app marks], [seconds to import gradio]), one per repeat."""
-    from ..models import cache_dir, prepare_bundled_model
+    from ..models.loading import cache_dir, prepare_bundled_model
 
     size = ctx.size
     launches = {"first": [], "second": []}

@@ -35,7 +35,7 @@ def main(argv: list[str]) -> int:
     from kvlab.compare.events import TokenEvent
     from kvlab.compare.runner import run_compare
     from kvlab.generation import GenerationSettings, encode_prompt
-    from kvlab.models import ModelSpec, load_model
+    from kvlab.models.loading import ModelSpec, load_model
 
     loaded = load_model(ModelSpec(device="cpu"))
     marks["ready"] = time.time()

@@ -59,7 +59,7 @@ def run_bench(size: BenchSize, only: Sequence[str] = SECTIONS, say: Callable[[st
         kvlab.models.ModelLoadError: the model cannot load.
     """
     from ..generation import encode_prompt
-    from ..models import ModelSpec, load_model
+    from ..models.loading import ModelSpec, load_model
 
     say = say or (lambda message: None)
     started = time.perf_counter()

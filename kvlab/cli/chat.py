@@ -167,7 +167,7 @@ def settings_from(args) -> GenerationSettings:
 def _load(args):
     """The model of the flags, once the --json path is known to be writable (`kvlab.cli.outputs`). Raises
     OutputError or ModelLoadError."""
-    from ..models import ModelSpec, load_model
+    from ..models.loading import ModelSpec, load_model
     from .outputs import check_writable
 
     check_writable(args.json)
@@ -205,7 +205,7 @@ def cmd_chat(args) -> int:
     """Run the scripted conversation; 0 on success, 2 when it cannot start, 1 when a turn fails, 130 when
     interrupted. The JSON record is rewritten after every turn, so an interrupt keeps every finished turn."""
     from ..chat.session import ChatSession
-    from ..models import ModelLoadError
+    from ..models.loading import ModelLoadError
 
     try:
         turns = read_message_list(args.turns, "turns")
@@ -264,7 +264,7 @@ def _chat_turns(session, turns: list[str], args, record: dict) -> int:
 
 def cmd_prefix(args) -> int:
     """Answer every prompt after the shared prefix; 0 on success, 2 when it cannot start."""
-    from ..models import ModelLoadError
+    from ..models.loading import ModelLoadError
     from ..chat.prefix import run_prefix_reuse
 
     try:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..bundled import SOURCE_HELP
+from ..models.bundled import SOURCE_HELP
 
 DTYPE_CHOICES = ("float32", "bfloat16", "float16")
 DEVICE_CHOICES = ("auto", "cpu", "cuda", "mps")

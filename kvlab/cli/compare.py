@@ -61,7 +61,7 @@ def resolve_compare(args) -> dict:
 
     Raises PresetError / ValueError with the reason (the caller prints it).
     """
-    from ..models import ModelSpec
+    from ..models.loading import ModelSpec
     from ..presets import parse_preset
 
     preset = _base_preset(args)
@@ -181,7 +181,7 @@ def cmd_compare(args) -> int:
     """Run the comparison; 2 when it cannot start (the --json path is checked before the model loads), 130
     when interrupted before a record exists (one line says nothing was written), else 0 or 1 (see above)."""
     from ..compare.runner import collect, run_compare
-    from ..models import ModelLoadError, load_model
+    from ..models.loading import ModelLoadError, load_model
     from .outputs import OutputError, StopOnInterrupt, check_writable, write_text
 
     if args.replay:

@@ -77,7 +77,7 @@ def document(session, prompt: dict, model_info: dict) -> dict:
 def _session(args):
     """(loaded model, DivergeSession). Raises ValueError (StrategyError, InspectError) or ModelLoadError."""
     from ..generation import GenerationSettings, encode_prompt
-    from ..models import ModelSpec, load_model
+    from ..models.loading import ModelSpec, load_model
     from ..inspect.diverge import DivergeSession
     from .outputs import check_writable
 
@@ -100,7 +100,7 @@ def _session(args):
 def run(args) -> int:
     """Run the `diverge` subcommand; returns the exit status."""
     from ..compute import compute_iter
-    from ..models import ModelLoadError
+    from ..models.loading import ModelLoadError
     from .outputs import OutputError, write_text
 
     try:

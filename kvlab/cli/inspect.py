@@ -46,7 +46,7 @@ def _session(args):
     """(loaded model, InspectSession). Raises ValueError (StrategyError, InspectError) or ModelLoadError."""
     from ..generation import GenerationSettings, encode_prompt
     from ..inspect.inspector import InspectSession
-    from ..models import ModelSpec, load_model
+    from ..models.loading import ModelSpec, load_model
     from ..strategies import make_strategy
     from ..strategies.base import parse_strategy_item
     from .outputs import check_writable
@@ -79,7 +79,7 @@ def step_line(record) -> str:
 
 def cmd_inspect(args) -> int:
     from ..compute import compute_iter
-    from ..models import ModelLoadError
+    from ..models.loading import ModelLoadError
     from .outputs import OutputError, write_text
 
     try:

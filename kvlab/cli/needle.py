@@ -105,7 +105,7 @@ def _follow(events):
     return done
 
 def run(args) -> int:
-    from ..models import ModelLoadError, ModelSpec, load_model
+    from ..models.loading import ModelLoadError, ModelSpec, load_model
     from ..needle.grid import GridError, parse_grid
     from ..needle.prompt import key_tokens, min_context_tokens
     from ..needle.record import format_summary, records_to_csv

@@ -44,7 +44,7 @@ def add_parser(sub, parents) -> None:
 
 def _prepare(args):
     """(loaded model, ids, {label: strategy}, segment). Raises OSError, ValueError or ModelLoadError."""
-    from ..models import ModelSpec, load_model
+    from ..models.loading import ModelSpec, load_model
     from .outputs import check_writable
 
     segment = args.window if args.segment is None else args.segment
@@ -63,7 +63,7 @@ def _prepare(args):
 
 
 def cmd_perplexity(args) -> int:
-    from ..models import ModelLoadError
+    from ..models.loading import ModelLoadError
     from .outputs import OutputError, write_text
 
     try:

@@ -155,7 +155,7 @@ def run_needle(loaded, specs, grid: Grid, stop: threading.Event | None = None) -
 
 
 def _hub_id(loaded) -> str | None:
-    from ..bundled import bundled_model
+    from ..models.bundled import bundled_model
 
     source = loaded.spec.source
     found = bundled_model(source)

@@ -113,7 +113,7 @@ def resolve_config(source) -> ResolvedConfig:
             disabled (KVLAB_ALLOW_LOCAL / KVLAB_ALLOW_HUB), or a name that is neither in the
             catalog nor reachable; the message lists the catalog's hub ids.
     """
-    from ..models import BUNDLED, allow_hub, allow_local_folders, looks_like_path
+    from ..models.loading import BUNDLED, allow_hub, allow_local_folders, looks_like_path
 
     if isinstance(source, ResolvedConfig):
         return source
@@ -156,8 +156,8 @@ def _bundled_config(key: str) -> ResolvedConfig:
     conversion; Gemma's file is assembled from its chunk packages for the read and removed after)."""
     import shutil
 
-    from ..bundled import bundled_model, gguf_path
-    from ..model_cache import ModelLoadError, converted_folder
+    from ..models.bundled import bundled_model, gguf_path
+    from ..models.gguf_cache import ModelLoadError, converted_folder
 
     try:
         model = bundled_model(key)
@@ -178,7 +178,7 @@ def _bundled_config(key: str) -> ResolvedConfig:
 
 
 def _hub_config(hub_id: str):
-    from ..models import hub_reachable
+    from ..models.loading import hub_reachable
 
     online = hub_reachable()
     try:

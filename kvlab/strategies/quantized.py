@@ -142,7 +142,7 @@ class Quantized(Strategy):
         """
         from transformers import QuantizedCache
 
-        from ..models import head_dim
+        from ..models.loading import head_dim
 
         width = head_dim(loaded.config.get_text_config(decoder=True))
         if self.backend != "fp8" and width % self.q_group_size:
@@ -167,7 +167,7 @@ class Quantized(Strategy):
         import torch
         from transformers import QuantizedCache
 
-        from ..models import head_dim
+        from ..models.loading import head_dim
 
         cfg = loaded.config.get_text_config(decoder=True)
         kv_heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads

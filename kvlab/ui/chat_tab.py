@@ -22,7 +22,7 @@ import gradio as gr
 
 from kvlab.chat.session import ChatCapacityError, ChatInputError, ChatStatus, ChatToken
 from kvlab.generation import MAX_NEW_TOKENS_CAP
-from kvlab.models import ModelLoadError, ModelPool, ModelSpec
+from kvlab.models.loading import ModelLoadError, ModelPool, ModelSpec
 from kvlab.strategies import StrategyError, make_strategy
 
 from .cards import build_card

@@ -23,7 +23,7 @@ import yaml
 
 from kvlab.chat.session import ChatSession, ChatStatus, ChatToken, ChatTurnDone, ChatTurnFailed, TurnStats, turn_rows
 from kvlab.generation import GenerationSettings
-from kvlab.models import ModelSpec
+from kvlab.models.loading import ModelSpec
 from kvlab.presets import PRESETS_DIR
 from kvlab.strategies import Strategy
 from kvlab.strategies.base import names_with

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 
-from kvlab.models import BUNDLED_HUB_ID
+from kvlab.models.loading import BUNDLED_HUB_ID
 
 
 def _model_reference(source: str) -> tuple[str, str]:
@@ -82,7 +82,7 @@ def code_snippet(strategy, settings, prompt_text: str, system: str = "", chat: b
         strategy: a `kvlab.strategies.Strategy` (its `cache_code()` and `generate_kwargs_code()`).
         settings: the `GenerationSettings` of the run.
         prompt_text, system, chat: the prompt as the page had it.
-        model_source: `bundled`, a hub id or a local folder; dtype: a `kvlab.models.DTYPES` name.
+        model_source: `bundled`, a hub id or a local folder; dtype: a `kvlab.models.loading.DTYPES` name.
     """
     # 1. Imports, the model and tokenizer.
     context_imports, context = strategy.generate_context_code()

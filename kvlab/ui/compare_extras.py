@@ -15,7 +15,7 @@ from __future__ import annotations
 import gradio as gr
 
 from kvlab.compare.replay import RecordError, load_record
-from kvlab.models import ModelLoadError
+from kvlab.models.loading import ModelLoadError
 from kvlab.presets import PresetError, load_preset
 
 from . import zerogpu

@@ -19,11 +19,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from kvlab.budget import require_cache
-from kvlab.bundled import bundled_model
+from kvlab.models.bundled import bundled_model
 from kvlab.compare.columns import MAX_COLUMNS, MODES, Column
 from kvlab.generation import GenerationSettings
 from kvlab.measure import DEFAULT_POLICY
-from kvlab.models import ModelLoadError, ModelSpec
+from kvlab.models.loading import ModelLoadError, ModelSpec
 from kvlab.presets import Preset, PromptSpec, load_preset
 from kvlab.strategies import Strategy, StrategyError
 

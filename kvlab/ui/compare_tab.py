@@ -25,7 +25,7 @@ from kvlab.compare.columns import MAX_COLUMNS, MODES
 from kvlab.compare.runner import run_compare
 from kvlab.generation import MAX_NEW_TOKENS_CAP, encode_prompt
 from kvlab.measure import POLICIES
-from kvlab.models import DEVICES, DTYPES, ModelLoadError, ModelSpec
+from kvlab.models.loading import DEVICES, DTYPES, ModelLoadError, ModelSpec
 from kvlab.presets import Preset, PresetError, list_presets, load_preset
 
 from . import zerogpu

@@ -20,7 +20,7 @@ from kvlab.inspect.diverge import DivergeSession
 from kvlab.inspect.inspector import InspectError, InspectSession
 from kvlab.inspect.loops import LOOP_VARIANTS
 from kvlab.generation import encode_prompt
-from kvlab.models import ModelLoadError
+from kvlab.models.loading import ModelLoadError
 from kvlab.strategies import STRATEGIES, StrategyError, make_strategy
 from kvlab.strategies.base import parse_strategy_item
 

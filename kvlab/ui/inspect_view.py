@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 from kvlab.generation import GenerationSettings
 from kvlab.inspect.inspector import MAX_INSPECT_STEPS, STRIP_STATES, InspectSession, StepRecord
-from kvlab.models import ModelSpec
+from kvlab.models.loading import ModelSpec
 from kvlab.strategies import Strategy, StrategyError
 
 from .code import loop_snippet

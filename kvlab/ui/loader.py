@@ -17,8 +17,8 @@ import threading
 import time
 from dataclasses import dataclass
 
-from kvlab import readiness
-from kvlab.models import LoadedModel, ModelLoadError, ModelPool, ModelSpec
+from kvlab.models import readiness
+from kvlab.models.loading import LoadedModel, ModelLoadError, ModelPool, ModelSpec
 
 logger = logging.getLogger(__name__)
 CONCURRENCY = int(os.environ.get("KVLAB_CONCURRENCY", "1"))
@@ -26,11 +26,11 @@ CONCURRENCY = int(os.environ.get("KVLAB_CONCURRENCY", "1"))
 MODEL_CONCURRENCY_ID = "kvlab-model"
 READY_LOG = "model ready: %s (%.1f s to load)"
 """Logged once per finished load, for whoever reads the server log. A launching process (the benchmark's
-start-up section) learns the outcome from `kvlab.readiness` instead, which `_load` also calls."""
+start-up section) learns the outcome from `kvlab.models.readiness` instead, which `_load` also calls."""
 
 
 def device_present(device: str) -> bool:
-    """Whether a `kvlab.models.DEVICES` name can be used here (`auto` and `cpu` always can)."""
+    """Whether a `kvlab.models.loading.DEVICES` name can be used here (`auto` and `cpu` always can)."""
     import torch
 
     if device == "cuda":
@@ -124,6 +124,6 @@ class BackgroundLoader:
     @staticmethod
     def _announce_ready(loaded: LoadedModel, load_s: float) -> None:
         """Say once per finished load that `loaded` is ready: the server log line for a human, and one JSON line
-        in the ready file (`kvlab.readiness`) for a process that launched the app."""
+        in the ready file (`kvlab.models.readiness`) for a process that launched the app."""
         logger.info(READY_LOG, loaded.name, load_s)
         readiness.announce(readiness.READY, name=loaded.name, load_s=load_s)

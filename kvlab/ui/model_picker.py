@@ -1,13 +1,13 @@
 """The model picker every tab shows: a dropdown of the bundled models, one line each (family, size, layer
 types, chat or base model, licence), that also takes any typed source (a hub id, a local folder, a `.gguf`
-file). Lays out one component; the list is `kvlab.bundled.picker_choices`, what a source may be is
+file). Lays out one component; the list is `kvlab.models.bundled.picker_choices`, what a source may be is
 `kvlab.models.ModelSpec`'s."""
 
 from __future__ import annotations
 
 import gradio as gr
 
-from kvlab.bundled import picker_choices
+from kvlab.models.bundled import picker_choices
 
 from .theme import line_html
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import gradio as gr
 
 from kvlab.compare.columns import MAX_COLUMNS, Column
-from kvlab.models import ModelLoadError, ModelSpec
+from kvlab.models.loading import ModelLoadError, ModelSpec
 from kvlab.needle.grid import DEFAULT_NEW_TOKENS, MAX_NEW_TOKENS, GridError, expand_sweeps, parse_grid, split_items
 from kvlab.needle.preset import list_needle_presets
 from kvlab.needle.prompt import key_tokens, min_context_tokens

@@ -18,7 +18,7 @@ import time
 
 import gradio as gr
 
-from kvlab.models import ModelLoadError, ModelSpec
+from kvlab.models.loading import ModelLoadError, ModelSpec
 from kvlab.perplexity import DEFAULT_SINKS, DEFAULT_WINDOW, stream_many
 from kvlab.strategies import StrategyError
 

@@ -26,9 +26,9 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 from kvlab.accounting import layer_windows
-from kvlab.bundled import bundled_model
+from kvlab.models.bundled import bundled_model
 from kvlab.engine import NllStep
-from kvlab.model_cache import ModelLoadError
+from kvlab.models.gguf_cache import ModelLoadError
 from kvlab.perplexity import DEFAULT_SINKS, DEFAULT_WINDOW, default_text, parse_perplexity_strategies, ppl_by_segment
 from kvlab.strategies import Strategy, StrategyError
 from kvlab.strategies.base import names_with

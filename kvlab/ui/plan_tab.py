@@ -21,8 +21,8 @@ import gradio as gr
 import pandas as pd
 
 from kvlab.compute import compute
-from kvlab.bundled import bundled_model
-from kvlab.models import ModelLoadError, ModelSpec
+from kvlab.models.bundled import bundled_model
+from kvlab.models.loading import ModelLoadError, ModelSpec
 from kvlab.plan.planner import DTYPES, warm_up
 
 from .cards import StrategyCard, build_card

@@ -26,9 +26,9 @@ import re
 import time
 from dataclasses import dataclass, field, replace
 
-from kvlab.bundled import MODELS as BUNDLED_MODELS
+from kvlab.models.bundled import MODELS as BUNDLED_MODELS
 from kvlab.compare.columns import MAX_COLUMNS
-from kvlab.models import BUNDLED
+from kvlab.models.loading import BUNDLED
 from kvlab.plan.catalog import ConfigError, known_models, resolve_config
 from kvlab.plan.planner import GIB, Plan, PlanError, PlanRequest, plan
 from kvlab.plan.token_counts import parse_token_counts

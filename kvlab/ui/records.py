@@ -25,7 +25,7 @@ from kvlab.compare.events import RunDone
 from kvlab.compare.runner import collect, run_compare
 from kvlab.compare.summary import rows_to_csv, run_record
 from kvlab.generation import GenerationSettings, encode_prompt
-from kvlab.models import ModelSpec
+from kvlab.models.loading import ModelSpec
 from kvlab.presets import load_preset, parse_preset
 
 from .code import code_snippet

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from kvlab.models import ModelLoadError, fallback_cache_dir, write_problem, writable_cache_dir
+from kvlab.models.loading import ModelLoadError, fallback_cache_dir, write_problem, writable_cache_dir
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]

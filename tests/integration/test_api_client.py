@@ -23,7 +23,7 @@ import pytest
 
 from app import create_app
 from kvlab.generation import MAX_NEW_TOKENS_CAP
-from kvlab.models import ModelSpec, converted_bundled_folder
+from kvlab.models.loading import ModelSpec, converted_bundled_folder
 from kvlab.ui.code import code_snippet
 from kvlab.ui.compare_tab import build_compare_tab
 from kvlab.ui.compare_form import RunRequest

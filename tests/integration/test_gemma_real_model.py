@@ -114,8 +114,8 @@ def test_the_hybrid_preset_runs_from_the_command_line_with_bytes_by_layer_type(g
 def test_a_local_gguf_file_loads_through_the_convert_once_cache(bundled, tmp_path, monkeypatch):
     """The bundled SmolLM2's own GGUF file, given as a path: converted into a folder keyed by its content hash,
     it generates the bundled model's greedy tokens."""
-    from kvlab.bundled import MODELS
-    from kvlab.models import ModelSpec, load_model
+    from kvlab.models.bundled import MODELS
+    from kvlab.models.loading import ModelSpec, load_model
 
     monkeypatch.setenv("KVLAB_CACHE_DIR", str(tmp_path))
     path = MODELS["bundled"].package_folder() / MODELS["bundled"].gguf_file

@@ -1,12 +1,12 @@
 """The app's background loader: the log lines a server operator reads (model ready, load failed) and the
-ready file a launching process watches (kvlab.readiness)."""
+ready file a launching process watches (kvlab.models.readiness)."""
 
 import logging
 
 import pytest
 
-from kvlab import readiness
-from kvlab.models import ModelLoadError, ModelPool, ModelSpec, prepare_bundled_model
+from kvlab.models import readiness
+from kvlab.models.loading import ModelLoadError, ModelPool, ModelSpec, prepare_bundled_model
 from kvlab.ui.loader import BackgroundLoader
 
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from kvlab.models import converted_bundled_folder
+from kvlab.models.loading import converted_bundled_folder
 from kvlab.needle.grid import parse_grid
 from kvlab.needle.record import load_record
 from kvlab.needle.runner import NeedleDone, run_needle

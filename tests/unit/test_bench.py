@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from kvlab import readiness
+from kvlab.models import readiness
 from kvlab.bench import SECTIONS, cli, harness, strategy_sets
 from kvlab.bench.harness import SIZES, Context, bare_generate
 from kvlab.bench.overhead import bench_overhead

@@ -7,7 +7,7 @@ as the Plan tab does, and a path to no folder says so. Catalog configs only; no 
 
 import pytest
 
-from kvlab import models
+from kvlab.models import loading as models
 from kvlab.cli import main
 from kvlab.cli.outputs import OutputError, check_writable, write_text
 from kvlab.ui.plan_view import parse_contexts

@@ -10,7 +10,7 @@ import pytest
 
 gr = pytest.importorskip("gradio")
 
-from kvlab.models import ModelPool  # noqa: E402
+from kvlab.models.loading import ModelPool  # noqa: E402
 from kvlab.ui.compare_tab import CompareTab  # noqa: E402
 from kvlab.ui.compare_form import RunRequest  # noqa: E402
 from kvlab.ui.knobs import NO_STRATEGY  # noqa: E402

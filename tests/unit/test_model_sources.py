@@ -4,10 +4,10 @@
 import numpy as np
 import pytest
 
-from kvlab.bundled import MODELS, bundled_model, picker_choices
+from kvlab.models.bundled import MODELS, bundled_model, picker_choices
 from kvlab.generation import encode_prompt, plain_conversation
-from kvlab.model_cache import check_gguf, gguf_folder_name
-from kvlab.models import ModelLoadError, ModelSpec, load_model
+from kvlab.models.gguf_cache import check_gguf, gguf_folder_name
+from kvlab.models.loading import ModelLoadError, ModelSpec, load_model
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ import pytest
 
 gr = pytest.importorskip("gradio")
 
-from kvlab.models import ModelPool  # noqa: E402
+from kvlab.models.loading import ModelPool  # noqa: E402
 from kvlab.ui.compare_tab import CompareTab  # noqa: E402
 from kvlab.ui.plan_tab import PlanTab  # noqa: E402
 

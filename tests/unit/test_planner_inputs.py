@@ -48,9 +48,9 @@ def test_a_folder_without_config_json_is_refused(tmp_path):
 
 
 def test_an_unknown_hub_id_without_network_says_so(monkeypatch):
-    import kvlab.models
+    import kvlab.models.loading
 
-    monkeypatch.setattr(kvlab.models, "hub_reachable", lambda timeout_s=0: False)
+    monkeypatch.setattr(kvlab.models.loading, "hub_reachable", lambda timeout_s=0: False)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(PlanError) as err:
         plan(PlanRequest(model="nobody/no-such-model"))

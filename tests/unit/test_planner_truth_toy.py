@@ -15,7 +15,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, QuantizedCache
 from kvlab.accounting import layer_bytes_by_device
 from kvlab.engine import Decoder
 from kvlab.generation import GenerationSettings
-from kvlab.models import LoadedModel, ModelSpec
+from kvlab.models.loading import LoadedModel, ModelSpec
 from kvlab.plan.planner import PlanRequest, plan
 from kvlab.strategies import make_strategy
 

@@ -1,10 +1,10 @@
-"""kvlab.readiness: the ready file a launching process watches (one JSON line per finished load)."""
+"""kvlab.models.readiness: the ready file a launching process watches (one JSON line per finished load)."""
 
 import logging
 
 import pytest
 
-from kvlab import readiness
+from kvlab.models import readiness
 
 
 @pytest.fixture(autouse=True)
@@ -44,11 +44,11 @@ def test_partial_and_foreign_lines_are_skipped(tmp_path):
 
 
 def test_a_write_failure_is_logged_once_and_never_raised(monkeypatch, tmp_path, caplog):
-    caplog.set_level(logging.WARNING, logger="kvlab.readiness")
+    caplog.set_level(logging.WARNING, logger="kvlab.models.readiness")
     monkeypatch.setenv(readiness.READY_FILE_ENV, str(tmp_path / "missing-folder" / "ready.jsonl"))
     assert readiness.announce("ready", name="m") is False
     assert readiness.announce("error", name="m", message="x") is False
-    warnings = [r for r in caplog.records if r.name == "kvlab.readiness"]
+    warnings = [r for r in caplog.records if r.name == "kvlab.models.readiness"]
     assert len(warnings) == 1 and readiness.READY_FILE_ENV in warnings[0].getMessage()
 
 

@@ -19,7 +19,7 @@ from transformers import (
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
 
 from kvlab.accounting import cache_bytes
-from kvlab.models import LoadedModel, ModelSpec
+from kvlab.models.loading import LoadedModel, ModelSpec
 from kvlab.perplexity import ppl_by_segment, stream_nll
 from kvlab.rotary import KeyRerotator, inv_freq_from_config, unsupported_reason
 from kvlab.sink_cache import SinkCache, SinkLayer, prefill_in_chunks

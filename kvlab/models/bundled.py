@@ -11,7 +11,7 @@
   provided under and subject to the Gemma Terms of Use.
 
 `prepare(key)` converts one once into the cache folder (see
-`kvlab.model_cache`) and returns the converted folder. This module knows the
+`kvlab.models.gguf_cache`) and returns the converted folder. This module knows the
 list and how to find each file; it does not load models for inference.
 """
 
@@ -22,8 +22,8 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from .model_cache import CONVERTED_FORMAT_VERSION, ModelLoadError, ProgressFn, convert_gguf, converted_folder
-from .model_cache import writable_cache_dir
+from .gguf_cache import CONVERTED_FORMAT_VERSION, ModelLoadError, ProgressFn, convert_gguf, converted_folder
+from .gguf_cache import writable_cache_dir
 
 BUNDLED = "bundled"
 GEMMA_TERMS_URL = "https://ai.google.dev/gemma/terms"

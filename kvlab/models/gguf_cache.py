@@ -7,7 +7,7 @@ cores. `convert_gguf` does it once and keeps the result in the user cache folder
 under the system's temporary folder when that cannot be written), so later
 loads read plain safetensors in seconds. `check_gguf` refuses a file that is not
 a complete GGUF file before anything slow runs. Used for the bundled models
-(`kvlab.bundled`) and for any local `.gguf` file (`kvlab.models.load_model`).
+(`kvlab.models.bundled`) and for any local `.gguf` file (`kvlab.models.load_model`).
 This module converts; it does not load models for inference.
 """
 
