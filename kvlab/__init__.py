@@ -11,7 +11,7 @@ __version__ = "0.1.0"
 SETUP_HINT = "run `bash scripts/setup.sh` (the README's `make run` / `make test` do it) or `pip install .`"
 """What to do when a required package is missing (said in one line by the command line and app.py)."""
 
-from .deferred_hqq import import_cache_utils_without_hqq
+from .caches.deferred_hqq import import_cache_utils_without_hqq
 
 try:
     import_cache_utils_without_hqq()

@@ -204,7 +204,7 @@ if [[ $with_project -eq 1 ]]; then
     fi
     # optimum-quanto compiles its CPU kernel on first use; build it here, where a compiler is expected, so no
     # compiler runs inside a user's run (kvlab falls back to a pure-PyTorch unpack where it cannot be built).
-    "$py" -m kvlab.backends
+    "$py" -m kvlab.caches.backends
 fi
 
 if [[ $with_test -eq 1 ]]; then

@@ -101,7 +101,7 @@ class Quantized(Strategy):
         return f"quantized {self.backend} int{self.nbits} r{self.residual_length}"
 
     def runtime_note(self) -> str:
-        from ..backends import prepare_quanto
+        from ..caches.backends import prepare_quanto
 
         return (prepare_quanto(build=False) or "") if self.backend == "quanto" else ""
 
@@ -151,7 +151,7 @@ class Quantized(Strategy):
                 f"try {', '.join(str(g) for g in (16, 32, 64, 128) if width % g == 0)}"
             )
         if self.backend == "quanto":
-            from ..backends import prepare_quanto
+            from ..caches.backends import prepare_quanto
 
             prepare_quanto(build=False)
         problem = self._try_on_model_shapes(loaded)

@@ -24,7 +24,7 @@ class Sink(Strategy):
     num_sink_tokens: int = 4
 
     def __post_init__(self):
-        from ..sink_cache import validate_knobs
+        from ..caches.sink import validate_knobs
 
         try:
             validate_knobs(self.window_length, self.num_sink_tokens)
@@ -41,18 +41,18 @@ class Sink(Strategy):
                 "and the output is approximate")
 
     def unavailable_reason(self, loaded) -> str | None:
-        from ..rotary import unsupported_reason
+        from ..caches.rotary import unsupported_reason
 
         return unsupported_reason(loaded.config)
 
     def build_cache(self, loaded, max_total_tokens: int):
-        from ..sink_cache import SinkCache
+        from ..caches.sink import SinkCache
 
         return SinkCache.from_model(loaded.model, self.window_length, self.num_sink_tokens)
 
     def forward(self, loaded, cache, sequence, new_tokens: int):
         """Feeds long inputs through the window in chunks (see `prefill_in_chunks`); (1, vocab) logits."""
-        from ..sink_cache import prefill_in_chunks
+        from ..caches.sink import prefill_in_chunks
 
         if new_tokens <= self.window_length - self.num_sink_tokens:
             return super().forward(loaded, cache, sequence, new_tokens)
@@ -63,7 +63,7 @@ class Sink(Strategy):
 
     def forward_code(self) -> tuple[list[str], list[str]]:
         chunk = self.window_length - self.num_sink_tokens
-        return ["from kvlab.sink_cache import prefill_in_chunks"], [
+        return ["from kvlab.caches.sink import prefill_in_chunks"], [
                 f"if input_ids.shape[1] > {chunk}:  # longer than the window minus the sinks: stream it in chunks",
                 "    out = prefill_in_chunks(model, input_ids, cache, logits_to_keep=1)",
                 "else:",
@@ -71,7 +71,7 @@ class Sink(Strategy):
                 "logits_to_keep=1)"]
 
     def cache_code(self):
-        return ["from kvlab.sink_cache import SinkCache"], (
+        return ["from kvlab.caches.sink import SinkCache"], (
             f"cache = SinkCache.from_model(model, window_length={self.window_length}, "
             f"num_sink_tokens={self.num_sink_tokens})"
         )

@@ -84,7 +84,7 @@ class Static(Strategy):
 
     def forward(self, loaded, cache, sequence, new_tokens: int):
         if self.compile and new_tokens == 1:
-            from ..compiled import decode_step
+            from ..caches.compiled import decode_step
 
             return decode_step(loaded, cache, sequence[:, -1:], sequence.shape[1] - 1)
         return super().forward(loaded, cache, sequence, new_tokens)

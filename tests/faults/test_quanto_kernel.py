@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from kvlab import backends
+from kvlab.caches import backends
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]

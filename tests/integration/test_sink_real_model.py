@@ -14,7 +14,7 @@ from transformers import DynamicCache
 
 from kvlab.accounting import bytes_per_token, cache_bytes
 from kvlab.perplexity import ppl_by_segment, stream_nll
-from kvlab.sink_cache import SinkCache
+from kvlab.caches.sink import SinkCache
 from kvlab.strategies import make_strategy
 
 PPL_TOKENS = 320

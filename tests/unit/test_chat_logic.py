@@ -30,7 +30,7 @@ from kvlab.chat.reuse import common_prefix_length, generate_reply, held_tokens, 
 from kvlab.cli import main
 from kvlab.generation import GenerationSettings
 from kvlab.chat.prefix import PrefixCache, answer_from_prefix, clone_tensor, copy_cache, run_prefix_reuse
-from kvlab.sink_cache import SinkCache
+from kvlab.caches.sink import SinkCache
 from kvlab.strategies import StrategyError, make_strategy
 
 NEW_TOKENS = 6
@@ -444,7 +444,7 @@ def test_prefix_cli_rejects_missing_and_empty_files(tmp_path, capsys):
 
 
 def test_compiled_static_chat_matches_eager_and_compiles_once(tiny, monkeypatch):
-    import kvlab.compiled
+    import kvlab.caches.compiled
 
     settings = GenerationSettings(max_new_tokens=5, stop_at_eos=False, fidelity=False)
     eager = ChatSession(tiny, make_strategy({"strategy": "static", "max_cache_len": 256}), settings)
@@ -452,8 +452,8 @@ def test_compiled_static_chat_matches_eager_and_compiles_once(tiny, monkeypatch)
                            dataclasses.replace(settings))
     assert compiled.strategy.is_compileable and not eager.strategy.is_compileable
     compiled_steps = []
-    real_step = kvlab.compiled.decode_step
-    monkeypatch.setattr(kvlab.compiled, "decode_step", lambda *args: compiled_steps.append(1) or real_step(*args))
+    real_step = kvlab.caches.compiled.decode_step
+    monkeypatch.setattr(kvlab.caches.compiled, "decode_step", lambda *args: compiled_steps.append(1) or real_step(*args))
     for turn, text in enumerate(["Hello there", "Tell me more", "Bye"]):
         _, expected = drain(eager.send(text, baseline=False))
         with torch._dynamo.config.patch(error_on_recompile=turn > 0):

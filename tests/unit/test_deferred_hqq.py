@@ -1,4 +1,4 @@
-"""kvlab keeps hqq out of start-up and still builds hqq caches (kvlab/deferred_hqq.py).
+"""kvlab keeps hqq out of start-up and still builds hqq caches (kvlab/caches/deferred_hqq.py).
 
 Checked in a fresh python: in this test process transformers may have been
 imported before kvlab, which makes the deferral a no-op.

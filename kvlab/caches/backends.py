@@ -7,7 +7,7 @@ failure with a long build log where no compiler exists (the `python:3.11-slim`
 image has none). kvlab instead:
 
 - builds the kernel once at set-up (`scripts/setup.sh` and the Dockerfile call
-  `python -m kvlab.backends`), where a compiler is present;
+  `python -m kvlab.caches.backends`), where a compiler is present;
 - at run time loads the built library directly when it matches the installed
   torch, so neither the compiler nor ninja runs inside a user's run;
 - where it is not built and cannot be (no compiler, a read-only install), uses
@@ -117,7 +117,7 @@ def _attach_kernel(ext, build: bool) -> str | None:
     elif compiler() is None:
         reason = f"its C++ kernel is not built and no C++ compiler is available (CXX={os.environ.get('CXX') or 'c++'})"
     elif not build:
-        reason = "its C++ kernel is not built (kvlab's set-up builds it: `python -m kvlab.backends`)"
+        reason = "its C++ kernel is not built (kvlab's set-up builds it: `python -m kvlab.caches.backends`)"
     else:
         try:
             ext.lib  # noqa: B018 - the property compiles and loads the kernel
@@ -129,9 +129,9 @@ def _attach_kernel(ext, build: bool) -> str | None:
 
 
 def main() -> int:
-    """`python -m kvlab.backends`: build what the backends need, once (set-up time); prints what was done."""
+    """`python -m kvlab.caches.backends`: build what the backends need, once (set-up time); prints what was done."""
     note = prepare_quanto(build=True)
-    print(f"kvlab.backends: {note}" if note else "kvlab.backends: quanto C++ kernel ready")
+    print(f"kvlab.caches.backends: {note}" if note else "kvlab.caches.backends: quanto C++ kernel ready")
     return 0
 
 

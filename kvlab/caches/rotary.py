@@ -4,14 +4,14 @@
 RoPE rotations compose); `inv_freq_from_config` gives a config's inverse
 frequencies with transformers' own initialisation; `unsupported_reason` says
 why a model's attention layout cannot be re-rotated this way (used by kvlab's
-sink cache, `kvlab.sink_cache`). This module computes; it holds no cache.
+sink cache, `kvlab.caches.sink`). This module computes; it holds no cache.
 """
 
 from __future__ import annotations
 
 import torch
 
-from .models.loading import head_dim
+from ..models.loading import head_dim
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 """Model families whose attention applies rotate-half RoPE to the whole head after `k_proj`."""

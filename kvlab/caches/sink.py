@@ -25,9 +25,9 @@ What it does not do:
 
 - Serve models whose layers are not all full attention (sliding, chunked,
   linear, shared), RoPE types whose frequencies change with length (`dynamic`,
-  `longrope`), partial rotary, or model families outside `kvlab.rotary.SUPPORTED_MODEL_TYPES`
+  `longrope`), partial rotary, or model families outside `kvlab.caches.rotary.SUPPORTED_MODEL_TYPES`
   (re-rotation assumes the rotate-half layout over the whole head). These raise
-  `ValueError` with the reason; `kvlab.rotary.unsupported_reason(config)` says it up front.
+  `ValueError` with the reason; `kvlab.caches.rotary.unsupported_reason(config)` says it up front.
 - Padded batches: rows must share positions (left padding raises `ValueError`
   when positions are visible to the cache, and is otherwise not supported).
 - Rollback (`crop`): evicted tokens are gone.
@@ -42,7 +42,7 @@ from __future__ import annotations
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
-from .models.loading import head_dim
+from ..models.loading import head_dim
 from .rotary import SUPPORTED_ROPE_TYPES, KeyRerotator, inv_freq_from_config, unsupported_reason
 
 DEFAULT_NUM_SINK_TOKENS = 4

@@ -1,0 +1,7 @@
+"""kvlab's own cache classes and what the quantization backends need.
+
+`sink` (StreamingLLM's attention-sink cache, which transformers 5 removed), `rotary` (moving cached keys
+between positions), `compiled` (the static cache's compiled decode step), `backends` (one-time preparation of
+quanto's kernel; `python -m kvlab.caches.backends`) and `deferred_hqq` (keeps `hqq` out of start-up). The
+strategies in `kvlab.strategies` build these; nothing here knows about a run or a page.
+"""
