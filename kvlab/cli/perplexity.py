@@ -1,7 +1,7 @@
 """`python -m kvlab perplexity`: stream a long text through several caches (by default dynamic, window
 attention and attention sinks) and report the per-token NLL, perplexity per segment and cache bytes, as in
 StreamingLLM's central figure (Xiao et al. 2023, arXiv:2309.17453). Strategies are named and configured
-exactly as in `compare --strategies`; the work is `kvlab.perplexity`'s."""
+exactly as in `compare --strategies`; the work is `kvlab.quality.perplexity`'s."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import math
 import sys
 from pathlib import Path
 
-from ..perplexity import (
+from ..quality.perplexity import (
     DEFAULT_MAX_TOKENS,
     DEFAULT_SINKS,
     DEFAULT_STRATEGIES,

@@ -6,7 +6,7 @@ log-perplexity of each grows on the plot as it is measured, with cache bytes
 beside it. This module lays out the components and wires their events; the
 form, the view model, the plots' data and the table are `kvlab.ui.perplexity_view`'s (drawn by gradio's
 native `gr.LinePlot` in the browser, with a PNG export button),
-the measuring is `kvlab.perplexity`'s. Per-session state (the stop event) lives
+the measuring is `kvlab.quality.perplexity`'s. Per-session state (the stop event) lives
 in `gr.State`.
 """
 
@@ -19,7 +19,7 @@ import time
 import gradio as gr
 
 from kvlab.models.loading import ModelLoadError, ModelSpec
-from kvlab.perplexity import DEFAULT_SINKS, DEFAULT_WINDOW, stream_many
+from kvlab.quality.perplexity import DEFAULT_SINKS, DEFAULT_WINDOW, stream_many
 from kvlab.strategies import StrategyError
 
 from . import zerogpu

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from kvlab.perplexity import moving_log_ppl
+from kvlab.quality.perplexity import moving_log_ppl
 
 from .theme import COLORS, PERPLEXITY_COLORS
 

@@ -13,7 +13,7 @@ import torch
 from transformers import DynamicCache
 
 from kvlab.accounting import bytes_per_token, cache_bytes
-from kvlab.perplexity import ppl_by_segment, stream_nll
+from kvlab.quality.perplexity import ppl_by_segment, stream_nll
 from kvlab.caches.sink import SinkCache
 from kvlab.strategies import make_strategy
 

@@ -126,7 +126,7 @@ def test_the_summary_and_csv_split_the_cache_by_layer_type(hybrid):
 
 def test_perplexity_with_the_models_own_window_equals_keeping_everything(hybrid):
     """The sliding layers never attend past their window, so dropping what lies beyond it changes nothing."""
-    from kvlab.perplexity import perplexity_strategies, stream_many
+    from kvlab.quality.perplexity import perplexity_strategies, stream_many
 
     ids = torch.randint(5, 1000, (1, 3 * WINDOW), generator=torch.Generator().manual_seed(5))
     chosen = perplexity_strategies(hybrid, "dynamic:layer_types=full,sliding_window")

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from kvlab.perplexity import moving_log_ppl, perplexity_strategies, stream_many, stream_nll
+from kvlab.quality.perplexity import moving_log_ppl, perplexity_strategies, stream_many, stream_nll
 from kvlab.strategies import StrategyError
 
 

@@ -20,7 +20,7 @@ from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply
 
 from kvlab.accounting import cache_bytes
 from kvlab.models.loading import LoadedModel, ModelSpec
-from kvlab.perplexity import ppl_by_segment, stream_nll
+from kvlab.quality.perplexity import ppl_by_segment, stream_nll
 from kvlab.caches.rotary import KeyRerotator, inv_freq_from_config, unsupported_reason
 from kvlab.caches.sink import SinkCache, SinkLayer, prefill_in_chunks
 from kvlab.strategies import make_strategy

@@ -19,10 +19,10 @@ from collections.abc import Callable, Iterator
 
 import torch
 
-from .compute import compute_iter
-from .engine import NllStep, NllStream
-from .strategies import Strategy, StrategyError, make_strategy
-from .strategies.base import parse_strategy_list
+from ..compute import compute_iter
+from ..engine import NllStep, NllStream
+from ..strategies import Strategy, StrategyError, make_strategy
+from ..strategies.base import parse_strategy_list
 
 DEFAULT_STRATEGIES = "dynamic,sink:num_sink_tokens=0,sink"
 """The paper's three curves: dense, window attention, attention sinks."""
