@@ -9,7 +9,7 @@ thread *before* importing gradio (which takes seconds), so the two overlap
 (`KVLAB_EARLY_LOAD=0` turns that off). The queue holds at most
 `KVLAB_QUEUE_MAX_SIZE` waiting events (default 16; 0 = no limit). On a Hugging
 Face Space a "Duplicate Space" button shows in the header; on ZeroGPU the
-GPU-bound handlers are wrapped by `kvlab.ui.zerogpu`.
+GPU-bound handlers are wrapped by `kvlab.ui.shared.zerogpu`.
 """
 
 import logging
@@ -101,7 +101,7 @@ if __name__ == "__main__":
 try:
     if __name__ == "__main__" and os.environ.get("KVLAB_EARLY_LOAD", "1") != "0":
         from kvlab.models.loading import ModelPool, ModelSpec
-        from kvlab.ui.loader import BackgroundLoader
+        from kvlab.ui.shared.loader import BackgroundLoader
 
         log_to_stderr()
         EARLY_LOADER = BackgroundLoader(ModelPool())
@@ -116,8 +116,8 @@ try:
     from kvlab.ui.needle_tab import build_needle_tab
     from kvlab.ui.perplexity_tab import build_perplexity_tab
     from kvlab.ui.plan_tab import build_plan_tab
-    from kvlab.ui.serving import calm_queue_polling
-    from kvlab.ui.theme import CSS
+    from kvlab.ui.shared.serving import calm_queue_polling
+    from kvlab.ui.shared.theme import CSS
 except ImportError as missing:
     sys.exit(f"kvlab: the package {missing.name or missing} is not installed here: {SETUP_HINT}")
 
@@ -136,7 +136,7 @@ def on_space() -> bool:
 def create_app(pool: ModelPool | None = None, preload: bool = True, loader=None) -> gr.Blocks:
     """The whole app. `pool` holds the model weights every tab and session shares; `preload` starts
     loading the bundled model in the background right away, then warms the planner; `loader` is a
-    `kvlab.ui.loader.BackgroundLoader` on `pool` whose load already started (see EARLY_LOADER).
+    `kvlab.ui.shared.loader.BackgroundLoader` on `pool` whose load already started (see EARLY_LOADER).
 
     Raises:
         ValueError: KVLAB_QUEUE_MAX_SIZE is not a whole number >= 0.
@@ -167,7 +167,7 @@ def create_app(pool: ModelPool | None = None, preload: bool = True, loader=None)
         demo.unload(inspect.unload)
     # Light events (presets, strategy pickers, Stop) run at once; model-bound ones set their own limit.
     demo.queue(default_concurrency_limit=None, max_size=max_size)
-    calm_queue_polling(demo)  # gradio polls its queue every 1 ms: that slowed every timed step (kvlab.ui.serving)
+    calm_queue_polling(demo)  # gradio polls its queue every 1 ms: that slowed every timed step (kvlab.ui.shared.serving)
     return demo
 
 

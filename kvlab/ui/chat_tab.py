@@ -3,7 +3,7 @@
 `ChatTab(pool).build()` lays the tab out inside the caller's `gr.Tab` and wires
 its events; nothing else. Each handler is a method that returns (or yields)
 `{component: update}` dicts, so a test can call it with a `ChatForm`. The
-strategy card is Compare's (`kvlab.ui.cards`), listing the strategies whose
+strategy card is Compare's (`kvlab.ui.shared.cards`), listing the strategies whose
 `usable_in_chat` is true. Each browser session keeps its own `ChatTabState`
 (conversation, cache, stop flag) in a `gr.State`; shared are the model pool and
 `ChatSessions`, which caps the caches kept at once, releases idle ones and
@@ -25,7 +25,7 @@ from kvlab.generation import MAX_NEW_TOKENS_CAP
 from kvlab.models.loading import ModelLoadError, ModelPool, ModelSpec
 from kvlab.strategies import StrategyError, make_strategy
 
-from .cards import build_card
+from .shared.cards import build_card
 from .chat_sessions import ChatSessions, ChatTabState
 from .chat_view import (
     DEFAULT_MAX_NEW_TOKENS,
@@ -44,11 +44,11 @@ from .chat_view import (
     turn_markdown,
     turns_frame,
 )
-from . import zerogpu
-from .compare_plots import line_plot, roster_colors, roster_update
-from .knobs import card_form, knob_index, max_knobs, strategy_choices
-from .model_picker import model_dropdown
-from .plot_frames import (
+from .shared import zerogpu
+from .shared.live_plots import line_plot, roster_colors, roster_update
+from .shared.knobs import card_form, knob_index, max_knobs, strategy_choices
+from .shared.model_picker import model_dropdown
+from .shared.plot_frames import (
     TURN_COLORS,
     TURN_TOKENS,
     TURN_TOKENS_SERIES,

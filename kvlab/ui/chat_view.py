@@ -3,7 +3,7 @@
 - `ChatForm` holds the tab's inputs (model, strategy card with its cache budget
   and fallback chain, system prompt, budget, measure/verify); `strategy()` and
   `cache_budget()` build them from the card exactly as Compare does
-  (`kvlab.ui.knobs`), from the strategies whose `usable_in_chat` is true.
+  (`kvlab.ui.shared.knobs`), from the strategies whose `usable_in_chat` is true.
 - `ready_session` creates or updates a browser session's `ChatSession` to match the form.
 - `start_view` / `apply_event` fold a turn's events into a `TurnView`
   (messages, status line, final stats or failure); `turn_markdown`,
@@ -29,7 +29,7 @@ from kvlab.strategies import Strategy
 from kvlab.strategies.base import names_with
 
 from .chat_sessions import ChatTabState
-from .knobs import column_budget, strategy_from_card
+from .shared.knobs import column_budget, strategy_from_card
 
 CHAT_CAPABILITY = "usable_in_chat"
 PREFIX_CAPABILITY = "usable_in_prefix"

@@ -4,7 +4,7 @@
   strategies, the columns' text and status, the native plots, the summary, the code, and the status line
   `replayed: measured on <machine> at <time>`; a file that cannot be replayed says why there.
 - `open_shared`: the result a share link names (`?run=<id>`), shown as `replay` shows it.
-- `run_gpu_s`: the GPU seconds a Run asks ZeroGPU for (`kvlab.ui.zerogpu.estimate_s`, columns × tokens).
+- `run_gpu_s`: the GPU seconds a Run asks ZeroGPU for (`kvlab.ui.shared.zerogpu.estimate_s`, columns × tokens).
 - `CompareApi`: the headless `compare` API (a preset run, returning its JSON record) and its GPU seconds.
 
 Each takes what it needs (a `CompareUpdater`, the loader, the preset files); none reads the tab itself.
@@ -18,12 +18,12 @@ from kvlab.compare.replay import RecordError, load_record
 from kvlab.models.loading import ModelLoadError
 from kvlab.presets import PresetError, load_preset
 
-from . import zerogpu
+from .shared import zerogpu
 from .compare_replay import replay_code, view_from_record
 from .compare_updates import CompareUpdater
-from .knobs import NO_STRATEGY
+from .shared.knobs import NO_STRATEGY
 from .records import SHARE_PARAM, run_preset, shared_exports
-from .theme import line_html
+from .shared.theme import line_html
 
 
 def run_gpu_s(strategies: list[str | None], max_new_tokens) -> int:
@@ -70,7 +70,7 @@ def open_shared(updater: CompareUpdater, session: dict, request: gr.Request | No
 
 
 class CompareApi:
-    """The headless `compare` API: `loader` (a `kvlab.ui.loader.BackgroundLoader`) and `presets` (name -> file,
+    """The headless `compare` API: `loader` (a `kvlab.ui.shared.loader.BackgroundLoader`) and `presets` (name -> file,
     `kvlab.presets.list_presets`)."""
 
     def __init__(self, loader, presets: dict):

@@ -8,8 +8,8 @@
   preset column's own `generation:` overrides with the column they belong to;
   `plan_run` gives them to the slots that still hold that column (the preset
   file is not read again at Run time).
-- `start_preset`, `slot_specs`, `model_line`, `chat_box` and the help texts: what
-  the form starts with and shows (the 'chat message' box follows the model).
+- `start_preset`, `slot_specs`, `model_line` and the help texts: what the form
+  starts with and shows.
 
 No gradio. The events a run yields go to `kvlab.ui.compare_view`'s view model.
 """
@@ -19,16 +19,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from kvlab.budget import require_cache
-from kvlab.models.bundled import bundled_model
 from kvlab.compare.columns import MAX_COLUMNS, MODES, Column
 from kvlab.generation import GenerationSettings
 from kvlab.measure import DEFAULT_POLICY
-from kvlab.models.loading import ModelLoadError, ModelSpec
+from kvlab.models.loading import ModelSpec
 from kvlab.presets import Preset, PromptSpec, load_preset
 from kvlab.strategies import Strategy, StrategyError
 
-from .knobs import NO_STRATEGY, column_budget, plan_columns
-from .theme import line_html
+from .shared.knobs import NO_STRATEGY, column_budget, plan_columns
+from .shared.theme import line_html
 
 DEFAULT_PRESET = "quickstart"
 INTRO = ("Run one prompt under several KV-cache strategies at once. Each column streams its own text; the plots "
@@ -208,28 +207,6 @@ def slot_specs(columns: list[dict]) -> list[tuple[str, dict]]:
     return specs
 
 
-CHAT_INFO = "use the chat template"
-BASE_INFO = "base model: no chat template, the prompt is plain text"
-
-
-def chat_box(source: str, loaded, reset: bool) -> dict:
-    """What the 'chat message' checkbox becomes for a model: on for a chat model when `reset` (the model was
-    just picked), off and locked for a base model (no chat template), as is for a source not known yet.
-
-    `loaded` (a LoadedModel or None) decides when given, else the bundled list; returns `gr.update` fields."""
-    model = None
-    try:
-        model = bundled_model(source)
-    except ModelLoadError:
-        pass
-    chat = loaded.has_chat_template if loaded is not None else (model.chat if model is not None else None)
-    if chat is None:
-        return {}
-    if not chat:
-        return {"value": False, "interactive": False, "info": BASE_INFO}
-    return {"interactive": True, "info": CHAT_INFO, **({"value": True} if reset else {})}
-
-
 def layer_text(info: dict) -> str:
     """`30 layers` or, on a hybrid model, `18 layers (sliding_attention window 512, full_attention)`."""
     types = info["layer_types"]
@@ -240,7 +217,7 @@ def layer_text(info: dict) -> str:
 
 
 def model_line(status, spec: ModelSpec) -> str:
-    """The model status line for a `kvlab.ui.loader.LoadStatus` (with the licence of a bundled model)."""
+    """The model status line for a `kvlab.ui.shared.loader.LoadStatus` (with the licence of a bundled model)."""
     if status.state == "ready":
         info = status.loaded.info()
         kind = "" if info["chat_template"] else ", base model (plain-text prompts)"

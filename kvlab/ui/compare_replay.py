@@ -15,7 +15,7 @@ from kvlab.compare.replay import Replayed
 from kvlab.generation import GenerationSettings
 from kvlab.strategies import StrategyError, make_strategy
 
-from .code import code_snippet
+from .shared.code import code_snippet
 from .compare_view import ColumnView, RunView
 
 STATUS = {"unavailable": "unavailable", "error": "error"}

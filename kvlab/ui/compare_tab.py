@@ -4,7 +4,7 @@ This module lays out the components and wires their events; nothing else.
 `CompareTab` owns its parts rather than inheriting them: `kvlab.ui.compare_form` (the form -> a run plan,
 and the preset overrides the form carries in a `gr.State`), `kvlab.ui.compare_view` (runner events -> a view
 model), a `kvlab.ui.compare_updates.CompareUpdater` (the view model -> component updates, built with the
-components it updates), `kvlab.ui.knobs` (the strategy cards' fields), `kvlab.ui.compare_plots` (native
+components it updates), `kvlab.ui.shared.knobs` (the strategy cards' fields), `kvlab.ui.shared.live_plots` (native
 plots; the matplotlib PNG only on request) and `kvlab.ui.compare_extras` (replay, share links, the `compare`
 API, ZeroGPU sizing); running is `kvlab.compare.runner`'s job. Per-session state lives
 in `gr.State`; the one shared object is the `ModelPool` of loaded weights
@@ -28,8 +28,8 @@ from kvlab.measure import POLICIES
 from kvlab.models.loading import DEVICES, DTYPES, ModelLoadError, ModelSpec
 from kvlab.presets import Preset, PresetError, list_presets, load_preset
 
-from . import zerogpu
-from .cards import StrategyCard, build_card
+from .shared import zerogpu
+from .shared.cards import StrategyCard, build_card
 from .compare_extras import CompareApi, open_shared, replay, run_gpu_s
 from .compare_form import (
     INTRO,
@@ -37,20 +37,20 @@ from .compare_form import (
     RunRejected,
     RunRequest,
     carried_overrides,
-    chat_box,
     model_line,
     plan_run,
     slot_specs,
     start_preset,
 )
-from .compare_plots import LivePlots
+from .shared.live_plots import LivePlots
 from .compare_updates import CompareUpdater
 from .compare_view import SUMMARY_DATATYPES, SUMMARY_HELP, SUMMARY_WIDTHS, RunView
-from .diverge_view import divergence_links
-from .knobs import card_form, max_knobs, strategy_choices
-from .loader import CONCURRENCY, MODEL_CONCURRENCY_ID, BackgroundLoader, device_present
-from .model_picker import model_bar
-from .theme import line_html
+from .shared.inspect_links import divergence_links
+from .shared.knobs import card_form, max_knobs, strategy_choices
+from .shared.model_picker import chat_box
+from .shared.loader import CONCURRENCY, MODEL_CONCURRENCY_ID, BackgroundLoader, device_present
+from .shared.model_picker import model_bar
+from .shared.theme import line_html
 from .timing_text import POLICY_INFO
 
 logger = logging.getLogger(__name__)

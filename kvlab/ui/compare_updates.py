@@ -24,13 +24,13 @@ import gradio as gr
 from kvlab.compare.events import RunPhase
 from kvlab.strategies import StrategyError
 
-from .cards import StrategyCard
+from .shared.cards import StrategyCard
 from .compare_form import RunPlan
-from .compare_plots import LivePlots
+from .shared.live_plots import LivePlots
 from .compare_view import RunView
-from .knobs import NO_STRATEGY, card_form, strategy_choices
+from .shared.knobs import NO_STRATEGY, card_form, strategy_choices
 from .records import code_text, record_for, share_id, write_exports
-from .theme import line_html, share_html, status_html
+from .shared.theme import line_html, share_html, status_html
 
 TEXT_EVERY_S = 0.5
 """Least time between two streamed updates of the column texts and statuses (each update is work for the
@@ -46,7 +46,7 @@ never take more than about a fifth of the CPU time the model could use on a slow
 class CompareUpdater:
     """What the page shows at the start, during and at the end of a run (see the module docstring).
 
-    knob_count: how many knob fields each card has (`kvlab.ui.knobs.max_knobs`).
+    knob_count: how many knob fields each card has (`kvlab.ui.shared.knobs.max_knobs`).
     """
 
     cards: list[StrategyCard]

@@ -33,7 +33,7 @@ from kvlab.compare.events import (
 )
 from kvlab.compare.summary import LABELS, best_marks, best_sets, by_layer_type_text, candidates, summary_rows
 
-from .figures import MIB
+from .shared.figures import MIB
 from .timing_text import TIMING_HELP, phase_text, policy_readout, timing_line
 
 BEST_MARK = " ★"
@@ -77,7 +77,7 @@ HEADERS = {**LABELS, "peak_cache_bytes": "peak cache (MiB)", "vs_baseline_bytes"
 SUMMARY_WIDTHS = ["10%", "9%", "5%", "5%", "5%", "5%", "5%", "6%", "6.5%", "7.5%", "6.5%", "6.5%", "6.5%", "6.5%",
                   "10%"]
 """Summary table column widths, in the order of DISPLAY_COLUMNS: at 1400 px each column holds its longest header
-word and value ("unavailable", "divergence", "0.0000 ★") whole, with the table's type set in `kvlab.ui.theme.CSS`."""
+word and value ("unavailable", "divergence", "0.0000 ★") whole, with the table's type set in `kvlab.ui.shared.theme.CSS`."""
 SUMMARY_DATATYPES = ["markdown" if key == "first_divergence" else "str" for key, _ in DISPLAY_COLUMNS]
 """The summary's cell types: the first divergence is a link into Inspect (`RunView.divergence_links`)."""
 
@@ -198,7 +198,7 @@ class RunView:
         self.scored = 0
         """Columns whose fidelity has been scored so far (`FidelityScored` events)."""
         self.plot_series: dict[str, list[str]] = {}
-        """Per native plot, the series the page was last sent (`kvlab.ui.compare_plots.LivePlots.updates`)."""
+        """Per native plot, the series the page was last sent (`kvlab.ui.shared.live_plots.LivePlots.updates`)."""
         self.divergence_links: dict[int, str] = {}
         """Run column index -> the link opening Inspect at its first divergence (`kvlab.ui.diverge_view`)."""
 

@@ -24,9 +24,10 @@ from kvlab.models.loading import ModelLoadError
 from kvlab.strategies import STRATEGIES, StrategyError, make_strategy
 from kvlab.strategies.base import parse_strategy_item
 
-from . import zerogpu
-from .cards import build_card
-from .diverge_view import COMPARE_CHOICES, DEFAULT_COMPARE, diverge_figure, diverge_markdown, parse_inspect_query
+from .shared import zerogpu
+from .shared.cards import build_card
+from .diverge_view import COMPARE_CHOICES, diverge_figure, diverge_markdown
+from .shared.inspect_links import DEFAULT_COMPARE, parse_inspect_query
 from .inspect_view import (
     DEFAULT_PROMPT,
     DEFAULT_STEPS,
@@ -48,11 +49,11 @@ from .inspect_view import (
     strip_html,
     top_table,
 )
-from .knobs import card_form, knob_defaults, knob_text, max_knobs, strategy_choices
-from .compare_form import chat_box
-from .model_picker import model_dropdown
-from .loader import CONCURRENCY, MODEL_CONCURRENCY_ID
-from .theme import line_html
+from .shared.knobs import card_form, knob_defaults, knob_text, max_knobs, strategy_choices
+from .shared.model_picker import chat_box
+from .shared.model_picker import model_dropdown
+from .shared.loader import CONCURRENCY, MODEL_CONCURRENCY_ID
+from .shared.theme import line_html
 
 STREAM_EVERY_S = 0.5
 """Least time between two page updates while several steps run."""

@@ -6,7 +6,7 @@ page shows.
 - `InspectTabState` is one browser session's `kvlab.inspect.inspector.InspectSession` and the plan it runs, kept in a
   `gr.State` that the tab releases when the session ends or after INSPECT_STATE_TTL_S.
 - For a `kvlab.inspect.inspector.StepRecord`: `step_markdown` (what the step fed and chose, its positions and mask),
-  `loop_code` (the hand-written loop with this step's values, `kvlab.ui.code.loop_snippet`), `layer_table`
+  `loop_code` (the hand-written loop with this step's values, `kvlab.ui.shared.code.loop_snippet`), `layer_table`
   (the per-layer table), `strip_html` (the token strip: which positions each layer still holds) and
   `top_table` (the next-token top-5, beside a dynamic cache's for a lossy strategy).
 
@@ -24,8 +24,8 @@ from kvlab.inspect.inspector import MAX_INSPECT_STEPS, STRIP_STATES, InspectSess
 from kvlab.models.loading import ModelSpec
 from kvlab.strategies import Strategy, StrategyError
 
-from .code import loop_snippet
-from .knobs import knob_defaults, strategy_from_card
+from .shared.code import loop_snippet
+from .shared.knobs import knob_defaults, strategy_from_card
 
 INSPECT_STATE_TTL_S = 900
 """An idle session's Inspect run (its cache) is released after this many seconds."""
@@ -168,7 +168,7 @@ def step_markdown(record: StepRecord | None, session: InspectSession | None) -> 
 
 
 def loop_values(record: StepRecord) -> dict[str, str]:
-    """The `kvlab.ui.code.LOOP_VALUES` of a step, for `loop_snippet`."""
+    """The `kvlab.ui.shared.code.LOOP_VALUES` of a step, for `loop_snippet`."""
     last = record.last
     chunks = f" (chunk {len(record.forwards)} of {len(record.forwards)})" if len(record.forwards) > 1 else ""
     return {

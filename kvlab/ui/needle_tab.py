@@ -29,11 +29,11 @@ from kvlab.needle.runner import NeedleCell, NeedleDone, max_positions, run_needl
 from kvlab.presets import PresetError
 from kvlab.strategies.base import parse_strategy_item
 
-from .compare_plots import plot_update, roster_colors
-from .loader import CONCURRENCY, MODEL_CONCURRENCY_ID
-from .model_picker import model_dropdown
+from .shared.live_plots import plot_update, roster_colors
+from .shared.loader import CONCURRENCY, MODEL_CONCURRENCY_ID
+from .shared.model_picker import model_dropdown
 from .needle_view import NO_PRESET, OUTCOME_COLORS, NeedleView, preset_fields
-from .theme import COLORS
+from .shared.theme import COLORS
 
 DEFAULT_COLUMNS = "dynamic, sink:window_length=128, quantized:backend=quanto:nbits=4"
 DEFAULT_LENGTHS = "256, 512, 1k"

@@ -22,11 +22,11 @@ from kvlab.models.loading import ModelLoadError, ModelSpec
 from kvlab.quality.perplexity import DEFAULT_SINKS, DEFAULT_WINDOW, stream_many
 from kvlab.strategies import StrategyError
 
-from . import zerogpu
-from .compare_plots import line_plot, roster_update
-from .loader import CONCURRENCY, MODEL_CONCURRENCY_ID
-from .model_picker import model_dropdown
-from .plot_frames import PPL, PPL_BYTES
+from .shared import zerogpu
+from .shared.live_plots import line_plot, roster_update
+from .shared.loader import CONCURRENCY, MODEL_CONCURRENCY_ID
+from .shared.model_picker import model_dropdown
+from .shared.plot_frames import PPL, PPL_BYTES
 from .perplexity_view import (
     default_choices,
     BUILT_IN,

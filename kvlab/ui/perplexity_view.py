@@ -12,7 +12,7 @@
   leaves out, with the reason, every cache that cannot run on the model (e.g.
   `sliding_window` on a full-attention model); nothing crashes.
 - `PerplexityView.apply(step)` folds one `kvlab.engine.NllStep` in; the view
-  gives the status line, the native plots' data (`kvlab.ui.plot_frames`) and the per-segment table.
+  gives the status line, the native plots' data (`kvlab.ui.shared.plot_frames`) and the per-segment table.
 
 No gradio; tests feed it fake steps.
 """
@@ -33,7 +33,7 @@ from kvlab.quality.perplexity import DEFAULT_SINKS, DEFAULT_WINDOW, default_text
 from kvlab.strategies import Strategy, StrategyError
 from kvlab.strategies.base import names_with
 
-from .plot_frames import perplexity_colors, perplexity_frames
+from .shared.plot_frames import perplexity_colors, perplexity_frames
 
 MAX_TOKENS_CAP = int(os.environ.get("KVLAB_MAX_PERPLEXITY_TOKENS", "8192"))
 DEFAULT_TOKENS = 1024
@@ -216,7 +216,7 @@ class PerplexityView:
 
     def frames(self) -> tuple[pd.DataFrame, pd.DataFrame]:
         """(running log-PPL in nats, cache MiB) against position, one series per cache
-        (`kvlab.ui.plot_frames.perplexity_frames`)."""
+        (`kvlab.ui.shared.plot_frames.perplexity_frames`)."""
         return perplexity_frames(self.nll, self.cache_bytes, self.window)
 
     def colors(self) -> dict[str, str]:

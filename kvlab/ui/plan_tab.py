@@ -2,7 +2,7 @@
 
 This module lays out the components and wires their events; nothing else. The
 form, the table, the plot and the texts are `kvlab.ui.plan_view`'s, the strategy
-cards are Compare's (`kvlab.ui.knobs`, `kvlab.ui.cards`), and planning is
+cards are Compare's (`kvlab.ui.shared.knobs`, `kvlab.ui.shared.cards`), and planning is
 `kvlab.plan.planner`'s, run on kvlab's compute thread (`kvlab.compute`) so that its
 CPU measurements (hqq) never compete with a Compare run's torch threads. When
 the app preloads the bundled model, one warm-up plan (`kvlab.plan.planner.warm_up`)
@@ -25,8 +25,8 @@ from kvlab.models.bundled import bundled_model
 from kvlab.models.loading import ModelLoadError, ModelSpec
 from kvlab.plan.planner import DTYPES, warm_up
 
-from .cards import StrategyCard, build_card
-from .knobs import card_form, max_knobs, strategy_choices
+from .shared.cards import StrategyCard, build_card
+from .shared.knobs import card_form, max_knobs, strategy_choices
 from .plan_view import (
     BUDGET_HELP,
     CONTEXT_HELP,
@@ -45,7 +45,7 @@ from .plan_view import (
     run_plan,
     slot_forms,
 )
-from .theme import line_html
+from .shared.theme import line_html
 
 logger = logging.getLogger(__name__)
 

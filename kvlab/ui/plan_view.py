@@ -3,7 +3,7 @@
 - `PlanForm` is what the page sends; `plan_request(form)` reads the context
   lengths (`1024`, `32k`; k = 1024 tokens), batch, dtype, the GPU budget (a
   card from `BUDGET_CARDS` or a number of GiB) and the strategy cards (the
-  same cards and knob fields as Compare, `kvlab.ui.knobs`), and returns the
+  same cards and knob fields as Compare, `kvlab.ui.shared.knobs`), and returns the
   request with the cards it could not read, or raises `PlanRejected` with a
   message for the status line.
 - `run_plan(form, runner)` resolves the model (a catalog hub id, `bundled`, a
@@ -33,8 +33,8 @@ from kvlab.plan.catalog import ConfigError, known_models, resolve_config
 from kvlab.plan.planner import GIB, Plan, PlanError, PlanRequest, plan
 from kvlab.plan.token_counts import parse_token_counts
 
-from .figures import plan_figure, tokens_label
-from .knobs import NO_STRATEGY, column_spec, plan_columns
+from .shared.figures import plan_figure, tokens_label
+from .shared.knobs import NO_STRATEGY, column_spec, plan_columns
 
 DEFAULT_MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 DEFAULT_CONTEXTS = "1k, 4k, 16k, 64k, 128k"

@@ -2,7 +2,7 @@
 
 - `record_for`: the JSON run record of a page run (as `python -m kvlab compare --json` writes it).
 - `write_exports`: that record and the summary CSV as files the page offers (the plots PNG is rendered only
-  when asked for: `kvlab.ui.compare_plots`); their folder's name is the result's share id (`share_id`), and
+  when asked for: `kvlab.ui.shared.live_plots`); their folder's name is the result's share id (`share_id`), and
   `shared_exports` finds a shared result's files again for the page a share link opens.
 - `code_text`: the reproduce-it transformers code for every column of a plan.
 - `run_preset`: a preset run headless (the `/compare` API), returning its record.
@@ -15,10 +15,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
-import shutil
-import tempfile
 import threading
-import time
 from pathlib import Path
 
 from kvlab.compare.events import RunDone
@@ -28,13 +25,11 @@ from kvlab.generation import GenerationSettings, encode_prompt
 from kvlab.models.loading import ModelSpec
 from kvlab.presets import load_preset, parse_preset
 
-from .code import code_snippet
+from .shared.code import code_snippet
+from .shared.exports import EXPORTS_DIR, fresh_export_folder
 from .compare_form import RunPlan
 from .compare_view import RunView
 
-EXPORTS_DIR = Path(tempfile.gettempdir()) / "kvlab-exports"
-EXPORTS_KEEP_S = 24 * 3600
-"""Exported files of a run (and so its share link) stay this long on the server (seconds)."""
 SHARE_PARAM = "run"
 """The URL query parameter of a share link: `?run=<share id>`."""
 _SHARE_ID = re.compile(r"run-[A-Za-z0-9_]{1,64}")
@@ -68,12 +63,7 @@ def write_exports(record: dict, rows: list[dict]) -> list[str]:
 
     Folders older than EXPORTS_KEEP_S are removed first (gradio serves its own copies of the files).
     """
-    EXPORTS_DIR.mkdir(parents=True, exist_ok=True)
-    cutoff = time.time() - EXPORTS_KEEP_S
-    for old in EXPORTS_DIR.iterdir():
-        if old.is_dir() and old.stat().st_mtime < cutoff:
-            shutil.rmtree(old, ignore_errors=True)
-    folder = Path(tempfile.mkdtemp(prefix="run-", dir=EXPORTS_DIR))
+    folder = fresh_export_folder("run-")
     (folder / EXPORT_NAMES[0]).write_text(json.dumps(record, indent=1))
     (folder / EXPORT_NAMES[1]).write_text(rows_to_csv(rows))
     return [str(folder / name) for name in EXPORT_NAMES]
@@ -114,7 +104,7 @@ def run_preset(loader, path, name: str, prompt: str | None = None, max_new_token
     """Run a preset headless and return its JSON run record (what `python -m kvlab compare --json` writes).
 
     Args:
-        loader: the tab's `kvlab.ui.loader.BackgroundLoader`; path: the preset file; name: its name.
+        loader: the tab's `kvlab.ui.shared.loader.BackgroundLoader`; path: the preset file; name: its name.
         prompt: replaces the preset's prompt text when given.
         max_new_tokens: replaces the preset's max_new_tokens when given.
 

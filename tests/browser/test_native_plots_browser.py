@@ -57,7 +57,7 @@ def hover_until_tooltip(page, plot_id: str) -> str:
 
 def newest_record() -> Path:
     """The JSON record of the latest run's export (the app runs on this machine, writing under EXPORTS_DIR)."""
-    from kvlab.ui.records import EXPORTS_DIR
+    from kvlab.ui.shared.exports import EXPORTS_DIR
 
     return max(EXPORTS_DIR.glob("*/kvlab-run.json"), key=lambda path: path.stat().st_mtime)
 

@@ -11,7 +11,7 @@ import time
 
 from test_perplexity_browser import set_slider
 
-from kvlab.ui.plot_frames import perplexity_colors
+from kvlab.ui.shared.plot_frames import perplexity_colors
 
 RUN_TIMEOUT_S = 600
 DRAWN_JS = """(plot) => ({

@@ -7,11 +7,11 @@ import pytest
 
 from kvlab.models import readiness
 from kvlab.models.loading import ModelLoadError, ModelPool, ModelSpec, prepare_bundled_model
-from kvlab.ui.loader import BackgroundLoader
+from kvlab.ui.shared.loader import BackgroundLoader
 
 
 def test_loader_logs_ready_and_failure(tmp_path, caplog, monkeypatch):
-    caplog.set_level(logging.INFO, logger="kvlab.ui.loader")
+    caplog.set_level(logging.INFO, logger="kvlab.ui.shared.loader")
     ready_file = tmp_path / "ready.jsonl"
     monkeypatch.setenv(readiness.READY_FILE_ENV, str(ready_file))
     loader = BackgroundLoader(ModelPool())

@@ -6,8 +6,8 @@ from kvlab.compare.events import ColumnStarted, FallbackSwitched, StepMetrics, T
 from kvlab.presets import parse_preset
 from kvlab.ui.compare_form import RunRequest, plan_run, slot_specs
 from kvlab.ui.compare_view import RunView
-from kvlab.ui.figures import render_figure
-from kvlab.ui.knobs import card_form, column_budget, max_knobs
+from kvlab.ui.shared.figures import render_figure
+from kvlab.ui.shared.knobs import card_form, column_budget, max_knobs
 
 SWITCH = {"at_token": 3, "from": "dynamic", "to": "quantized hqq int4 r32", "reason": "the dynamic cache would need "
           "3.04 MiB > budget 3.00 MiB", "bytes_before": 3_100_000, "bytes_after": 500_000, "to_spec": {}}

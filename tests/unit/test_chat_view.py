@@ -8,8 +8,8 @@ from kvlab.chat.prefix import PrefixReport, PromptResult
 from kvlab.strategies import StrategyError, make_strategy
 from kvlab.strategies.base import names_with
 from kvlab.ui import chat_view as chat_tab
-from kvlab.ui.plot_frames import turns_tokens_frame, turns_ttft_frame
-from kvlab.ui.knobs import card_form, max_knobs
+from kvlab.ui.shared.plot_frames import turns_tokens_frame, turns_ttft_frame
+from kvlab.ui.shared.knobs import card_form, max_knobs
 
 
 def stats(turn=2, **changes) -> TurnStats:

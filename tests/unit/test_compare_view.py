@@ -1,6 +1,6 @@
 """kvlab.ui.compare_view with fake runner events: column texts, statuses, readouts, phases, the summary
-table's best marks; the plots (kvlab.ui.figures), the reproduce-it snippets (kvlab.ui.code) and the
-column form helpers (kvlab.ui.knobs). No model, no gradio."""
+table's best marks; the plots (kvlab.ui.shared.figures), the reproduce-it snippets (kvlab.ui.shared.code) and the
+column form helpers (kvlab.ui.shared.knobs). No model, no gradio."""
 
 import dataclasses
 
@@ -21,10 +21,10 @@ from kvlab.compare.events import (
 from kvlab.compare.summary import SUMMARY_COLUMNS
 from kvlab.generation import GenerationSettings
 from kvlab.strategies import STRATEGIES, make_strategy
-from kvlab.ui.code import code_snippet
+from kvlab.ui.shared.code import code_snippet
 from kvlab.ui.compare_view import BEST_MARK, DISPLAY_COLUMNS, HEADERS, MISSING, RunView, format_value
-from kvlab.ui.figures import MIB, figure_png, render_figure
-from kvlab.ui.knobs import NO_STRATEGY, column_spec, knob_defaults, knob_text, max_knobs, parse_knob, plan_columns
+from kvlab.ui.shared.figures import MIB, figure_png, render_figure
+from kvlab.ui.shared.knobs import NO_STRATEGY, column_spec, knob_defaults, knob_text, max_knobs, parse_knob, plan_columns
 
 
 def result(index, name, strategy, status="ok", **fields):

@@ -161,7 +161,7 @@ def test_view_code_reproduces_the_column_with_generate(tiny, name):
     column's tokens."""
     from transformers import DynamicCache
 
-    from kvlab.ui.code import code_snippet
+    from kvlab.ui.shared.code import code_snippet
 
     strategy = make_strategy({"strategy": name, **SMALL_WINDOW.get(name, {})})
     settings = GenerationSettings(max_new_tokens=6, stop_at_eos=False, fidelity=False)

@@ -112,7 +112,7 @@ def test_a_budgeted_eviction_column_is_predicted_from_what_it_keeps(tiny):
 def test_view_code_runs_and_reproduces_budgeted_columns(request, spec, model):
     """The snippet's cache line and `with prune_at_prefill(...)` (with compress_every / compress_to where set)
     around plain `generate()` give the column's tokens and per-layer sizes."""
-    from kvlab.ui.code import code_snippet
+    from kvlab.ui.shared.code import code_snippet
 
     loaded = request.getfixturevalue(model)
     strategy = make_strategy(spec)
@@ -155,7 +155,7 @@ def test_a_needle_column_that_cannot_take_the_prompt_says_why_in_its_own_words(t
 
 
 def test_inspect_loop_code_annotates_the_true_positions_a_pruned_cache_is_fed():
-    from kvlab.ui.code import loop_snippet
+    from kvlab.ui.shared.code import loop_snippet
 
     strategy = make_strategy({"strategy": "knorm", "compress_every": 4})
     settings = GenerationSettings(max_new_tokens=4, stop_at_eos=False, fidelity=False)

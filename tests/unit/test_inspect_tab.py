@@ -9,7 +9,7 @@ from kvlab.engine import Decoder
 from kvlab.generation import GenerationSettings, encode_prompt
 from kvlab.inspect.inspector import MAX_INSPECT_STEPS, InspectSession
 from kvlab.strategies import make_strategy
-from kvlab.ui.code import LOOP_VALUES, loop_snippet
+from kvlab.ui.shared.code import LOOP_VALUES, loop_snippet
 from kvlab.ui.inspect_view import (
     InspectRejected,
     InspectRequest,

@@ -8,7 +8,7 @@ from matplotlib.figure import Figure
 
 from kvlab.plan.catalog import known_models
 from kvlab.plan.planner import GIB
-from kvlab.ui.knobs import NO_STRATEGY, knob_defaults
+from kvlab.ui.shared.knobs import NO_STRATEGY, knob_defaults
 from kvlab.ui.plan_view import (
     BUDGET_CARDS,
     PAST_LIMIT_MARK,

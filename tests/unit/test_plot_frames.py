@@ -1,4 +1,4 @@
-"""The native plots' data (kvlab.ui.plot_frames): long DataFrames with one series per column in its colour,
+"""The native plots' data (kvlab.ui.shared.plot_frames): long DataFrames with one series per column in its colour,
 the prediction as its own lighter series, the value with its unit for the tooltip, thinning of long series."""
 
 import gradio as gr
@@ -6,9 +6,9 @@ import pandas as pd
 import pytest
 
 from kvlab.compare.events import ColumnStarted, FallbackSwitched, MemorySample, StepMetrics, TokenEvent
-from kvlab.ui import plot_frames as frames
+from kvlab.ui.shared import plot_frames as frames
 from kvlab.ui.compare_view import RunView
-from kvlab.ui.theme import COLORS
+from kvlab.ui.shared.theme import COLORS
 
 MIB = frames.MIB
 
@@ -91,7 +91,7 @@ def test_empty_views_give_empty_frames_with_their_columns():
 
 
 def test_one_wrapping_legend_names_every_column_in_full_in_its_colour():
-    from kvlab.ui import compare_plots
+    from kvlab.ui.shared import live_plots as compare_plots
 
     titles = [f"quantized (quanto, nbits=4, q_group_size={32 * (i + 1)})" for i in range(8)]
     view = RunView(titles, slots=list(range(8)))
@@ -112,7 +112,7 @@ def test_one_wrapping_legend_names_every_column_in_full_in_its_colour():
     assert "1: a&lt;b&gt;" in compare_plots.legend_html([odd], {}) and "#888888" in compare_plots.legend_html([odd], {})
     plot = compare_plots.line_plot(frames.CACHE, "kv-test", elem_classes=[compare_plots.SHARED_LEGEND])
     assert compare_plots.SHARED_LEGEND in plot.elem_classes
-    from kvlab.ui.theme import CSS
+    from kvlab.ui.shared.theme import CSS
     assert f".{compare_plots.SHARED_LEGEND} .role-legend {{ display: none; }}" in CSS  # vega's own row is hidden
     assert plot.tooltip == ["series", "value"]  # a legend-shortened name reads in full on hover
 
@@ -120,7 +120,7 @@ def test_one_wrapping_legend_names_every_column_in_full_in_its_colour():
 def test_a_plot_update_never_sends_an_empty_frame_and_its_colours_name_only_the_series_sent():
     """gradio's LinePlot builds its spec from the value it held when a prop changed: an empty first frame
     gave nominal axes and a later series no colour for the rest of the run (seen in the browser)."""
-    from kvlab.ui import compare_plots
+    from kvlab.ui.shared import live_plots as compare_plots
 
     colors = {"1: dynamic": "#111111", "2: static": "#222222", "3: sink": "#333333"}
     empty = frames.cache_frame(RunView(["dynamic"]))
@@ -136,7 +136,7 @@ def test_a_plot_update_never_sends_an_empty_frame_and_its_colours_name_only_the_
 
 
 def test_live_plot_updates_rebuild_one_update_after_a_series_appears_and_settle_names_every_series():
-    from kvlab.ui import compare_plots
+    from kvlab.ui.shared import live_plots as compare_plots
 
     with gr.Blocks():
         plots = compare_plots.LivePlots().build()

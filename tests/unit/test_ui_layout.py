@@ -10,12 +10,12 @@ import pytest
 
 from kvlab.strategies import STRATEGIES
 from kvlab.strategies.base import names_with
-from kvlab.ui.knobs import NO_STRATEGY, UNAVAILABLE_MARK, card_form, knob_index, strategy_choices, strategy_from_card
+from kvlab.ui.shared.knobs import NO_STRATEGY, UNAVAILABLE_MARK, card_form, knob_index, strategy_choices, strategy_from_card
 
 ROOT = Path(__file__).resolve().parents[2]
-PURE = ["kvlab.ui", "kvlab.ui.loader", "kvlab.ui.knobs", "kvlab.ui.theme", "kvlab.ui.figures", "kvlab.ui.code",
+PURE = ["kvlab.ui", "kvlab.ui.shared.loader", "kvlab.ui.shared.knobs", "kvlab.ui.shared.theme", "kvlab.ui.shared.figures", "kvlab.ui.shared.code",
         "kvlab.ui.compare_view", "kvlab.ui.records", "kvlab.ui.chat_view", "kvlab.ui.perplexity_view",
-        "kvlab.ui.plan_view", "kvlab.ui.inspect_view", "kvlab.ui.plot_frames", "kvlab.ui.compare_replay"]
+        "kvlab.ui.plan_view", "kvlab.ui.inspect_view", "kvlab.ui.shared.plot_frames", "kvlab.ui.compare_replay"]
 
 
 def imports_gradio(path: Path) -> bool:

@@ -13,7 +13,7 @@ import pytest
 gr = pytest.importorskip("gradio")
 
 import app  # noqa: E402
-from kvlab.ui import zerogpu  # noqa: E402
+from kvlab.ui.shared import zerogpu  # noqa: E402
 
 pytestmark = pytest.mark.unit
 GPU_BOUND = {"run", "compare", "_on_send", "_on_regenerate", "_on_prefix", "_on_run", "on_step", "on_step10",

@@ -1,13 +1,15 @@
 """The model picker every tab shows: a dropdown of the bundled models, one line each (family, size, layer
 types, chat or base model, licence), that also takes any typed source (a hub id, a local folder, a `.gguf`
 file). Lays out one component; the list is `kvlab.models.bundled.picker_choices`, what a source may be is
-`kvlab.models.ModelSpec`'s."""
+`kvlab.models.ModelSpec`'s. `chat_box` is what the "chat message" checkbox of a tab becomes when its model
+changes."""
 
 from __future__ import annotations
 
 import gradio as gr
 
-from kvlab.models.bundled import picker_choices
+from kvlab.models.bundled import bundled_model, picker_choices
+from kvlab.models.loading import ModelLoadError
 
 from .theme import line_html
 
@@ -32,3 +34,25 @@ def model_bar(dtypes: list[str], devices: list[str]):
         load_button = gr.Button("Load", scale=0, min_width=90, elem_id="kv-load")
     status = gr.HTML(line_html("checking the model…", "busy"), elem_id="kv-model-status")
     return source, dtype, device, load_button, status
+
+
+CHAT_INFO = "use the chat template"
+BASE_INFO = "base model: no chat template, the prompt is plain text"
+
+
+def chat_box(source: str, loaded, reset: bool) -> dict:
+    """What the 'chat message' checkbox becomes for a model: on for a chat model when `reset` (the model was
+    just picked), off and locked for a base model (no chat template), as is for a source not known yet.
+
+    `loaded` (a LoadedModel or None) decides when given, else the bundled list; returns `gr.update` fields."""
+    model = None
+    try:
+        model = bundled_model(source)
+    except ModelLoadError:
+        pass
+    chat = loaded.has_chat_template if loaded is not None else (model.chat if model is not None else None)
+    if chat is None:
+        return {}
+    if not chat:
+        return {"value": False, "interactive": False, "info": BASE_INFO}
+    return {"interactive": True, "info": CHAT_INFO, **({"value": True} if reset else {})}

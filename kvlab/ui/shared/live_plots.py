@@ -5,15 +5,14 @@ per-token latency, process memory, and on a hybrid model cache bytes by layer ty
 column's colour with the prediction in a lighter shade, tooltips giving the value with its unit. The column
 plots share one legend above them (`legend_html`, an HTML row that wraps, every series named in full): vega's
 own legend is a single row under each plot and is cut off once six columns run. Below the plots
-an "Export PNG" button that renders the matplotlib figure (`kvlab.ui.figures.render_figure`) of the last run
+an "Export PNG" button that renders the matplotlib figure (`kvlab.ui.shared.figures.render_figure`) of the last run
 only when clicked, never while columns decode. `updates(view)` gives the {component: update} that refreshes
-every plot from a `RunView`; `cleared()` hides them for a new run. The data comes from `kvlab.ui.plot_frames`.
+every plot from a `RunView`; `cleared()` hides them for a new run. The data comes from `kvlab.ui.shared.plot_frames`.
 """
 
 from __future__ import annotations
 
 import html
-import tempfile
 from pathlib import Path
 
 import gradio as gr
@@ -21,7 +20,7 @@ import pandas as pd
 
 from . import plot_frames as frames
 from .figures import figure_png, render_figure
-from .records import EXPORTS_DIR
+from .exports import fresh_export_folder
 
 PLOT_HEIGHT_PX = 300
 BUTTONS = ["fullscreen", "export"]
@@ -188,9 +187,8 @@ class LivePlots:
 
 
 def write_png(view) -> str:
-    """The path of a fresh PNG of `view`'s matplotlib figure under EXPORTS_DIR."""
-    EXPORTS_DIR.mkdir(parents=True, exist_ok=True)
-    folder = Path(tempfile.mkdtemp(prefix="png-", dir=EXPORTS_DIR))
+    """The path of a fresh PNG of `view`'s matplotlib figure in a fresh export folder."""
+    folder = fresh_export_folder("png-")
     path = folder / "kvlab-plots.png"
     path.write_bytes(figure_png(render_figure(view)))
     return str(path)

@@ -1,5 +1,5 @@
 """The matplotlib figures, with the object API only (no pyplot state, safe from worker threads). The live
-plots of Compare, Chat and Perplexity are gradio's native plots (`kvlab.ui.plot_frames`); matplotlib draws
+plots of Compare, Chat and Perplexity are gradio's native plots (`kvlab.ui.shared.plot_frames`); matplotlib draws
 Compare's PNG export, on request only, and Plan's panel.
 
 - `render_figure`: Compare's panels for the PNG export (cache bytes, per-token latency, process memory; on a model with

@@ -2,7 +2,7 @@
 text field per knob and the strategy's help text (Compare's cards also hold a status badge and the streamed
 text, and with the Chat card the column's cache budget and fallback chain).
 
-What a card shows comes from `kvlab.ui.knobs.card_form` (generated from the strategy dataclasses); this module
+What a card shows comes from `kvlab.ui.shared.knobs.card_form` (generated from the strategy dataclasses); this module
 only lays the components out and turns that form into gradio updates.
 """
 
