@@ -110,12 +110,12 @@ try:
     import gradio as gr
 
     from kvlab.models.loading import ModelPool
-    from kvlab.ui.chat_tab import build_chat_tab
-    from kvlab.ui.compare_tab import build_compare_tab
-    from kvlab.ui.inspect_tab import build_inspect_tab
-    from kvlab.ui.needle_tab import build_needle_tab
-    from kvlab.ui.perplexity_tab import build_perplexity_tab
-    from kvlab.ui.plan_tab import build_plan_tab
+    from kvlab.ui.chat.tab import build_chat_tab
+    from kvlab.ui.compare.tab import build_compare_tab
+    from kvlab.ui.inspect.tab import build_inspect_tab
+    from kvlab.ui.needle.tab import build_needle_tab
+    from kvlab.ui.perplexity.tab import build_perplexity_tab
+    from kvlab.ui.plan.tab import build_plan_tab
     from kvlab.ui.shared.serving import calm_queue_polling
     from kvlab.ui.shared.theme import CSS
 except ImportError as missing:

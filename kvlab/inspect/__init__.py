@@ -5,5 +5,5 @@ render them (`kvlab.ui.inspect_*`, `kvlab.cli.inspect`). `diverge` steps a
 strategy in lockstep beside a dense reference and measures, per layer, where
 they part (`held`: which positions a layer holds; `probes`: the hooks and the
 recomputed attention; `loops`: decode-loop mistakes to step the same way;
-rendered by `kvlab.ui.diverge_view`, `kvlab.cli.diverge`).
+rendered by `kvlab.ui.inspect.diverge`, `kvlab.cli.diverge`).
 """

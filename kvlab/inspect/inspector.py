@@ -15,7 +15,7 @@ makes a `StepRecord`:
 - the next-token top-5, and for a lossy strategy the same from a dynamic cache fed the same ids (through
   `kvlab.engine.forward`) with KL(dynamic || strategy) in nats.
 
-This module runs and describes; it does not render (`kvlab.ui.inspect_view`) and does not pick a thread
+This module runs and describes; it does not render (`kvlab.ui.inspect.view`) and does not pick a thread
 (callers run `step` on kvlab's compute thread, `kvlab.compute`).
 """
 

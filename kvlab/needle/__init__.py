@@ -6,5 +6,5 @@
 - `record`: per-cell records, the dense gate, the per-column summary, JSON/CSV and the reproduce snippet.
 - `preset`: the schema of `presets/needle_*.yaml`. `cli`: `kvlab needle`.
 
-This package does not import gradio; the tab lives in `kvlab/ui/needle_tab.py` and `needle_view.py`.
+This package does not import gradio; the tab lives in `kvlab/ui/needle/tab.py` and `needle_view.py`.
 """

@@ -10,12 +10,12 @@ import pytest
 gr = pytest.importorskip("gradio")
 
 from kvlab.strategies.dynamic import Dynamic  # noqa: E402
-from kvlab.ui.chat_tab import ChatTab  # noqa: E402
-from kvlab.ui.chat_view import ChatForm  # noqa: E402
-from kvlab.ui.compare_tab import CompareTab  # noqa: E402
-from kvlab.ui.compare_form import RunRequest  # noqa: E402
-from kvlab.ui.perplexity_tab import PerplexityTab  # noqa: E402
-from kvlab.ui.perplexity_view import PerplexityRequest  # noqa: E402
+from kvlab.ui.chat.tab import ChatTab  # noqa: E402
+from kvlab.ui.chat.view import ChatForm  # noqa: E402
+from kvlab.ui.compare.tab import CompareTab  # noqa: E402
+from kvlab.ui.compare.form import RunRequest  # noqa: E402
+from kvlab.ui.perplexity.tab import PerplexityTab  # noqa: E402
+from kvlab.ui.perplexity.view import PerplexityRequest  # noqa: E402
 
 pytestmark = pytest.mark.unit
 BOOM = "injected failure in the forward pass"
@@ -112,7 +112,7 @@ def test_perplexity(tiny_pool, failing_forward):
 
 
 def test_inspect(tiny_pool, failing_forward):
-    from kvlab.ui.inspect_tab import InspectTab
+    from kvlab.ui.inspect.tab import InspectTab
 
     before = kvlab_threads()
     with gr.Blocks():

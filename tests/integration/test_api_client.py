@@ -25,8 +25,8 @@ from app import create_app
 from kvlab.generation import MAX_NEW_TOKENS_CAP
 from kvlab.models.loading import ModelSpec, converted_bundled_folder
 from kvlab.ui.shared.code import code_snippet
-from kvlab.ui.compare_tab import build_compare_tab
-from kvlab.ui.compare_form import RunRequest
+from kvlab.ui.compare.tab import build_compare_tab
+from kvlab.ui.compare.form import RunRequest
 from kvlab.ui.shared.knobs import NO_STRATEGY
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

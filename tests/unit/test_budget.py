@@ -192,7 +192,7 @@ def test_column_specs_presets_and_no_cache(tiny):
 
 def test_a_chat_under_a_budget_switches_mid_reply_and_keeps_the_smaller_cache(tiny):
     from kvlab.chat.session import ChatSession, ChatTurnDone
-    from kvlab.ui.chat_view import ChatForm, ready_session
+    from kvlab.ui.chat.view import ChatForm, ready_session
 
     form = ChatForm(strategy_name="dynamic", max_new_tokens=24, measure=False, budget_text=str(40 / 1024),
                     fallback_text="quantized:backend=hqq:residual_length=4 > sink:window_length=32")

@@ -4,8 +4,8 @@ budget. No model, no gradio."""
 
 from kvlab.compare.events import ColumnStarted, FallbackSwitched, StepMetrics, TokenEvent
 from kvlab.presets import parse_preset
-from kvlab.ui.compare_form import RunRequest, plan_run, slot_specs
-from kvlab.ui.compare_view import RunView
+from kvlab.ui.compare.form import RunRequest, plan_run, slot_specs
+from kvlab.ui.compare.view import RunView
 from kvlab.ui.shared.figures import render_figure
 from kvlab.ui.shared.knobs import card_form, column_budget, max_knobs
 

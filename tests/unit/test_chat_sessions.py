@@ -3,7 +3,7 @@
 import pytest
 
 from kvlab.chat.session import ChatInputError
-from kvlab.ui.chat_sessions import ChatServerFull, ChatSessions, ChatTabState
+from kvlab.ui.chat.sessions import ChatServerFull, ChatSessions, ChatTabState
 
 
 class FakeSession:

@@ -9,8 +9,8 @@ import pytest
 
 gr = pytest.importorskip("gradio")
 
-from kvlab.ui.chat_tab import ChatTab  # noqa: E402
-from kvlab.ui.chat_view import ChatForm  # noqa: E402
+from kvlab.ui.chat.tab import ChatTab  # noqa: E402
+from kvlab.ui.chat.view import ChatForm  # noqa: E402
 
 NEW_TOKENS = 4
 

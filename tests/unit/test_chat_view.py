@@ -1,4 +1,4 @@
-"""The chat tab's pure part (kvlab.ui.chat_view): fake `kvlab.chat.session` events and stats turned into messages,
+"""The chat tab's pure part (kvlab.ui.chat.view): fake `kvlab.chat.session` events and stats turned into messages,
 Markdown, tables and plots; the chat form's strategy card and the prefix panel's refusal. No model, no gradio."""
 
 import pytest
@@ -7,7 +7,7 @@ from kvlab.chat.session import ChatStatus, ChatToken, ChatTurnDone, ChatTurnFail
 from kvlab.chat.prefix import PrefixReport, PromptResult
 from kvlab.strategies import StrategyError, make_strategy
 from kvlab.strategies.base import names_with
-from kvlab.ui import chat_view as chat_tab
+from kvlab.ui.chat import view as chat_tab
 from kvlab.ui.shared.plot_frames import turns_tokens_frame, turns_ttft_frame
 from kvlab.ui.shared.knobs import card_form, max_knobs
 

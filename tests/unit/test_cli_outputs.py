@@ -10,7 +10,7 @@ import pytest
 from kvlab.models import loading as models
 from kvlab.cli import main
 from kvlab.cli.outputs import OutputError, check_writable, write_text
-from kvlab.ui.plan_view import parse_contexts
+from kvlab.ui.plan.view import parse_contexts
 
 LLAMA = "meta-llama/Llama-3.1-8B-Instruct"
 

@@ -8,8 +8,8 @@ import pytest
 
 gr = pytest.importorskip("gradio")
 
-from kvlab.ui.compare_form import plan_run  # noqa: E402
-from kvlab.ui.compare_tab import CompareTab  # noqa: E402
+from kvlab.ui.compare.form import plan_run  # noqa: E402
+from kvlab.ui.compare.tab import CompareTab  # noqa: E402
 
 pytestmark = pytest.mark.unit
 

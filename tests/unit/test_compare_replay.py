@@ -11,8 +11,8 @@ import pytest
 gr = pytest.importorskip("gradio")
 
 from kvlab.models.loading import ModelPool  # noqa: E402
-from kvlab.ui.compare_tab import CompareTab  # noqa: E402
-from kvlab.ui.compare_form import RunRequest  # noqa: E402
+from kvlab.ui.compare.tab import CompareTab  # noqa: E402
+from kvlab.ui.compare.form import RunRequest  # noqa: E402
 from kvlab.ui.shared.knobs import NO_STRATEGY  # noqa: E402
 
 pytestmark = pytest.mark.unit

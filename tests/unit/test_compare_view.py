@@ -1,4 +1,4 @@
-"""kvlab.ui.compare_view with fake runner events: column texts, statuses, readouts, phases, the summary
+"""kvlab.ui.compare.view with fake runner events: column texts, statuses, readouts, phases, the summary
 table's best marks; the plots (kvlab.ui.shared.figures), the reproduce-it snippets (kvlab.ui.shared.code) and the
 column form helpers (kvlab.ui.shared.knobs). No model, no gradio."""
 
@@ -22,7 +22,7 @@ from kvlab.compare.summary import SUMMARY_COLUMNS
 from kvlab.generation import GenerationSettings
 from kvlab.strategies import STRATEGIES, make_strategy
 from kvlab.ui.shared.code import code_snippet
-from kvlab.ui.compare_view import BEST_MARK, DISPLAY_COLUMNS, HEADERS, MISSING, RunView, format_value
+from kvlab.ui.compare.view import BEST_MARK, DISPLAY_COLUMNS, HEADERS, MISSING, RunView, format_value
 from kvlab.ui.shared.figures import MIB, figure_png, render_figure
 from kvlab.ui.shared.knobs import NO_STRATEGY, column_spec, knob_defaults, knob_text, max_knobs, parse_knob, plan_columns
 
@@ -330,7 +330,7 @@ def test_a_preset_columns_own_generation_settings_reach_its_slot_until_the_user_
     """hybrid_sliding gives its no_cache column 8 tokens whatever the run's max; a slot changed by hand runs with
     the run's settings."""
     from kvlab.presets import list_presets, load_preset
-    from kvlab.ui.compare_form import RunRequest, carried_overrides, plan_run, slot_specs
+    from kvlab.ui.compare.form import RunRequest, carried_overrides, plan_run, slot_specs
 
     preset = load_preset(list_presets()["hybrid_sliding"])
     slots = [(name, [str(knobs[key]) if key in knobs else "" for key in sorted(knobs)])

@@ -13,7 +13,7 @@ from kvlab.generation import GenerationSettings
 from kvlab.inspect.diverge import DivergeSession
 from kvlab.inspect.loops import FullSequenceLoop
 from kvlab.strategies import make_strategy
-from kvlab.ui.diverge_view import diverge_figure, diverge_markdown
+from kvlab.ui.inspect.diverge import diverge_figure, diverge_markdown
 from kvlab.ui.shared.inspect_links import InspectLink, divergence_links, inspect_query, parse_inspect_query, strategy_item
 
 PROMPT = torch.tensor([[1, 400, 401, 402, 403, 404, 405, 406, 407, 408]])
@@ -67,8 +67,8 @@ def test_a_link_round_trips_through_its_query():
 
 
 def test_only_diverged_greedy_columns_get_a_link():
-    from kvlab.ui.compare_form import RunRequest, plan_run
-    from kvlab.ui.compare_view import RunView
+    from kvlab.ui.compare.form import RunRequest, plan_run
+    from kvlab.ui.compare.view import RunView
 
     request = RunRequest(prompt="Hi", max_new_tokens=20, slots=[("dynamic", []), ("sink", ["64"])])
     plan = plan_run(request)
@@ -87,7 +87,7 @@ def test_only_diverged_greedy_columns_get_a_link():
 
 
 def test_the_tab_opens_a_link_at_its_step_with_both_strategies(tiny_pool):
-    from kvlab.ui.inspect_tab import InspectTab
+    from kvlab.ui.inspect.tab import InspectTab
 
     with gr.Blocks():
         with gr.Tabs() as tabs:

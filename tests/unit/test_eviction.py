@@ -137,7 +137,7 @@ def test_eviction_strategies_are_not_prefix_copies_but_serve_chat():
 
 def test_inspect_shows_kept_and_evicted_positions_per_head_with_scores(tiny):
     from kvlab.inspect.inspector import InspectSession
-    from kvlab.ui.inspect_view import strip_html
+    from kvlab.ui.inspect.view import strip_html
 
     settings = GenerationSettings(max_new_tokens=2, stop_at_eos=False, fidelity=False)
     session = InspectSession(tiny, make_strategy({"strategy": "snapkv", "window_size": 8}),

@@ -179,7 +179,7 @@ def test_a_budget_whose_fallbacks_cannot_run_here_says_so_when_the_column_starts
     """On a hybrid model the default chain's quantized and sink caches are refused: the page learns it from the
     column's first event, not only from the summary."""
     from kvlab.compare.events import ColumnStarted
-    from kvlab.ui.compare_view import RunView
+    from kvlab.ui.compare.view import RunView
 
     events = list(run_compare(hybrid, torch.tensor([[1, 400, 401]]),
                               [{"strategy": "dynamic", "budget_mib": 1}, {"strategy": "dynamic"}], SETTINGS))

@@ -1,4 +1,4 @@
-"""The Inspect tab's pure view (`kvlab.ui.inspect_view`) and its handlers in an in-process Blocks on the tiny
+"""The Inspect tab's pure view (`kvlab.ui.inspect.view`) and its handlers in an in-process Blocks on the tiny
 random model: form checks, the token strip, tables and step text, the shown loop code run as written gives
 the engine's tokens, stepping, a changed form restarting, Reset, and the session state's release."""
 
@@ -10,7 +10,7 @@ from kvlab.generation import GenerationSettings, encode_prompt
 from kvlab.inspect.inspector import MAX_INSPECT_STEPS, InspectSession
 from kvlab.strategies import make_strategy
 from kvlab.ui.shared.code import LOOP_VALUES, loop_snippet
-from kvlab.ui.inspect_view import (
+from kvlab.ui.inspect.view import (
     InspectRejected,
     InspectRequest,
     InspectTabState,
@@ -67,7 +67,7 @@ def test_the_strip_shows_sinks_eviction_and_the_window(tiny):
 
 def test_the_strip_groups_positions_on_long_runs_and_says_so(tiny):
     _, steps = records(tiny, {"strategy": "dynamic"}, steps=2)
-    import kvlab.ui.inspect_view as view
+    import kvlab.ui.inspect.view as view
 
     page = view.strip_html(steps[-1])
     assert page.count("kv-tok kv-st-held") == 2 * 11 + 1
@@ -127,7 +127,7 @@ gr = pytest.importorskip("gradio")
 
 @pytest.fixture
 def tab(tiny_pool):
-    from kvlab.ui.inspect_tab import InspectTab
+    from kvlab.ui.inspect.tab import InspectTab
 
     with gr.Blocks():
         return InspectTab(tiny_pool).build()

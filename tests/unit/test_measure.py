@@ -20,7 +20,7 @@ from kvlab.measure.noise import run_timing, timing_noise
 from kvlab.measure.quiet import RETIME_MAX_TOKENS, SPIKE_RATIO, TTFT_REPEATS, apply_quiet, quiet_summary, spike_steps
 from kvlab.strategies import Strategy, make_strategy
 from kvlab.strategies.dynamic import Dynamic
-from kvlab.ui.compare_view import BEST_MARK, RunView
+from kvlab.ui.compare.view import BEST_MARK, RunView
 
 PROMPT = torch.tensor([[1, 400, 401, 402, 403, 404]])
 GREEDY = GenerationSettings(max_new_tokens=12, stop_at_eos=False, fidelity=False)
@@ -301,7 +301,7 @@ def test_cli_timing_flag(capsys):
 
 
 def test_the_status_line_says_how_many_interrupted_steps_were_timed_again():
-    from kvlab.ui.timing_text import timing_line
+    from kvlab.ui.compare.timing_text import timing_line
 
     base = {"policy": "quiet", "max_tokens": 64}
     assert "interrupted" not in timing_line({**base, "replaced_steps": 0})

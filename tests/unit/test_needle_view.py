@@ -9,8 +9,8 @@ from kvlab.needle.grid import expand_sweeps, parse_grid
 from kvlab.needle.preset import list_needle_presets, load_needle_preset
 from kvlab.needle.runner import run_needle
 from kvlab.presets import PresetError, list_presets
-from kvlab.ui.needle_tab import NeedleTab, column_specs
-from kvlab.ui.needle_view import GATED, HEATMAP_FIELDS, MISS, OUTCOME_COLORS, NeedleView, pareto_front
+from kvlab.ui.needle.tab import NeedleTab, column_specs
+from kvlab.ui.needle.view import GATED, HEATMAP_FIELDS, MISS, OUTCOME_COLORS, NeedleView, pareto_front
 
 
 def test_sweeps_expand_into_columns_and_bad_items_stay_in_their_place():
@@ -132,8 +132,8 @@ def test_a_preset_fills_the_form_with_what_the_preset_runs(name):
     """The preset picker writes the columns in compare syntax; read back by the tab they are the preset's
     strategies, and the grid fields parse to the preset's grid."""
     from kvlab.compare.columns import Column
-    from kvlab.ui.needle_tab import column_specs
-    from kvlab.ui.needle_view import NO_PRESET, preset_fields
+    from kvlab.ui.needle.tab import column_specs
+    from kvlab.ui.needle.view import NO_PRESET, preset_fields
 
     assert preset_fields(NO_PRESET) is None
     fields = preset_fields(name)

@@ -12,11 +12,11 @@ from dataclasses import dataclass
 
 from kvlab.strategies import STRATEGIES, register
 from kvlab.strategies.dynamic import Dynamic
-from kvlab.ui.chat_view import ChatForm, chat_strategy_choices
-from kvlab.ui.compare_form import RunRequest, plan_run
+from kvlab.ui.chat.view import ChatForm, chat_strategy_choices
+from kvlab.ui.compare.form import RunRequest, plan_run
 from kvlab.ui.shared.knobs import card_form, max_knobs, strategy_choices
-from kvlab.ui.perplexity_view import PerplexityRequest, perplexity_choices
-from kvlab.ui.plan_view import PlanForm, plan_request
+from kvlab.ui.perplexity.view import PerplexityRequest, perplexity_choices
+from kvlab.ui.plan.view import PlanForm, plan_request
 
 NAME = "throwaway_dynamic"
 

@@ -1,4 +1,4 @@
-"""The Perplexity tab's pure part (kvlab.ui.perplexity_view): choices from the registry, the form -> a plan
+"""The Perplexity tab's pure part (kvlab.ui.perplexity.view): choices from the registry, the form -> a plan
 on a tiny model (unavailable caches left out with the reason), fake `NllStep`s -> status, figure, table."""
 
 import math
@@ -8,7 +8,7 @@ import pytest
 from kvlab.engine import NllStep
 from kvlab.strategies import StrategyError
 from kvlab.strategies.base import names_with
-from kvlab.ui.perplexity_view import (
+from kvlab.ui.perplexity.view import (
     ALL_FULL,
     DEFAULT_CHOICES,
     PASTED,

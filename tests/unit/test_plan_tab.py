@@ -9,8 +9,8 @@ import pytest
 gr = pytest.importorskip("gradio")
 
 from kvlab.models.loading import ModelPool  # noqa: E402
-from kvlab.ui.compare_tab import CompareTab  # noqa: E402
-from kvlab.ui.plan_tab import PlanTab  # noqa: E402
+from kvlab.ui.compare.tab import CompareTab  # noqa: E402
+from kvlab.ui.plan.tab import PlanTab  # noqa: E402
 
 GEMMA = "google/gemma-3-27b-it"
 

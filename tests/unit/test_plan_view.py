@@ -1,4 +1,4 @@
-"""The Plan tab's pure part (kvlab.ui.plan_view), without gradio: the form -> a checked request (contexts,
+"""The Plan tab's pure part (kvlab.ui.plan.view), without gradio: the form -> a checked request (contexts,
 budget, batch, cards), bad input -> one clear message, a catalog plan -> table rows in GiB with fits and the
 longest context in the budget, the plot's series and budget line, and the columns "measure it for real"
 hands to Compare."""
@@ -9,7 +9,7 @@ from matplotlib.figure import Figure
 from kvlab.plan.catalog import known_models
 from kvlab.plan.planner import GIB
 from kvlab.ui.shared.knobs import NO_STRATEGY, knob_defaults
-from kvlab.ui.plan_view import (
+from kvlab.ui.plan.view import (
     BUDGET_CARDS,
     PAST_LIMIT_MARK,
     PlanForm,

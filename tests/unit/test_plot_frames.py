@@ -7,7 +7,7 @@ import pytest
 
 from kvlab.compare.events import ColumnStarted, FallbackSwitched, MemorySample, StepMetrics, TokenEvent
 from kvlab.ui.shared import plot_frames as frames
-from kvlab.ui.compare_view import RunView
+from kvlab.ui.compare.view import RunView
 from kvlab.ui.shared.theme import COLORS
 
 MIB = frames.MIB

@@ -14,8 +14,8 @@ from kvlab.ui.shared.knobs import NO_STRATEGY, UNAVAILABLE_MARK, card_form, knob
 
 ROOT = Path(__file__).resolve().parents[2]
 PURE = ["kvlab.ui", "kvlab.ui.shared.loader", "kvlab.ui.shared.knobs", "kvlab.ui.shared.theme", "kvlab.ui.shared.figures", "kvlab.ui.shared.code",
-        "kvlab.ui.compare_view", "kvlab.ui.records", "kvlab.ui.chat_view", "kvlab.ui.perplexity_view",
-        "kvlab.ui.plan_view", "kvlab.ui.inspect_view", "kvlab.ui.shared.plot_frames", "kvlab.ui.compare_replay"]
+        "kvlab.ui.compare.view", "kvlab.ui.compare.records", "kvlab.ui.chat.view", "kvlab.ui.perplexity.view",
+        "kvlab.ui.plan.view", "kvlab.ui.inspect.view", "kvlab.ui.shared.plot_frames", "kvlab.ui.compare.replay"]
 
 
 def imports_gradio(path: Path) -> bool:

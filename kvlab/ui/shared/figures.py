@@ -102,7 +102,7 @@ def _draw_by_layer_type(view, ax) -> None:
 
 
 def render_figure(view, width_in: float = 15.0, height_in: float = 3.8) -> Figure:
-    """Compare's panels for a `kvlab.ui.compare_view.RunView`: KV cache vs generated tokens (measured solid,
+    """Compare's panels for a `kvlab.ui.compare.view.RunView`: KV cache vs generated tokens (measured solid,
     dense prediction dashed), per-token latency vs generated tokens, process RSS over time; when a column
     measured more than one layer type, a fourth panel splits the cache by layer type (two rows of two)."""
     hybrid = several_layer_types(view)

@@ -148,7 +148,7 @@ class LivePlots:
                 self.png: gr.update(value=None, visible=False)}
 
     def updates(self, view) -> dict:
-        """Every plot redrawn from `view` (a `kvlab.ui.compare_view.RunView`), each series in its colour; each
+        """Every plot redrawn from `view` (a `kvlab.ui.compare.view.RunView`), each series in its colour; each
         plot's colour domain is the series it was last sent (`plot_update`), kept on `view.plot_series`."""
         colors = frames.compare_colors(view)
         cache, latency, by_type = frames.cache_frame(view), frames.latency_frame(view), frames.layer_type_frame(view)

@@ -6,7 +6,7 @@ colour; a prediction is its own series, `… predicted`, in a lighter shade of t
 plot reads and how its axes are titled (units included), so the tab builds its `gr.LinePlot`s from it.
 
 - Compare: `cache_frame`, `latency_frame`, `memory_frame`, `layer_type_frame` (hybrid models) from a
-  `kvlab.ui.compare_view.RunView`; `compare_colors` maps every series to its colour.
+  `kvlab.ui.compare.view.RunView`; `compare_colors` maps every series to its colour.
 - Chat: `turns_ttft_frame`, `turns_tokens_frame` from `kvlab.chat.session.TurnStats`s.
 - Perplexity: `perplexity_frames` from the view's per-cache NLL and cache bytes.
 

@@ -6,7 +6,7 @@
   `diverge_markdown` with the reason (never drawn as 0).
 The link from Compare's "first divergence" cell into Inspect is `kvlab.ui.shared.inspect_links`.
 
-No gradio, no model work (`kvlab.inspect.diverge` measures, `kvlab.ui.inspect_tab` lays out).
+No gradio, no model work (`kvlab.inspect.diverge` measures, `kvlab.ui.inspect.tab` lays out).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from matplotlib.ticker import MaxNLocator
 
 from kvlab.inspect.diverge import DivergeSession, DivergeStep, first_layer_with
 
-from .shared.theme import COLORS
+from ..shared.theme import COLORS
 
 COMPARE_CHOICES = ("none", "dynamic", "static")
 """What Inspect's "compare with" offers: no lockstep reference, or an exact cache to step beside the strategy."""

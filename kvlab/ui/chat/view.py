@@ -28,8 +28,8 @@ from kvlab.presets import PRESETS_DIR
 from kvlab.strategies import Strategy
 from kvlab.strategies.base import names_with
 
-from .chat_sessions import ChatTabState
-from .shared.knobs import column_budget, strategy_from_card
+from .sessions import ChatTabState
+from ..shared.knobs import column_budget, strategy_from_card
 
 CHAT_CAPABILITY = "usable_in_chat"
 PREFIX_CAPABILITY = "usable_in_prefix"

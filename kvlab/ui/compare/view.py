@@ -6,10 +6,10 @@
   series the plots draw (with each fallback switch of a budgeted column), and
   after the run the summary table with the best value per metric marked.
 - The form's side (the page's values -> a validated `RunPlan`) is
-  `kvlab.ui.compare_form`; after the run, `kvlab.ui.records` writes the record,
+  `kvlab.ui.compare.form`; after the run, `kvlab.ui.compare.records` writes the record,
   the exports and the code.
 
-No gradio, no threads of its own. The browser tab (`kvlab.ui.compare_tab`)
+No gradio, no threads of its own. The browser tab (`kvlab.ui.compare.tab`)
 turns this into component updates; tests feed it fake events.
 """
 
@@ -33,7 +33,7 @@ from kvlab.compare.events import (
 )
 from kvlab.compare.summary import LABELS, best_marks, best_sets, by_layer_type_text, candidates, summary_rows
 
-from .shared.figures import MIB
+from ..shared.figures import MIB
 from .timing_text import TIMING_HELP, phase_text, policy_readout, timing_line
 
 BEST_MARK = " ★"
@@ -200,7 +200,7 @@ class RunView:
         self.plot_series: dict[str, list[str]] = {}
         """Per native plot, the series the page was last sent (`kvlab.ui.shared.live_plots.LivePlots.updates`)."""
         self.divergence_links: dict[int, str] = {}
-        """Run column index -> the link opening Inspect at its first divergence (`kvlab.ui.diverge_view`)."""
+        """Run column index -> the link opening Inspect at its first divergence (`kvlab.ui.inspect.diverge`)."""
 
     def apply(self, event: Event) -> set[int]:
         """Fold one event in; returns the run column indices whose text or status changed."""

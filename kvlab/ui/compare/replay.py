@@ -15,8 +15,8 @@ from kvlab.compare.replay import Replayed
 from kvlab.generation import GenerationSettings
 from kvlab.strategies import StrategyError, make_strategy
 
-from .shared.code import code_snippet
-from .compare_view import ColumnView, RunView
+from ..shared.code import code_snippet
+from .view import ColumnView, RunView
 
 STATUS = {"unavailable": "unavailable", "error": "error"}
 """A result's status -> the card's status (an `ok` column is `done`, or `stopped` when it was stopped)."""

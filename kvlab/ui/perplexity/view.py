@@ -33,7 +33,7 @@ from kvlab.quality.perplexity import DEFAULT_SINKS, DEFAULT_WINDOW, default_text
 from kvlab.strategies import Strategy, StrategyError
 from kvlab.strategies.base import names_with
 
-from .shared.plot_frames import perplexity_colors, perplexity_frames
+from ..shared.plot_frames import perplexity_colors, perplexity_frames
 
 MAX_TOKENS_CAP = int(os.environ.get("KVLAB_MAX_PERPLEXITY_TOKENS", "8192"))
 DEFAULT_TOKENS = 1024

@@ -1,7 +1,7 @@
 """The Plan tab: what a KV cache costs for any model at any context length, before loading the model.
 
 This module lays out the components and wires their events; nothing else. The
-form, the table, the plot and the texts are `kvlab.ui.plan_view`'s, the strategy
+form, the table, the plot and the texts are `kvlab.ui.plan.view`'s, the strategy
 cards are Compare's (`kvlab.ui.shared.knobs`, `kvlab.ui.shared.cards`), and planning is
 `kvlab.plan.planner`'s, run on kvlab's compute thread (`kvlab.compute`) so that its
 CPU measurements (hqq) never compete with a Compare run's torch threads. When
@@ -25,9 +25,9 @@ from kvlab.models.bundled import bundled_model
 from kvlab.models.loading import ModelLoadError, ModelSpec
 from kvlab.plan.planner import DTYPES, warm_up
 
-from .shared.cards import StrategyCard, build_card
-from .shared.knobs import card_form, max_knobs, strategy_choices
-from .plan_view import (
+from ..shared.cards import StrategyCard, build_card
+from ..shared.knobs import card_form, max_knobs, strategy_choices
+from .view import (
     BUDGET_HELP,
     CONTEXT_HELP,
     DEFAULT_BUDGET,
@@ -45,7 +45,7 @@ from .plan_view import (
     run_plan,
     slot_forms,
 )
-from .shared.theme import line_html
+from ..shared.theme import line_html
 
 logger = logging.getLogger(__name__)
 
@@ -61,7 +61,7 @@ class PlanTab:
 
     Args:
         pool: the app's shared ModelPool (which models are loaded, for "measure it for real").
-        compare: the Compare tab (`kvlab.ui.compare_tab.CompareTab`) the link fills, or None for no link.
+        compare: the Compare tab (`kvlab.ui.compare.tab.CompareTab`) the link fills, or None for no link.
         tabs, compare_tab: the app's `gr.Tabs` and the Compare tab's id, to switch to it.
         warm: run the planner's warm-up in the background once the bundled model has loaded.
     """

@@ -25,10 +25,10 @@ from kvlab.generation import GenerationSettings, encode_prompt
 from kvlab.models.loading import ModelSpec
 from kvlab.presets import load_preset, parse_preset
 
-from .shared.code import code_snippet
-from .shared.exports import EXPORTS_DIR, fresh_export_folder
-from .compare_form import RunPlan
-from .compare_view import RunView
+from ..shared.code import code_snippet
+from ..shared.exports import EXPORTS_DIR, fresh_export_folder
+from .form import RunPlan
+from .view import RunView
 
 SHARE_PARAM = "run"
 """The URL query parameter of a share link: `?run=<share id>`."""

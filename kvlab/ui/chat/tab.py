@@ -10,7 +10,7 @@ strategy card is Compare's (`kvlab.ui.shared.cards`), listing the strategies who
 frees a closed tab's cache at once (`unload`, wired by app.py). Every control
 works while a reply streams: it stops the reply first, then acts, and says so;
 text typed meanwhile stays in the message box. What the page shows comes from
-`kvlab.ui.chat_view`; the turns run in `kvlab.chat.session` / `kvlab.chat.prefix`.
+`kvlab.ui.chat.view`; the turns run in `kvlab.chat.session` / `kvlab.chat.prefix`.
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ from kvlab.generation import MAX_NEW_TOKENS_CAP
 from kvlab.models.loading import ModelLoadError, ModelPool, ModelSpec
 from kvlab.strategies import StrategyError, make_strategy
 
-from .shared.cards import build_card
-from .chat_sessions import ChatSessions, ChatTabState
-from .chat_view import (
+from ..shared.cards import build_card
+from .sessions import ChatSessions, ChatTabState
+from .view import (
     DEFAULT_MAX_NEW_TOKENS,
     DEFAULT_STRATEGY,
     ChatForm,
@@ -44,11 +44,11 @@ from .chat_view import (
     turn_markdown,
     turns_frame,
 )
-from .shared import zerogpu
-from .shared.live_plots import line_plot, roster_colors, roster_update
-from .shared.knobs import card_form, knob_index, max_knobs, strategy_choices
-from .shared.model_picker import model_dropdown
-from .shared.plot_frames import (
+from ..shared import zerogpu
+from ..shared.live_plots import line_plot, roster_colors, roster_update
+from ..shared.knobs import card_form, knob_index, max_knobs, strategy_choices
+from ..shared.model_picker import model_dropdown
+from ..shared.plot_frames import (
     TURN_COLORS,
     TURN_TOKENS,
     TURN_TOKENS_SERIES,

@@ -11,7 +11,7 @@
 - `start_preset`, `slot_specs`, `model_line` and the help texts: what the form
   starts with and shows.
 
-No gradio. The events a run yields go to `kvlab.ui.compare_view`'s view model.
+No gradio. The events a run yields go to `kvlab.ui.compare.view`'s view model.
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ from kvlab.models.loading import ModelSpec
 from kvlab.presets import Preset, PromptSpec, load_preset
 from kvlab.strategies import Strategy, StrategyError
 
-from .shared.knobs import NO_STRATEGY, column_budget, plan_columns
-from .shared.theme import line_html
+from ..shared.knobs import NO_STRATEGY, column_budget, plan_columns
+from ..shared.theme import line_html
 
 DEFAULT_PRESET = "quickstart"
 INTRO = ("Run one prompt under several KV-cache strategies at once. Each column streams its own text; the plots "

@@ -4,7 +4,7 @@ A long text streams token by token through dense, window and sink caches (and
 any other registered strategy usable in perplexity); the running
 log-perplexity of each grows on the plot as it is measured, with cache bytes
 beside it. This module lays out the components and wires their events; the
-form, the view model, the plots' data and the table are `kvlab.ui.perplexity_view`'s (drawn by gradio's
+form, the view model, the plots' data and the table are `kvlab.ui.perplexity.view`'s (drawn by gradio's
 native `gr.LinePlot` in the browser, with a PNG export button),
 the measuring is `kvlab.quality.perplexity`'s. Per-session state (the stop event) lives
 in `gr.State`.
@@ -22,12 +22,12 @@ from kvlab.models.loading import ModelLoadError, ModelSpec
 from kvlab.quality.perplexity import DEFAULT_SINKS, DEFAULT_WINDOW, stream_many
 from kvlab.strategies import StrategyError
 
-from .shared import zerogpu
-from .shared.live_plots import line_plot, roster_update
-from .shared.loader import CONCURRENCY, MODEL_CONCURRENCY_ID
-from .shared.model_picker import model_dropdown
-from .shared.plot_frames import PPL, PPL_BYTES
-from .perplexity_view import (
+from ..shared import zerogpu
+from ..shared.live_plots import line_plot, roster_update
+from ..shared.loader import CONCURRENCY, MODEL_CONCURRENCY_ID
+from ..shared.model_picker import model_dropdown
+from ..shared.plot_frames import PPL, PPL_BYTES
+from .view import (
     default_choices,
     BUILT_IN,
     DEFAULT_CHOICES,

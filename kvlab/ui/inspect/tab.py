@@ -1,7 +1,7 @@
 """The Inspect tab: step one strategy's decode loop and look inside its cache after every step.
 
 This module lays out the components and wires their events; nothing else. The form, the checks and every
-rendering are `kvlab.ui.inspect_view`'s; the stepping is `kvlab.inspect.inspector.InspectSession` on the engine's
+rendering are `kvlab.ui.inspect.view`'s; the stepping is `kvlab.inspect.inspector.InspectSession` on the engine's
 decoder, run one step at a time on kvlab's compute thread (`kvlab.compute`). Each browser session keeps its
 own run in a `gr.State`; its cache is released when the tab closes (`unload`, wired by app.py: gradio itself
 would keep a closed session's state an hour) or after `INSPECT_STATE_TTL_S` idle. Step events share
@@ -24,11 +24,11 @@ from kvlab.models.loading import ModelLoadError
 from kvlab.strategies import STRATEGIES, StrategyError, make_strategy
 from kvlab.strategies.base import parse_strategy_item
 
-from .shared import zerogpu
-from .shared.cards import build_card
-from .diverge_view import COMPARE_CHOICES, diverge_figure, diverge_markdown
-from .shared.inspect_links import DEFAULT_COMPARE, parse_inspect_query
-from .inspect_view import (
+from ..shared import zerogpu
+from ..shared.cards import build_card
+from .diverge import COMPARE_CHOICES, diverge_figure, diverge_markdown
+from ..shared.inspect_links import DEFAULT_COMPARE, parse_inspect_query
+from .view import (
     DEFAULT_PROMPT,
     DEFAULT_STEPS,
     DEFAULT_STRATEGY,
@@ -49,11 +49,11 @@ from .inspect_view import (
     strip_html,
     top_table,
 )
-from .shared.knobs import card_form, knob_defaults, knob_text, max_knobs, strategy_choices
-from .shared.model_picker import chat_box
-from .shared.model_picker import model_dropdown
-from .shared.loader import CONCURRENCY, MODEL_CONCURRENCY_ID
-from .shared.theme import line_html
+from ..shared.knobs import card_form, knob_defaults, knob_text, max_knobs, strategy_choices
+from ..shared.model_picker import chat_box
+from ..shared.model_picker import model_dropdown
+from ..shared.loader import CONCURRENCY, MODEL_CONCURRENCY_ID
+from ..shared.theme import line_html
 
 STREAM_EVERY_S = 0.5
 """Least time between two page updates while several steps run."""

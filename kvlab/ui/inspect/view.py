@@ -10,7 +10,7 @@ page shows.
   (the per-layer table), `strip_html` (the token strip: which positions each layer still holds) and
   `top_table` (the next-token top-5, beside a dynamic cache's for a lossy strategy).
 
-No gradio, no model work: the tab (`kvlab.ui.inspect_tab`) lays this out and runs the steps.
+No gradio, no model work: the tab (`kvlab.ui.inspect.tab`) lays this out and runs the steps.
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ from kvlab.inspect.inspector import MAX_INSPECT_STEPS, STRIP_STATES, InspectSess
 from kvlab.models.loading import ModelSpec
 from kvlab.strategies import Strategy, StrategyError
 
-from .shared.code import loop_snippet
-from .shared.knobs import knob_defaults, strategy_from_card
+from ..shared.code import loop_snippet
+from ..shared.knobs import knob_defaults, strategy_from_card
 
 INSPECT_STATE_TTL_S = 900
 """An idle session's Inspect run (its cache) is released after this many seconds."""

@@ -6,7 +6,7 @@ column that runs (context length x depth; hit, miss or beyond the model on one s
 with the answer, key, key log-prob and cache MiB) filling in as cells finish, a plot of hit rate against mean
 cache MiB with the Pareto front, the summary table (a column that cannot run has no heatmap: its reason is in
 the table's wrapping note) and the JSON and CSV records to download. This module lays out and
-wires; the view model is `kvlab.ui.needle_view`'s, the run `kvlab.needle.runner`'s.
+wires; the view model is `kvlab.ui.needle.view`'s, the run `kvlab.needle.runner`'s.
 """
 
 from __future__ import annotations
@@ -29,11 +29,11 @@ from kvlab.needle.runner import NeedleCell, NeedleDone, max_positions, run_needl
 from kvlab.presets import PresetError
 from kvlab.strategies.base import parse_strategy_item
 
-from .shared.live_plots import plot_update, roster_colors
-from .shared.loader import CONCURRENCY, MODEL_CONCURRENCY_ID
-from .shared.model_picker import model_dropdown
-from .needle_view import NO_PRESET, OUTCOME_COLORS, NeedleView, preset_fields
-from .shared.theme import COLORS
+from ..shared.live_plots import plot_update, roster_colors
+from ..shared.loader import CONCURRENCY, MODEL_CONCURRENCY_ID
+from ..shared.model_picker import model_dropdown
+from .view import NO_PRESET, OUTCOME_COLORS, NeedleView, preset_fields
+from ..shared.theme import COLORS
 
 DEFAULT_COLUMNS = "dynamic, sink:window_length=128, quantized:backend=quanto:nbits=4"
 DEFAULT_LENGTHS = "256, 512, 1k"

@@ -1,11 +1,11 @@
 """The Compare tab: one prompt under up to eight KV-cache strategies, streamed side by side.
 
 This module lays out the components and wires their events; nothing else.
-`CompareTab` owns its parts rather than inheriting them: `kvlab.ui.compare_form` (the form -> a run plan,
-and the preset overrides the form carries in a `gr.State`), `kvlab.ui.compare_view` (runner events -> a view
-model), a `kvlab.ui.compare_updates.CompareUpdater` (the view model -> component updates, built with the
+`CompareTab` owns its parts rather than inheriting them: `kvlab.ui.compare.form` (the form -> a run plan,
+and the preset overrides the form carries in a `gr.State`), `kvlab.ui.compare.view` (runner events -> a view
+model), a `kvlab.ui.compare.updates.CompareUpdater` (the view model -> component updates, built with the
 components it updates), `kvlab.ui.shared.knobs` (the strategy cards' fields), `kvlab.ui.shared.live_plots` (native
-plots; the matplotlib PNG only on request) and `kvlab.ui.compare_extras` (replay, share links, the `compare`
+plots; the matplotlib PNG only on request) and `kvlab.ui.compare.extras` (replay, share links, the `compare`
 API, ZeroGPU sizing); running is `kvlab.compare.runner`'s job. Per-session state lives
 in `gr.State`; the one shared object is the `ModelPool` of loaded weights
 (through a `BackgroundLoader`). Model-bound events (Run, the `compare` API)
@@ -28,10 +28,10 @@ from kvlab.measure import POLICIES
 from kvlab.models.loading import DEVICES, DTYPES, ModelLoadError, ModelSpec
 from kvlab.presets import Preset, PresetError, list_presets, load_preset
 
-from .shared import zerogpu
-from .shared.cards import StrategyCard, build_card
-from .compare_extras import CompareApi, open_shared, replay, run_gpu_s
-from .compare_form import (
+from ..shared import zerogpu
+from ..shared.cards import StrategyCard, build_card
+from .extras import CompareApi, open_shared, replay, run_gpu_s
+from .form import (
     INTRO,
     MODE_HELP,
     RunRejected,
@@ -42,15 +42,15 @@ from .compare_form import (
     slot_specs,
     start_preset,
 )
-from .shared.live_plots import LivePlots
-from .compare_updates import CompareUpdater
-from .compare_view import SUMMARY_DATATYPES, SUMMARY_HELP, SUMMARY_WIDTHS, RunView
-from .shared.inspect_links import divergence_links
-from .shared.knobs import card_form, max_knobs, strategy_choices
-from .shared.model_picker import chat_box
-from .shared.loader import CONCURRENCY, MODEL_CONCURRENCY_ID, BackgroundLoader, device_present
-from .shared.model_picker import model_bar
-from .shared.theme import line_html
+from ..shared.live_plots import LivePlots
+from .updates import CompareUpdater
+from .view import SUMMARY_DATATYPES, SUMMARY_HELP, SUMMARY_WIDTHS, RunView
+from ..shared.inspect_links import divergence_links
+from ..shared.knobs import card_form, max_knobs, strategy_choices
+from ..shared.model_picker import chat_box
+from ..shared.loader import CONCURRENCY, MODEL_CONCURRENCY_ID, BackgroundLoader, device_present
+from ..shared.model_picker import model_bar
+from ..shared.theme import line_html
 from .timing_text import POLICY_INFO
 
 logger = logging.getLogger(__name__)
@@ -263,7 +263,7 @@ class CompareTab:
         """Show the result a share link (`?run=<id>`) names when the page opens (`open_shared`)."""
         demo.load(self.open_shared, self.session, self.replay_outputs, **PRIVATE)
 
-    # ----- replay, share link, ZeroGPU sizing (`kvlab.ui.compare_extras`) -----
+    # ----- replay, share link, ZeroGPU sizing (`kvlab.ui.compare.extras`) -----
 
     def replay(self, path: str | None, session: dict, exports: list[str] | None = None) -> dict:
         """A run record uploaded: shown as measured (`compare_extras.replay`)."""

@@ -18,12 +18,12 @@ from kvlab.compare.replay import RecordError, load_record
 from kvlab.models.loading import ModelLoadError
 from kvlab.presets import PresetError, load_preset
 
-from .shared import zerogpu
-from .compare_replay import replay_code, view_from_record
-from .compare_updates import CompareUpdater
-from .shared.knobs import NO_STRATEGY
+from ..shared import zerogpu
+from .replay import replay_code, view_from_record
+from .updates import CompareUpdater
+from ..shared.knobs import NO_STRATEGY
 from .records import SHARE_PARAM, run_preset, shared_exports
-from .shared.theme import line_html
+from ..shared.theme import line_html
 
 
 def run_gpu_s(strategies: list[str | None], max_new_tokens) -> int:
@@ -56,7 +56,7 @@ def replay(updater: CompareUpdater, path: str | None, session: dict, exports: li
 
 
 def open_shared(updater: CompareUpdater, session: dict, request: gr.Request | None) -> dict:
-    """Page load: the result a share link names (`?run=<id>`, `kvlab.ui.records.SHARE_PARAM`) shown as
+    """Page load: the result a share link names (`?run=<id>`, `kvlab.ui.compare.records.SHARE_PARAM`) shown as
     `replay` shows it, with its own exports and link; nothing without the parameter; a link whose result
     is no longer kept says so in the status line."""
     run_id = dict(request.query_params).get(SHARE_PARAM) if request is not None else None

@@ -16,7 +16,7 @@
   and budget line, the model line, the status line and each strategy's
   explanation.
 
-No gradio, no threads. The layout and wiring are `kvlab.ui.plan_tab`'s; the
+No gradio, no threads. The layout and wiring are `kvlab.ui.plan.tab`'s; the
 planning is `kvlab.plan.planner`'s.
 """
 
@@ -33,8 +33,8 @@ from kvlab.plan.catalog import ConfigError, known_models, resolve_config
 from kvlab.plan.planner import GIB, Plan, PlanError, PlanRequest, plan
 from kvlab.plan.token_counts import parse_token_counts
 
-from .shared.figures import plan_figure, tokens_label
-from .shared.knobs import NO_STRATEGY, column_spec, plan_columns
+from ..shared.figures import plan_figure, tokens_label
+from ..shared.knobs import NO_STRATEGY, column_spec, plan_columns
 
 DEFAULT_MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 DEFAULT_CONTEXTS = "1k, 4k, 16k, 64k, 128k"

@@ -24,13 +24,13 @@ import gradio as gr
 from kvlab.compare.events import RunPhase
 from kvlab.strategies import StrategyError
 
-from .shared.cards import StrategyCard
-from .compare_form import RunPlan
-from .shared.live_plots import LivePlots
-from .compare_view import RunView
-from .shared.knobs import NO_STRATEGY, card_form, strategy_choices
+from ..shared.cards import StrategyCard
+from .form import RunPlan
+from ..shared.live_plots import LivePlots
+from .view import RunView
+from ..shared.knobs import NO_STRATEGY, card_form, strategy_choices
 from .records import code_text, record_for, share_id, write_exports
-from .shared.theme import line_html, share_html, status_html
+from ..shared.theme import line_html, share_html, status_html
 
 TEXT_EVERY_S = 0.5
 """Least time between two streamed updates of the column texts and statuses (each update is work for the
