@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from ..compute import compute, compute_iter
 from ..measure.noise import run_timing, timing_noise
-from ..measure.quiet import RETIME_MAX_TOKENS, quiet_steps, quiet_summary
+from .quiet import RETIME_MAX_TOKENS, quiet_steps, quiet_summary
 from ..measure.record import DEFAULT_POLICY, POLICIES
 from ..measure.warmup import needs_warm_up, warm_up_columns
 from .events import RunPhase
@@ -22,7 +22,7 @@ from .events import RunPhase
 @dataclass(frozen=True)
 class Measurement:
     """How one run is measured. policy: one of POLICIES (`live`: the live run's figures after a warm-up;
-    `quiet`: those figures re-timed after the run in fair mode, see `kvlab.measure.quiet`).
+    `quiet`: those figures re-timed after the run in fair mode, see `kvlab.compare.quiet`).
 
     Raises:
         ValueError: an unknown policy; the message lists the allowed ones.

@@ -1,6 +1,6 @@
 """Compressing a pruned cache again while decoding (kvpress's `DecodingPress`, kvpress `presses/decoding_press.py`).
 
-`kvlab.eviction.prefill.prune_at_prefill(..., compress_every=N)` calls `decode_step` from its forward hook for
+`kvlab.eviction.prefill.prune_at_prefill(..., compress_every=N)` calls `buffer_and_compress` from its forward hook for
 every forward after the prefill: it buffers the layer's input hidden states and rotary tables for every token
 fed; once a layer has been fed `every` tokens since its last compression, its whole cache
 (the positions it kept and the tokens fed since) is scored with the buffered tokens as the queries (they are the
@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .prefill import EvictionRecord, Scorer, prune_layer
+from .kept import EvictionRecord, Scorer, prune_layer
 from .scoring import LayerInputs
 
 
@@ -76,7 +76,7 @@ def held_after(kept: int, fed: int, every: int, target: int) -> int:
     return held + rest
 
 
-def decode_step(module, layer, buffer: DecodeBuffer, fed: tuple, score: Scorer, kept: int, every: int,
+def buffer_and_compress(module, layer, buffer: DecodeBuffer, fed: tuple, score: Scorer, kept: int, every: int,
                 rotary=None, record: EvictionRecord | None = None) -> bool:
     """Buffer one forward's `fed` (hidden_states, cos, sin) for `layer` (the cache layer of attention `module`) and,
     once `every` tokens are buffered, compress the layer to `kept` positions per KV head and empty its buffer;

@@ -19,82 +19,12 @@ The hooks are removed when the block exits, also on an exception. This module do
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
-from dataclasses import dataclass, field
 
 import torch
 
+from .decoding import buffer_and_compress, buffer_of
+from .kept import EvictionRecord, KeptTokens, LayerEviction, Scorer, prune_layer
 from .scoring import LayerInputs
-
-
-@dataclass
-class LayerEviction:
-    """What one layer kept at its last compression. kept: (kv_heads, kept) absolute positions, ascending, int64 on
-    the CPU. scores: (kv_heads, positions) the method's score of every position scored, indexed by absolute
-    position, float32 on the CPU; NaN for a position the layer no longer held when it was scored.
-    compressions: how many times the layer was compressed while decoding (`kvlab.eviction.decoding`)."""
-
-    layer_idx: int
-    kept: torch.Tensor
-    scores: torch.Tensor
-    compressions: int = 0
-
-    @property
-    def kept_tokens(self) -> int:
-        return int(self.kept.shape[-1])
-
-
-def _runs(mask: list[bool]) -> tuple[tuple[str, int, int], ...]:
-    """(state, start, stop) runs of `held`/`evicted` over a per-position mask."""
-    runs: list[tuple[str, int, int]] = []
-    for position, kept in enumerate(mask):
-        state = "held" if kept else "evicted"
-        if runs and runs[-1][0] == state:
-            runs[-1] = (state, runs[-1][1], position + 1)
-        else:
-            runs.append((state, position, position + 1))
-    return tuple(runs)
-
-
-def held_runs(held: torch.Tensor, seen_tokens: int) -> tuple[tuple[tuple[str, int, int], ...], ...]:
-    """Per KV head, (state, start, stop) runs of `held`/`evicted` over positions 0..seen_tokens-1, from `held`
-    ((kv_heads, held) absolute positions a layer holds, `held_positions()`). The Inspect strip."""
-    mask = torch.zeros(held.shape[0], seen_tokens, dtype=torch.bool)
-    mask.scatter_(1, held.long().clamp(max=seen_tokens - 1), True)
-    return tuple(_runs(row) for row in mask.tolist())
-
-
-@dataclass
-class EvictionRecord:
-    """Per layer, what a prefill (and any compression while decoding) kept (`layers`), and the layers left whole
-    with the reason (`skipped`). prompt_tokens: positions scored at prefill (the part of the prompt compressed)."""
-
-    prompt_tokens: int = 0
-    layers: dict[int, LayerEviction] = field(default_factory=dict)
-    skipped: dict[int, str] = field(default_factory=dict)
-
-    def kept_mask(self, layer_idx: int) -> torch.Tensor:
-        """(kv_heads, positions scored) bool: True where layer `layer_idx` kept the position."""
-        layer = self.layers[layer_idx]
-        mask = torch.zeros(layer.scores.shape, dtype=torch.bool)
-        mask.scatter_(1, layer.kept, True)
-        return mask
-
-    def note_compression(self, layer_idx: int, before: torch.Tensor, scores: torch.Tensor, after: torch.Tensor,
-                         seen_tokens: int, pruned: bool = True) -> None:
-        """Record a compression while decoding: `before`/`after` (kv_heads, held) absolute positions held before
-        and after, `scores` (kv_heads, len(before)) their scores in storage order."""
-        by_position = torch.full((before.shape[0], seen_tokens), float("nan"))
-        by_position.scatter_(1, before.long().cpu(), scores.detach().float().cpu())
-        previous = self.layers.get(layer_idx)
-        count = (previous.compressions if previous else 0) + int(pruned)
-        self.layers[layer_idx] = LayerEviction(layer_idx, after.sort(dim=-1).values.cpu(), by_position, count)
-
-
-Scorer = Callable[[LayerInputs], torch.Tensor]
-"""(layer inputs) -> (batch, kv_heads, seq) scores, higher kept."""
-KeptTokens = Callable[[int, int], int]
-"""(seq, layer_idx) -> positions each KV head of that layer keeps."""
 
 
 def decoder_of(model):
@@ -116,29 +46,6 @@ def true_position_ids(sequence_tokens: int, new_tokens: int, device=None) -> tor
     return torch.arange(sequence_tokens - new_tokens, sequence_tokens, device=device)[None]
 
 
-def prune_layer(layer, scores: torch.Tensor, kept: int) -> torch.Tensor:
-    """Keep the `kept` best-scored positions of every KV head in a cache layer's `keys`/`values`
-    (batch, kv_heads, seq, head_dim), in score order as kvpress's gather leaves them. Returns the kept
-    positions, (batch, kv_heads, kept).
-
-    Raises:
-        ValueError: scores not (batch, kv_heads, seq) of the layer's keys, or `kept` outside 1..seq.
-    """
-    batch, heads, seq, head_dim = layer.keys.shape
-    if tuple(scores.shape) != (batch, heads, seq):
-        raise ValueError(f"scores must have shape {(batch, heads, seq)}, got {tuple(scores.shape)}")
-    if not 1 <= kept <= seq:
-        raise ValueError(f"kept must be in 1..{seq}, got {kept}")
-    indices = scores.topk(kept, dim=-1).indices
-    gather = indices.unsqueeze(-1).expand(-1, -1, -1, head_dim)
-    layer.keys = layer.keys.gather(2, gather).contiguous()
-    layer.values = layer.values.gather(2, gather).contiguous()
-    keep_slots = getattr(layer, "keep_slots", None)
-    if callable(keep_slots):  # a layer that tracks the positions it holds (kvlab's PrunedLayer)
-        keep_slots(indices)
-    return indices
-
-
 @contextlib.contextmanager
 def prune_at_prefill(model, score: Scorer, kept_tokens: KeptTokens, record: EvictionRecord | None = None,
                      compress_every: int = 0, compress_to: KeptTokens | None = None):
@@ -154,8 +61,6 @@ def prune_at_prefill(model, score: Scorer, kept_tokens: KeptTokens, record: Evic
         ValueError: `compress_every` < 0; from inside the forward, the scorer or the budget refuses the prompt
             (e.g. shorter than SnapKV's window) or the buffered tokens.
     """
-    from .decoding import buffer_of, decode_step
-
     if compress_every < 0:
         raise ValueError(f"compress_every must be >= 0, got {compress_every}")
     record = EvictionRecord() if record is None else record
@@ -176,7 +81,7 @@ def prune_at_prefill(model, score: Scorer, kept_tokens: KeptTokens, record: Evic
         if layer.keys.shape[2] != seq:  # the cache held tokens before this forward: not a prefill
             if compress_every and record.prompt_tokens:
                 kept = (compress_to or kept_tokens)(record.prompt_tokens, module.layer_idx)
-                decode_step(module, layer, buffer_of(cache), (hidden.detach(), cos, sin), score, kept,
+                buffer_and_compress(module, layer, buffer_of(cache), (hidden.detach(), cos, sin), score, kept,
                             compress_every, rotary, record)
             return output
         inputs = LayerInputs(module, hidden, layer.keys, layer.values, cos, sin, rotary)

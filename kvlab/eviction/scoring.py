@@ -6,7 +6,7 @@ higher is kept. The queries are computed here from the layer's own `q_proj` (pre
 as the layer does), so no method needs eager attention. Each function names the paper (arXiv id) and
 the kvpress file it follows; where kvpress differs from the paper kvlab follows kvpress.
 
-This module only scores; pruning lives in `kvlab.eviction.prefill`.
+This module only scores; pruning lives in `kvlab.eviction.kept` (`prune_layer`).
 """
 
 from __future__ import annotations

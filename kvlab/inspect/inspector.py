@@ -59,7 +59,7 @@ class LayerRow:
     it holds; parts: LAYER_PARTS -> bytes; devices: device -> bytes. strip: (state, start, stop) runs over
     sequence positions, states from STRIP_STATES. head_strips: for a layer pruned by a scored-eviction strategy,
     the same runs per KV head, and head_scores the method's score of each scored prompt position per head
-    (`kvlab.eviction.prefill.EvictionRecord`); empty otherwise.
+    (`kvlab.eviction.kept.EvictionRecord`); empty otherwise.
     """
 
     layers: tuple[int, int]
@@ -243,7 +243,7 @@ def _with_eviction(row: LayerRow, layer, record, seen_tokens: int) -> LayerRow:
     """`row` with the held/evicted positions per KV head (the layer's `held_positions()`, which follows every
     prune) and their scores at the last compression (None where not scored), when `record` (a pruned cache's
     `EvictionRecord`) pruned this layer; the layer's own strip then shows head 0's."""
-    from ..eviction.prefill import held_runs
+    from ..eviction.kept import held_runs
 
     index = row.layers[0]
     own = getattr(layer, "held_positions", None)

@@ -1,11 +1,11 @@
-"""How kvlab measures a Compare run's timing: the work behind the timing policies.
+"""How kvlab measures timing: the parts every wing shares, below the engine.
 
-The runner reaches this package through one `Measurement` (`kvlab.compare.timing.for_policy`), which sequences
-what is here; nothing here imports above the engine. Policies (`POLICIES`): `live` (default) keeps the live run's figures after a one-time warm-up; `quiet`
-re-times every finished column after the run, with spike re-timing (`kvlab.measure.quiet`). Inside: the
-warm-up (`warmup`), the re-timing (`quiet`), noise and the busy note (`noise`), the column's timing record
-and old records' upgrade (`record`) and the environment a figure was measured in (`environment`).
-This package measures and judges; it does not render or stream to a page.
+Policies (`POLICIES`): `live` (default) keeps the live run's figures after a one-time warm-up; `quiet`
+re-times every finished column after the run, with spike re-timing. Compare sequences them
+(`kvlab.compare.timing`, the re-timing pass is `kvlab.compare.quiet`); here: the one-time warm-up of a
+strategy (`warmup`), noise and the busy note (`noise`), the column's timing record and old records' upgrade
+(`record`) and the environment a figure was measured in (`environment`). Nothing here imports the engine or
+a strategy; it measures and judges, it does not run a model, render or stream to a page.
 """
 
 from __future__ import annotations

@@ -77,7 +77,7 @@ def run_timing(results: list, policy: str, loads: list, threads: int, cores: int
         cores: CPU cores this process may use (default: `kvlab.measure.environment.cores_available()`).
 
     Returns {policy, load_average, cores, torch_threads, decode_noise, warm_up_s, busy, note}, plus the
-    policy's own figures (`quiet`: max_tokens, live_vs_quiet, replaced_steps; see `kvlab.measure.quiet`):
+    policy's own figures (`quiet`: max_tokens, live_vs_quiet, replaced_steps; see `kvlab.compare.quiet`):
     decode_noise is the median column's relative noise, warm_up_s the one-time set-up this run did (seconds),
     note the sentence the page shows ('' when not busy).
     """

@@ -222,7 +222,8 @@ class ScoredEviction(Strategy):
     def forward(self, loaded, cache, sequence, new_tokens: int):
         """Prefill (cache empty) under the pruning hooks, the question after it when not `query_aware`; any later
         forward at the tokens' true positions. Returns (1, vocab) logits."""
-        from ..eviction.prefill import EvictionRecord, prune_at_prefill, true_position_ids
+        from ..eviction.kept import EvictionRecord
+        from ..eviction.prefill import prune_at_prefill, true_position_ids
 
         total = sequence.shape[1]
         if cache.get_seq_length() > 0:

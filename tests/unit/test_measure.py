@@ -17,7 +17,7 @@ from kvlab.compare.timing import for_policy
 from kvlab.generation import GenerationSettings
 from kvlab.measure import POLICIES
 from kvlab.measure.noise import run_timing, timing_noise
-from kvlab.measure.quiet import RETIME_MAX_TOKENS, SPIKE_RATIO, TTFT_REPEATS, apply_quiet, quiet_summary, spike_steps
+from kvlab.compare.quiet import RETIME_MAX_TOKENS, SPIKE_RATIO, TTFT_REPEATS, apply_quiet, quiet_summary, spike_steps
 from kvlab.strategies import Strategy, make_strategy
 from kvlab.strategies.dynamic import Dynamic
 from kvlab.ui.compare.view import BEST_MARK, RunView

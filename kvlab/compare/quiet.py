@@ -20,8 +20,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from ..engine import Decoder
-from .noise import timing_noise
-from .record import LIVE_FIGURES
+from ..measure.noise import timing_noise
+from ..measure.record import LIVE_FIGURES
 
 RETIME_MAX_TOKENS = 64
 """The quiet pass re-times at most this many tokens per column (the first ones)."""
