@@ -19,7 +19,7 @@ import threading
 from ..compare.summary import format_table, run_record, summary_rows
 from ..generation import encode_prompt
 from ..measure import POLICIES
-from ..strategies.base import parse_strategy_item, split_strategy_list
+from ..strategies.base import split_strategy_list
 
 
 def add_parser(sub, parents) -> None:
@@ -61,6 +61,7 @@ def resolve_compare(args) -> dict:
 
     Raises PresetError / ValueError with the reason (the caller prints it).
     """
+    from ..compare.columns import Column
     from ..models.loading import ModelSpec
     from ..presets import parse_preset
 
@@ -69,7 +70,7 @@ def resolve_compare(args) -> dict:
     _apply_flags(data, args)
     preset = parse_preset(data, preset.name, lenient_columns=bool(args.strategies))
     if args.strategies:
-        columns = [_column(item, args.fallback) for item in split_strategy_list(args.strategies)]
+        columns = [Column.from_text(item, args.fallback) for item in split_strategy_list(args.strategies)]
         if all(column.strategy is None for column in columns):  # nothing could run: say so before the model loads
             raise ValueError("; ".join(f"{column.title}: {column.rejected}" for column in columns))
     else:
@@ -123,20 +124,6 @@ def _apply_flags(data: dict, args) -> None:
         for column in data["columns"]:
             if "budget_mib" in column and "fallback" not in column:
                 column["fallback"] = args.fallback
-
-
-def _column(item: str, fallback: str | None = None):
-    """A runner Column for one `--strategies` item (a budgeted one falls back along `fallback` unless it names
-    its own), or a rejected one carrying the reason."""
-    from ..compare.columns import Column
-
-    try:
-        spec = parse_strategy_item(item)
-    except ValueError as err:
-        return Column(None, rejected=str(err), title=item)
-    if fallback and "budget_mib" in spec:
-        spec.setdefault("fallback", fallback)
-    return Column.or_rejected(spec, title=item)
 
 
 def cmd_replay(args) -> int:

@@ -10,14 +10,12 @@ Bad input prints the reason on stderr and exits with status 2, before any model 
 
 from __future__ import annotations
 
-import json
 import sys
 
 from ..inspect.diverge import MAX_DIVERGE_STEPS, first_layer_with
 from .common import WEIGHTS_DEFAULTS, model_defaults
+from .stepped import open_session, print_steps, write_record
 
-EXIT_USAGE = 2
-EXIT_INTERRUPTED = 130
 DEFAULT_STEPS = 16
 
 
@@ -99,36 +97,16 @@ def _session(args):
 
 def run(args) -> int:
     """Run the `diverge` subcommand; returns the exit status."""
-    from ..compute import compute_iter
-    from ..models.loading import ModelLoadError
-    from .outputs import OutputError, write_text
-
-    try:
-        loaded, session = _session(args)
-    except (ValueError, ModelLoadError) as err:
-        print(f"kvlab diverge: {err}", file=sys.stderr)
-        return EXIT_USAGE
-    except KeyboardInterrupt:
-        print("kvlab diverge: interrupted; nothing was written", file=sys.stderr)
-        return EXIT_INTERRUPTED
+    opened = open_session("kvlab diverge", lambda: _session(args))
+    if isinstance(opened, int):
+        return opened
+    loaded, session = opened
     explanation = getattr(session.strategy, "explanation", "")
     if explanation:
         print(f"{session.strategy.describe()}: {explanation}")
-    try:
-        for record in compute_iter(session.steps(args.steps)):
-            print(step_line(record))
-    except KeyboardInterrupt:
-        print(f"kvlab diverge: interrupted after {len(session.records)} steps; the record keeps them",
-              file=sys.stderr)
+    print_steps("kvlab diverge", session, args.steps, step_line)
     first = session.first_divergence
     print(f"{len(session.records)} steps; {session.strategy.describe()} vs {session.reference.describe()}: "
           f"first divergence {'none' if first is None else f'at step {first}'}")
-    if args.json:
-        prompt = {"text": args.prompt, "system": args.system, "chat": not args.plain}
-        try:
-            write_text(args.json, json.dumps(document(session, prompt, loaded.info()), indent=1))
-        except OutputError as err:
-            print(f"kvlab diverge: {err}", file=sys.stderr)
-            return EXIT_USAGE
-        print(f"wrote {args.json}", file=sys.stderr)
-    return 0
+    prompt = {"text": args.prompt, "system": args.system, "chat": not args.plain}
+    return write_record("kvlab diverge", args.json, document(session, prompt, loaded.info()) if args.json else {})

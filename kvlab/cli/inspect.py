@@ -10,13 +10,12 @@ prints the reason on stderr and exits with status 2.
 
 from __future__ import annotations
 
-import json
 import sys
 
 from ..inspect.inspector import MAX_INSPECT_STEPS
 from .common import WEIGHTS_DEFAULTS, model_defaults
+from .stepped import open_session, print_steps, write_record
 
-EXIT_USAGE = 2
 DEFAULT_STEPS = 32
 
 
@@ -78,30 +77,16 @@ def step_line(record) -> str:
 
 
 def cmd_inspect(args) -> int:
-    from ..compute import compute_iter
-    from ..models.loading import ModelLoadError
-    from .outputs import OutputError, write_text
-
-    try:
-        loaded, session = _session(args)
-    except (ValueError, ModelLoadError) as err:
-        print(f"kvlab inspect: {err}", file=sys.stderr)
-        return EXIT_USAGE
-    records = []
-    for record in compute_iter(session.steps(args.steps)):
-        records.append(record.to_json())
-        print(step_line(record))
+    """Run the `inspect` subcommand; returns the exit status."""
+    opened = open_session("kvlab inspect", lambda: _session(args))
+    if isinstance(opened, int):
+        return opened
+    loaded, session = opened
+    records = [record.to_json() for record in print_steps("kvlab inspect", session, args.steps, step_line)]
     print(f"{len(records)} steps ({session.stop_reason}); {session.strategy.describe()}")
-    if args.json:
-        document = {"model": loaded.info(), "strategy": session.strategy.describe(),
-                    "spec": {"strategy": session.strategy.name, **session.strategy.knobs()},
-                    "prompt": {"text": args.prompt, "system": args.system, "chat": not args.plain},
-                    "prompt_tokens": session.prompt_ids.shape[1], "stop_reason": session.stop_reason,
-                    "token_ids": session.token_ids, "steps": records}
-        try:
-            write_text(args.json, json.dumps(document, indent=1))
-        except OutputError as err:
-            print(f"kvlab inspect: {err}", file=sys.stderr)
-            return EXIT_USAGE
-        print(f"wrote {args.json}", file=sys.stderr)
-    return 0
+    document = {"model": loaded.info(), "strategy": session.strategy.describe(),
+                "spec": {"strategy": session.strategy.name, **session.strategy.knobs()},
+                "prompt": {"text": args.prompt, "system": args.system, "chat": not args.plain},
+                "prompt_tokens": session.prompt_ids.shape[1], "stop_reason": session.stop_reason,
+                "token_ids": session.token_ids, "steps": records}
+    return write_record("kvlab inspect", args.json, document)

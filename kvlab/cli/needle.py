@@ -36,6 +36,7 @@ def add_parser(sub, parents) -> None:
 
 def _plan(args):
     """(preset, column specs, grid values) from the preset and the flags. Raises PresetError / ValueError."""
+    from ..compare.columns import Column
     from ..needle.preset import load_needle_preset
     from ..strategies.base import split_strategy_list
 
@@ -45,23 +46,12 @@ def _plan(args):
         items = split_strategy_list(args.strategies)
         if not items:
             raise ValueError("--strategies is empty: name at least one, e.g. dynamic,sink:window_length=128")
-        specs = [_column(item) for item in items]
+        specs = [Column.from_text(item) for item in items]
     grid = preset.grid
     values = {"lengths": args.lengths or grid.lengths, "depths": args.depths or grid.depths,
               "seeds": args.seeds or grid.seeds,
               "new_tokens": args.new_tokens if args.new_tokens is not None else grid.new_tokens}
     return preset, specs, values
-
-
-def _column(item: str):
-    """A column for one `--strategies` item, or a rejected one carrying the reason (reported in its place)."""
-    from ..compare.columns import Column
-    from ..strategies.base import parse_strategy_item
-
-    try:
-        return Column.or_rejected(parse_strategy_item(item), title=item)
-    except ValueError as err:
-        return Column(None, rejected=str(err), title=item)
 
 
 def hits_table(record: dict) -> str:

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from ..budget import Budget, parse_budget, require_cache
 from ..strategies import Strategy, StrategyError, make_strategy
+from ..strategies.base import parse_strategy_item
 
 MODES = ("fair", "parallel", "sequential")
 """How a comparison's columns share the machine (see `kvlab.compare.runner`)."""
@@ -62,6 +63,19 @@ class Column:
             return cls.from_spec(spec)
         except StrategyError as err:
             return cls(None, rejected=str(err), title=title or str(spec.get("strategy", "?")))
+
+    @classmethod
+    def from_text(cls, item: str, fallback: str | None = None) -> "Column":
+        """One column in compare syntax (`sink:window_length=64`, `snapkv:budget_mib=2`), or a rejected column
+        titled `item` carrying the reason; a budgeted column falls back along `fallback` (compare syntax) unless
+        it names its own chain."""
+        try:
+            spec = parse_strategy_item(item)
+        except ValueError as err:
+            return cls(None, rejected=str(err), title=item)
+        if fallback and "budget_mib" in spec:
+            spec.setdefault("fallback", fallback)
+        return cls.or_rejected(spec, title=item)
 
     def describe(self) -> str:
         """The column's name: the strategy's `describe()`, plus the budget when there is one."""

@@ -28,6 +28,3 @@ class NoCache(Strategy):
 
     def generate_kwargs_code(self) -> str:
         return "use_cache=False"
-
-    def generate_kwargs(self, cache) -> dict:
-        return {"use_cache": False}

@@ -13,9 +13,6 @@ from __future__ import annotations
 
 import functools
 import json
-import tempfile
-import threading
-from pathlib import Path
 
 import gradio as gr
 
@@ -27,11 +24,11 @@ from kvlab.needle.prompt import key_tokens, min_context_tokens
 from kvlab.needle.record import records_to_csv
 from kvlab.needle.runner import NeedleCell, NeedleDone, max_positions, run_needle
 from kvlab.presets import PresetError
-from kvlab.strategies.base import parse_strategy_item
 
 from ..shared.live_plots import plot_update, roster_colors
-from ..shared.loader import CONCURRENCY, MODEL_CONCURRENCY_ID
+from ..shared.exports import fresh_export_folder
 from ..shared.model_picker import model_dropdown
+from ..shared.runs import PRIVATE, session_stop, wire_run
 from .view import NO_PRESET, OUTCOME_COLORS, NeedleView, preset_fields
 from ..shared.theme import COLORS
 
@@ -48,7 +45,6 @@ MIB_FORMAT = ".2~f"
 """d3 format of the mean cache MiB axis."""
 RATE_FORMAT = ".0%"
 """d3 format of the hit rate axis (a fraction shown as a percentage)."""
-PRIVATE = {"concurrency_limit": None, "api_visibility": "private"}
 EXPLAIN = (
     "Does each cache keep the model right at long context? Every cell hides a 5-digit pass key in filler text "
     "(the passkey prompt of Landmark Attention, Mohtashami & Jaggi 2023, arXiv:2305.16300, as reused by LongLoRA "
@@ -65,13 +61,7 @@ def column_specs(text: str) -> list[Column]:
         raise ValueError("name at least one column, e.g. dynamic, sink:window_length=128")
     if len(items) > MAX_COLUMNS:
         raise ValueError(f"at most {MAX_COLUMNS} columns (sweeps included), got {len(items)}")
-    columns = []
-    for item in items:
-        try:
-            columns.append(Column.or_rejected(parse_strategy_item(item), title=item))
-        except ValueError as err:
-            columns.append(Column(None, rejected=str(err), title=item))
-    return columns
+    return [Column.from_text(item) for item in items]
 
 
 class NeedleTab:
@@ -116,11 +106,9 @@ class NeedleTab:
         self.download = gr.File(label="record (JSON, CSV)", file_count="multiple", elem_id="needle-record")
         self.session = gr.State({})
         outputs = [self.status, *self.heatmaps, self.pareto, self.table, self.download]
-        self.run_button.click(self.prepare, self.session, self.status, **PRIVATE).then(
-            self.stream, [self.session, self.source, self.columns, self.lengths, self.depths, self.seeds,
-                          self.new_tokens], outputs, concurrency_limit=CONCURRENCY,
-            concurrency_id=MODEL_CONCURRENCY_ID, api_visibility="private")
-        self.stop_button.click(self.stop, self.session, None, **PRIVATE)
+        wire_run(self.run_button, self.stop_button, self.session, self.status, self.stream,
+                 [self.session, self.source, self.columns, self.lengths, self.depths, self.seeds, self.new_tokens],
+                 outputs)
         self.preset.change(self.apply_preset, self.preset,
                            [self.columns, self.lengths, self.depths, self.seeds, self.new_tokens, self.status], **PRIVATE)
         return self
@@ -135,14 +123,6 @@ class NeedleTab:
             return *[gr.update()] * 5, ""
         return (fields["columns"], fields["lengths"], fields["depths"], fields["seeds"], fields["new_tokens"],
                 f"preset **{name}**: {fields['description']}")
-
-    def prepare(self, session: dict) -> str:
-        session["stop"] = threading.Event()
-        return "waiting for a free slot…"
-
-    def stop(self, session: dict) -> None:
-        if session.get("stop") is not None:
-            session["stop"].set()
 
     def redraw(self, view: NeedleView, primer: bool = False) -> dict:
         """Every heatmap, the Pareto plot, the status and the table, from `view`.
@@ -174,15 +154,15 @@ class NeedleTab:
         return updates
 
     def record_files(self, record: dict, records) -> list[str]:
-        """The run's JSON record and its CSV (one row per cell), written to a fresh temporary folder."""
-        folder = Path(tempfile.mkdtemp(prefix="kvlab-needle-"))
+        """The run's JSON record and its CSV (one row per cell), written to a fresh export folder."""
+        folder = fresh_export_folder("needle-")
         (folder / "needle.json").write_text(json.dumps(record, indent=1))
         (folder / "needle.csv").write_text(records_to_csv(records))
         return [str(folder / "needle.json"), str(folder / "needle.csv")]
 
     def stream(self, session, source, columns_text, lengths, depths, seeds, new_tokens):
         """Load, check and run the grid, yielding {component: update}; bad input ends with a message."""
-        stop = session.get("stop") or threading.Event()
+        stop = session_stop(session)
         yield {self.status: "loading the model…", self.download: None}
         try:
             columns = column_specs(columns_text)

@@ -24,9 +24,9 @@ from kvlab.strategies import StrategyError
 
 from ..shared import zerogpu
 from ..shared.live_plots import line_plot, roster_update
-from ..shared.loader import CONCURRENCY, MODEL_CONCURRENCY_ID
 from ..shared.model_picker import model_dropdown
 from ..shared.plot_frames import PPL, PPL_BYTES
+from ..shared.runs import PRIVATE, session_stop, wire_run
 from .view import (
     default_choices,
     BUILT_IN,
@@ -43,7 +43,6 @@ from .view import (
 logger = logging.getLogger(__name__)
 PLOT_EVERY_S = 1.5
 """Least time between two redraws of the plot while the text streams."""
-PRIVATE = {"concurrency_limit": None, "api_visibility": "private"}
 EXPLAIN = (
     "Each token of a long text is predicted from what the cache still holds. **dynamic** keeps everything; "
     "**window** (a sink cache with 0 sinks) keeps only the last `window` tokens (the paper's window-attention "
@@ -96,11 +95,8 @@ class PerplexityTab:
     def _wire(self) -> None:
         self.run_inputs = {self.session, self.source, self.text_choice, self.choices, self.extra, self.tokens,
                            self.window, self.sinks, self.pasted}
-        self.run_button.click(self.prepare, self.session, self.status, **PRIVATE).then(
-            zerogpu.gpu(self._on_run, self.gpu_s), self.run_inputs, [self.status, self.ppl_plot, self.bytes_plot,
-                                                                    self.table], concurrency_limit=CONCURRENCY,
-            concurrency_id=MODEL_CONCURRENCY_ID, api_visibility="private")
-        self.stop_button.click(self.stop, self.session, None, **PRIVATE)
+        wire_run(self.run_button, self.stop_button, self.session, self.status, zerogpu.gpu(self._on_run, self.gpu_s),
+                 self.run_inputs, [self.status, self.ppl_plot, self.bytes_plot, self.table])
         self.source.input(lambda source: gr.update(value=default_choices(source)), self.source, self.choices,
                           **PRIVATE)
 
@@ -110,15 +106,6 @@ class PerplexityTab:
                                  choices=list(data[self.choices] or []), extra=data[self.extra],
                                  tokens=data[self.tokens], window=data[self.window], sinks=data[self.sinks],
                                  pasted=data[self.pasted])
-
-    def prepare(self, session: dict) -> str:
-        """Run clicked (before queueing): a fresh stop event for this session's run."""
-        session["stop"] = threading.Event()
-        return "waiting for a free slot…"
-
-    def stop(self, session: dict) -> None:
-        if session.get("stop") is not None:
-            session["stop"].set()
 
     def gpu_s(self, data: dict) -> int:
         """ZeroGPU seconds a run asks for: its caches × tokens to stream (`zerogpu.estimate_s`)."""
@@ -134,7 +121,7 @@ class PerplexityTab:
                 self.bytes_plot: roster_update(nbytes, PPL_BYTES, colors, roster, primer)}
 
     def _on_run(self, data: dict):
-        yield from self.stream(self.request_from(data), data[self.session].get("stop") or threading.Event())
+        yield from self.stream(self.request_from(data), session_stop(data[self.session]))
 
     def stream(self, request: PerplexityRequest, stop: threading.Event):
         """Load, plan and stream the run, yielding {component: update}; bad input ends with a message."""
