@@ -18,7 +18,8 @@ import threading
 import time
 
 from ..measure import DEFAULT_POLICY, POLICIES
-from .harness import Context, bare_generate, make_check, rotated, summarize
+from .harness import Context, make_check, rotated, summarize
+from .sides import bare_generate
 
 PRESET = "quickstart"
 E2E_TARGET = 1.3

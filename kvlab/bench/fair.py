@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import statistics
 
-from .harness import Context, interleaved, make_check, median_decode_s, rotated, run_kvlab, spread, summarize
+from .harness import Context, interleaved, make_check, median_decode_s, rotated, spread, summarize
+
+from .sides import run_kvlab
 from .strategy_sets import FAIR_STRATEGIES, usable_lineup
 
 FAIR_BAND = (0.95, 1.05)

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import statistics
 
-from .harness import Context, interleaved, make_check, run_bare, run_kvlab, summarize
+from .harness import Context, interleaved, make_check, summarize
+
+from .sides import run_bare, run_kvlab
 from .profiling import profile_step
 from .strategy_sets import OVERHEAD_STRATEGIES, usable_lineup
 

@@ -15,7 +15,8 @@ import statistics
 
 from ..compute import compute
 from ..measure.environment import cores_available
-from .harness import Context, interleaved, make_check, run_bare, run_bare_together, run_kvlab, summarize
+from .harness import Context, interleaved, make_check, summarize
+from .sides import run_bare, run_bare_together, run_kvlab
 from .strategy_sets import FAIR_STRATEGIES
 
 PARALLEL_MAX_RATIO = 0.70

@@ -11,7 +11,7 @@ import threading
 from pathlib import Path
 
 from ..compute import compute
-from .harness import settings_for
+from .sides import settings_for
 
 PROFILE_INTERVAL_S = 0.0005
 TOP_CALLS = 6

@@ -17,7 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..compute import compute
-from .harness import Context, make_check, run_kvlab, summarize
+from .harness import Context, make_check, summarize
+from .sides import run_kvlab
 
 ROOFLINE_BEFORE = 0.30
 """The fraction of the bound measured when the issue was filed (reported beside today's)."""

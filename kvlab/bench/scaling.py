@@ -14,7 +14,9 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 
-from .harness import Context, filler_ids, make_check, median_decode_s, run_kvlab, summarize
+from .harness import Context, filler_ids, make_check, median_decode_s, summarize
+
+from .sides import run_kvlab
 from .strategy_sets import SCALING_STRATEGIES, find, is_dynamic, is_no_cache, is_quantized_int4, is_sink
 
 NO_CACHE_GROWTH_MIN = 1.5

@@ -14,6 +14,8 @@ import it in `kvlab/strategies/__init__.py`, add it to the test matrix in
 
 from __future__ import annotations
 
+import contextlib
+
 import dataclasses
 from dataclasses import dataclass
 from typing import ClassVar
@@ -253,6 +255,11 @@ class Strategy:
         acts through hooks during the prefill (the scored-eviction strategies)."""
         return [], ""
 
+    def generate_context(self, loaded):
+        """The context manager a bare `model.generate()` with this strategy's cache runs inside (the prefill
+        hooks of a pruning strategy; `generate_context_code` is its snippet); by default it does nothing."""
+        return contextlib.nullcontext()
+
     def generate_kwargs_code(self) -> str:
         """Extra `generate()` keyword arguments in the snippet."""
         return "cache=cache"
@@ -262,10 +269,6 @@ class Strategy:
         `input_ids` (the step's new tokens), `sequence` (every id so far), `cache` and `position_ids`."""
         return [], ["out = model(input_ids=input_ids, cache=cache, use_cache=True, position_ids=position_ids, "
                 "logits_to_keep=1)"]
-
-    def generate_kwargs(self, cache) -> dict:
-        """Keyword arguments that hand `cache` (from `build_cache`) to transformers' `generate()`."""
-        return {"cache": cache}
 
 
 def make_strategy(spec: dict | Strategy) -> Strategy:

@@ -41,12 +41,11 @@ def pruned_cache(config):
 
 @dataclass
 class ScoredEviction(Strategy):
-    """Base of the scored-eviction strategies; a subclass sets `name`, `paper`, `kvpress_file` and `score`."""
+    """Base of the scored-eviction strategies; a subclass sets `name`, `scorer_name` and `score`; its module
+    docstring cites the paper and kvpress's file."""
 
     lossy = True
     is_evicting = True
-    paper: ClassVar[str] = ""
-    kvpress_file: ClassVar[str] = ""
     scorer_name: ClassVar[str] = ""
     title_knobs = ("compression_ratio", "target_tokens", "target_mib", "compress_every")
     compression_ratio: float = DEFAULT_COMPRESSION_RATIO
@@ -307,6 +306,16 @@ class ScoredEviction(Strategy):
             return (["from kvlab.eviction.cache import PrunedCache"],
                     "cache = PrunedCache(model.config)  # a DynamicCache whose layers know the positions they hold")
         return ["from transformers import DynamicCache"], "cache = DynamicCache(config=model.config)"
+
+    def generate_context(self, loaded):
+        """`prune_at_prefill` with this method's scorer and budget (and `compress_every`), for a bare
+        `model.generate()`: the question is pruned with the prompt (generate feeds them together)."""
+        from ..eviction.prefill import prune_at_prefill
+
+        config, dtype = loaded.config, loaded.model.dtype
+        return prune_at_prefill(loaded.model, self.score, lambda seq, layer: self.kept_tokens(seq, layer, config, dtype),
+                                None, self.compress_every,
+                                lambda seq, layer: self.compress_target(seq, layer, config, dtype))
 
     def generate_context_code(self) -> tuple[list[str], str]:
         imports, call = self.prune_code()

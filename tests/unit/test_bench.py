@@ -14,7 +14,8 @@ import torch
 
 from kvlab.models import readiness
 from kvlab.bench import SECTIONS, cli, harness, strategy_sets
-from kvlab.bench.harness import SIZES, Context, bare_generate
+from kvlab.bench.harness import SIZES, Context
+from kvlab.bench.sides import bare_generate
 from kvlab.bench.overhead import bench_overhead
 from kvlab.bench.scaling import ScalingFigures, scaling_checks
 from kvlab.bench.suite import RUNNERS
@@ -121,6 +122,25 @@ def test_bare_generate_builds_the_cache_the_registry_names(tiny, throwaway, monk
     assert type(seen[0]["cache"]).__name__ == "DynamicCache" and "use_cache" not in seen[0]
     assert seen[1] == {"use_cache": False}
     assert type(seen[2]["cache"]).__name__ == "StaticCache"
+
+
+def test_the_bare_side_prunes_an_eviction_strategy_with_its_prefill_hooks(tiny, monkeypatch):
+    prompt = torch.tensor([[1, *range(400, 440)]])
+    caches = []
+    generate = tiny.model.generate
+
+    def spy(*args, **kwargs):
+        caches.append(kwargs["cache"])
+        return generate(*args, **kwargs)
+
+    monkeypatch.setattr(tiny.model, "generate", spy)
+    hooks_before = sum(len(layer.self_attn._forward_hooks) for layer in tiny.model.model.layers)
+    for spec in ({"strategy": "knorm", "compression_ratio": 0.5}, {"strategy": "dynamic"}):
+        bare_generate(tiny, prompt, spec, 3)()
+    pruned, dense = caches
+    # 41 prompt tokens pruned to half at prefill, then the 2 tokens fed while decoding; the dense cache keeps all 43
+    assert pruned.layers[0].keys.shape[2] == 20 + 2 and dense.layers[0].keys.shape[2] == 41 + 2
+    assert sum(len(layer.self_attn._forward_hooks) for layer in tiny.model.model.layers) == hooks_before
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="offloading runs where there is CUDA")
@@ -271,7 +291,7 @@ def test_plan_section_memory_check_is_not_judged_without_proc(tiny, monkeypatch,
 def test_the_bench_times_one_generation_per_column():
     """A re-timing policy would run every column a second time inside the kvlab run the overhead section times
     (halving its tok/s against bare generate) and, in fair mode, replace the together figures with alone ones."""
-    from kvlab.bench.harness import settings_for
+    from kvlab.bench.sides import settings_for
 
     settings = settings_for(12)
     assert settings.max_new_tokens == 12 and not settings.stop_at_eos
