@@ -11,8 +11,8 @@ with an offloaded cache. kvlab makes that gradual and visible:
   token id so far into the new cache, so no generated text is lost). A `torch.OutOfMemoryError` (CUDA out of
   memory) raised by a step does the same, and the step runs again. Each switch is a `Fallback` record.
 
-This module decides and switches; `kvlab.compare.runner` streams the events and `kvlab.compare.fidelity` replays the switches
-when it scores the run. It does not render.
+This module decides and switches; `kvlab.compare.runner` streams the events and `kvlab.compare.fidelity`
+replays the switches when it scores the run. It does not render.
 """
 
 from __future__ import annotations

@@ -199,15 +199,8 @@ def _append_by_type(series: dict[str, list[int]], values: dict[str, int]) -> Non
         series.setdefault(kind, [0] * steps).append(values.get(kind, 0))
 
 
-def run_compare(
-    loaded,
-    prompt_ids: torch.Tensor,
-    columns: list,
-    settings: GenerationSettings | None = None,
-    mode: str = "fair",
-    stop: threading.Event | None = None,
-    baseline: int | None = None,
-) -> Iterator[Event]:
+def run_compare(loaded, prompt_ids: torch.Tensor, columns: list, settings: GenerationSettings | None = None,
+                mode: str = "fair", stop: threading.Event | None = None, baseline: int | None = None) -> Iterator[Event]:
     """Run every column and yield events as they happen; the last one is `RunDone`.
 
     Args:

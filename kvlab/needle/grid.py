@@ -60,6 +60,22 @@ class Grid:
         return [(n, d, s) for n in self.lengths for d in self.depths for s in self.seeds]
 
 
+def _depths(depths, problems: list[str]) -> list[float]:
+    """The valid depths of `depths` in order, once each; a problem line for each item left out."""
+    good: list[float] = []
+    for item in split_items(depths):
+        try:
+            value = float(item)
+        except ValueError:
+            problems.append(f"depth {item!r} is not a number in [0, 1]")
+            continue
+        if not 0.0 <= value <= 1.0:
+            problems.append(f"depth {item} is outside [0, 1] (0 = needle first, 1 = needle last); left out")
+        elif value not in good:
+            good.append(value)
+    return good
+
+
 def parse_grid(lengths, depths=DEFAULT_DEPTHS, seeds=(0,), new_tokens: int = DEFAULT_NEW_TOKENS, *,
                max_positions: int | None = None, min_tokens: int = 1, key_tokens=None) -> Grid:
     """Parse and check a grid. `lengths`, `depths`, `seeds`: text (`512,1k,2k`) or lists.
@@ -87,17 +103,7 @@ def parse_grid(lengths, depths=DEFAULT_DEPTHS, seeds=(0,), new_tokens: int = DEF
             problems.append(f"length {item} is under the {min_tokens} tokens the bare passkey prompt takes; left out")
         elif value not in good_lengths:
             good_lengths.append(value)
-    good_depths: list[float] = []
-    for item in split_items(depths):
-        try:
-            value = float(item)
-        except ValueError:
-            problems.append(f"depth {item!r} is not a number in [0, 1]")
-            continue
-        if not 0.0 <= value <= 1.0:
-            problems.append(f"depth {item} is outside [0, 1] (0 = needle first, 1 = needle last); left out")
-        elif value not in good_depths:
-            good_depths.append(value)
+    good_depths = _depths(depths, problems)
     good_seeds: list[int] = []
     for item in split_items(seeds):
         try:

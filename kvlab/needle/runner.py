@@ -91,6 +91,15 @@ def _fill(record: CellRecord, outcome) -> CellRecord:
     return record
 
 
+def _gate(records: list[CellRecord], dense: list[int]) -> None:
+    """Mark every column's record of a cell that a dense column missed as gated (beyond the model)."""
+    for record in records:
+        if record.column in dense and record.status == "ok" and not record.hit:
+            for other in records:
+                if other.cell == record.cell:
+                    other.gated = True
+
+
 def run_needle(loaded, specs, grid: Grid, stop: threading.Event | None = None) -> Iterator[NeedleEvent]:
     """Run `grid` under each column of `specs` (strategy dicts, Strategies or Columns) and yield events:
     NeedleStarted, then NeedleColumnError / NeedleCell as they happen, then one NeedleDone.
@@ -140,11 +149,7 @@ def run_needle(loaded, specs, grid: Grid, stop: threading.Event | None = None) -
             record.gated = dense_missed
             records.append(record)
             yield NeedleCell(record)
-    for record in records:
-        if record.column in dense and record.status == "ok" and not record.hit:
-            for other in records:
-                if other.cell == record.cell:
-                    other.gated = True
+    _gate(records, dense)
     wall_s = time.perf_counter() - started
     info = {**loaded.info(), "hub_id": _hub_id(loaded), "max_position_embeddings": max_positions(loaded)}
     column_info = [{"name": names[i], "spec": {"strategy": c.strategy.name, **c.strategy.knobs()} if c.strategy else {},

@@ -14,7 +14,8 @@ from kvlab.inspect.diverge import DivergeSession
 from kvlab.inspect.loops import FullSequenceLoop
 from kvlab.strategies import make_strategy
 from kvlab.ui.inspect.diverge import diverge_figure, diverge_markdown
-from kvlab.ui.shared.inspect_links import InspectLink, divergence_links, inspect_query, parse_inspect_query, strategy_item
+from kvlab.ui.shared.inspect_links import (InspectLink, divergence_links, inspect_query, parse_inspect_query,
+                                           strategy_item)
 
 PROMPT = torch.tensor([[1, 400, 401, 402, 403, 404, 405, 406, 407, 408]])
 SINK = {"strategy": "sink", "window_length": 12, "num_sink_tokens": 2}

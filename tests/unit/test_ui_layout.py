@@ -10,10 +10,12 @@ import pytest
 
 from kvlab.strategies import STRATEGIES
 from kvlab.strategies.base import names_with
-from kvlab.ui.shared.knobs import NO_STRATEGY, UNAVAILABLE_MARK, card_form, knob_index, strategy_choices, strategy_from_card
+from kvlab.ui.shared.knobs import (NO_STRATEGY, UNAVAILABLE_MARK, card_form, knob_index, strategy_choices,
+                                   strategy_from_card)
 
 ROOT = Path(__file__).resolve().parents[2]
-PURE = ["kvlab.ui", "kvlab.ui.shared.loader", "kvlab.ui.shared.knobs", "kvlab.ui.shared.theme", "kvlab.ui.shared.figures", "kvlab.ui.shared.code",
+PURE = ["kvlab.ui", "kvlab.ui.shared.loader", "kvlab.ui.shared.knobs", "kvlab.ui.shared.theme",
+        "kvlab.ui.shared.figures", "kvlab.ui.shared.code", "kvlab.ui.shared.exports", "kvlab.ui.shared.inspect_links",
         "kvlab.ui.compare.view", "kvlab.ui.compare.records", "kvlab.ui.chat.view", "kvlab.ui.perplexity.view",
         "kvlab.ui.plan.view", "kvlab.ui.inspect.view", "kvlab.ui.shared.plot_frames", "kvlab.ui.compare.replay"]
 

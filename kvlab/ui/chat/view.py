@@ -21,7 +21,8 @@ from dataclasses import dataclass, field
 import pandas as pd
 import yaml
 
-from kvlab.chat.session import ChatSession, ChatStatus, ChatToken, ChatTurnDone, ChatTurnFailed, TurnStats, turn_rows
+from kvlab.chat.events import ChatStatus, ChatToken, ChatTurnDone, ChatTurnFailed, TurnStats, turn_rows
+from kvlab.chat.session import ChatSession
 from kvlab.generation import GenerationSettings
 from kvlab.models.loading import ModelSpec
 from kvlab.presets import PRESETS_DIR

@@ -77,7 +77,8 @@ HEADERS = {**LABELS, "peak_cache_bytes": "peak cache (MiB)", "vs_baseline_bytes"
 SUMMARY_WIDTHS = ["10%", "9%", "5%", "5%", "5%", "5%", "5%", "6%", "6.5%", "7.5%", "6.5%", "6.5%", "6.5%", "6.5%",
                   "10%"]
 """Summary table column widths, in the order of DISPLAY_COLUMNS: at 1400 px each column holds its longest header
-word and value ("unavailable", "divergence", "0.0000 ★") whole, with the table's type set in `kvlab.ui.shared.theme.CSS`."""
+word and value ("unavailable", "divergence", "0.0000 ★") whole, with the table's type set in
+`kvlab.ui.shared.theme.CSS`."""
 SUMMARY_DATATYPES = ["markdown" if key == "first_divergence" else "str" for key, _ in DISPLAY_COLUMNS]
 """The summary's cell types: the first divergence is a link into Inspect (`RunView.divergence_links`)."""
 

@@ -29,7 +29,8 @@ from kvlab.accounting import layer_windows
 from kvlab.models.bundled import bundled_model
 from kvlab.engine import NllStep
 from kvlab.models.gguf_cache import ModelLoadError
-from kvlab.quality.perplexity import DEFAULT_SINKS, DEFAULT_WINDOW, default_text, parse_perplexity_strategies, ppl_by_segment
+from kvlab.quality.perplexity import (DEFAULT_SINKS, DEFAULT_WINDOW, default_text, parse_perplexity_strategies,
+                                      ppl_by_segment)
 from kvlab.strategies import Strategy, StrategyError
 from kvlab.strategies.base import names_with
 
