@@ -46,6 +46,17 @@ def test_perplexity_statistics_follow_llama_cpp_formulas(figures):
     assert figures.ppl_diff_unc == pytest.approx(math.sqrt(delta_var / 11), rel=1e-12)
 
 
+def test_a_shift_that_grows_with_the_base_nll_enters_the_covariance():
+    # d = 1 exactly where nll_base = 3: x takes 1 and 4, var(x) = 2.25, var(y) = 1, cov(x, y) = 1.5, var(d) = 0.25.
+    column = [b + (1.0 if b == 3.0 else 0.0) for b in BASE]
+    figures = quality_figures(BASE, column, [0.0] * N, [True] * N)
+    ppl, base = math.exp(2.5), math.exp(2.0)
+    assert figures.ln_ppl_correlation == pytest.approx(1.0, rel=1e-12)
+    assert figures.ln_ppl_ratio_unc == pytest.approx(0.5 / math.sqrt(11), rel=1e-12)
+    # llama.cpp: sqrt(P^2 var(x) + B^2 var(y) - 2 P B cov(x, y)) / sqrt(n - 1) = |1.5 P - B| / sqrt(11).
+    assert figures.ppl_diff_unc == pytest.approx(abs(1.5 * ppl - base) / math.sqrt(11), rel=1e-12)
+
+
 def test_kl_statistics_and_llama_cpp_percentiles(figures):
     assert figures.kld_mean == pytest.approx(0.055, rel=1e-14)
     # population variance of 0, 1, ..., 11 is (12^2 - 1) / 12, here in units of 0.01^2.
