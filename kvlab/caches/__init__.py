@@ -1,0 +1,1 @@
+"""kvlab's own cache classes."""
