@@ -147,16 +147,17 @@ class RotationQuantizedLayer(QuantizedLayer):
 
     def stored_nbytes(self) -> int:
         """Exact bytes this layer holds, from the documented layout: the packed keys and values
-        (`rotation_quant.packed_nbytes`), the full-precision residual, and the shared tables when this layer
-        lists them (`SharedTables.nbytes`). Equal to what `kvlab.accounting.layer_bytes_by_device` counts."""
+        (`rotation_quant.packed_nbytes`), the full-precision residual, the shared tables when this layer
+        lists them (`SharedTables.nbytes`), and a beam reorder transformers holds until the next update. Equal to
+        what `kvlab.accounting.layer_bytes_by_device` counts."""
         total = 0
         for packed in (self._quantized_keys, self._quantized_values):
             if packed is not None:
                 batch, heads = packed.norms.shape[:2]
                 total += packed_nbytes(batch, heads, packed.tokens, packed.head_dim, packed.bits)
-        for residual in (self.keys, self.values):
-            if residual is not None:
-                total += residual.nelement() * residual.element_size()
+        for dense in (self.keys, self.values, self._pending_beam_idx):
+            if dense is not None:
+                total += dense.nelement() * dense.element_size()
         if getattr(self, "shared_tables", None) is not None:
             total += self._tables.nbytes()
         return total

@@ -206,6 +206,14 @@ def test_a_beam_reorder_reaches_the_kept_positions():
     assert torch.equal(layer._quantized_keys.norms[:, :, :5], before.norms.flip(0))
 
 
+def test_beam_search_generates_and_its_bytes_stay_exact(tiny):
+    ids = torch.randint(4, len(tiny.tokenizer), (1, 12), generator=torch.Generator().manual_seed(0))
+    cache = RotationQuantizedCache(tiny.model.config, key_bits=3, value_bits=2, residual_length=4)
+    out = tiny.model.generate(ids, cache=cache, max_new_tokens=6, do_sample=False, num_beams=2)
+    assert out.shape == (1, 18) and cache.layers[0]._quantized_keys.indices.shape == (2, 1, 16, 24)
+    assert cache.layers[0]._pending_beam_idx is not None and cache_bytes(cache) == cache.stored_nbytes()
+
+
 @pytest.mark.parametrize("knobs,message", [
     ({"key_bits": 5}, r"key_bits must be one of \[1, 2, 3, 4\], got 5"),
     ({"value_bits": 0}, r"value_bits must be one of \[1, 2, 3, 4\], got 0"),
