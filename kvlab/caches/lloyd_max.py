@@ -17,7 +17,7 @@ import math
 from dataclasses import dataclass
 from functools import lru_cache
 
-import numpy as np
+import torch
 
 BITS = (1, 2, 3, 4)
 """Bits per coordinate a codebook is made for (2**bits levels)."""
@@ -57,45 +57,53 @@ def _check(head_dim: int | None, bits: int) -> None:
         raise ValueError(f"head_dim must be an integer >= {MIN_HEAD_DIM}, got {head_dim!r}")
 
 
-def _grid(head_dim: int | None) -> tuple[np.ndarray, np.ndarray]:
-    """(cell edges, cell probabilities) over the standardized coordinate z = x·sqrt(d); a unit Gaussian for
-    `head_dim` None."""
+def _grid(head_dim: int | None) -> tuple[float, torch.Tensor]:
+    """(half-width, cell probabilities) of a uniform float64 grid over the standardized coordinate
+    z = x·sqrt(d), from -half-width to +half-width; a unit Gaussian for `head_dim` None."""
     half = TAIL_SIGMAS if head_dim is None else min(TAIL_SIGMAS, math.sqrt(head_dim))
-    edges = np.linspace(-half, half, GRID_CELLS + 1)
+    edges = torch.linspace(-half, half, GRID_CELLS + 1, dtype=torch.float64)
     mids = 0.5 * (edges[1:] + edges[:-1])
     if head_dim is None:
         log_density = -0.5 * mids**2
     else:
-        log_density = 0.5 * (head_dim - 3) * np.log1p(-(mids**2) / head_dim)
-    mass = np.exp(log_density - log_density.max())
-    return edges, mass / mass.sum()
+        log_density = 0.5 * (head_dim - 3) * torch.log1p(-(mids**2) / head_dim)
+    mass = torch.exp(log_density - log_density.max())
+    return half, mass / mass.sum()
 
 
-def _lloyd(edges: np.ndarray, mass: np.ndarray, levels: int) -> tuple[np.ndarray, np.ndarray, float]:
+def _cumulative_at(cuts: torch.Tensor, half: float, cumulative: torch.Tensor) -> torch.Tensor:
+    """`cumulative` (GRID_CELLS + 1 values at the uniform grid's edges) linearly interpolated at `cuts`."""
+    position = ((cuts + half) / (2 * half) * GRID_CELLS).clamp(0, GRID_CELLS)
+    low = position.floor().long().clamp(max=GRID_CELLS - 1)
+    fraction = position - low
+    return cumulative[low] * (1 - fraction) + cumulative[low + 1] * fraction
+
+
+def _lloyd(half: float, mass: torch.Tensor, levels: int) -> tuple[torch.Tensor, torch.Tensor, float]:
     """Lloyd's iteration on a gridded density: (centroids, boundaries, mean squared error), standardized."""
-    mids = 0.5 * (edges[1:] + edges[:-1])
-    zero = np.zeros(1)
-    cum_mass = np.concatenate([zero, np.cumsum(mass)])
-    cum_first = np.concatenate([zero, np.cumsum(mass * mids)])
-    cum_second = np.concatenate([zero, np.cumsum(mass * mids**2)])
+    step = 2 * half / GRID_CELLS
+    mids = -half + step * (torch.arange(GRID_CELLS, dtype=torch.float64) + 0.5)
+    zero = torch.zeros(1, dtype=torch.float64)
+    moments = [torch.cat([zero, torch.cumsum(mass * mids**power, 0)]) for power in range(3)]
+    ends = torch.tensor([-half, half], dtype=torch.float64)
 
     def cells(boundaries):
-        cuts = np.concatenate([edges[:1], boundaries, edges[-1:]])
-        return (np.diff(np.interp(cuts, edges, cum)) for cum in (cum_mass, cum_first, cum_second))
+        cuts = torch.cat([ends[:1], boundaries, ends[1:]])
+        return [torch.diff(_cumulative_at(cuts, half, cumulative)) for cumulative in moments]
 
-    quantiles = (np.arange(levels) + 0.5) / levels
-    centroids = np.interp(quantiles, cum_mass, edges)
+    quantiles = (torch.arange(levels, dtype=torch.float64) + 0.5) / levels
+    low = torch.searchsorted(moments[0], quantiles).clamp(1, GRID_CELLS) - 1
+    centroids = mids[low]
     for _ in range(MAX_ITERATIONS):
-        boundaries = 0.5 * (centroids[1:] + centroids[:-1])
-        weight, first, _ = cells(boundaries)
+        weight, first, _ = cells(0.5 * (centroids[1:] + centroids[:-1]))
         updated = first / weight
-        moved = np.abs(updated - centroids).max()
+        moved = float((updated - centroids).abs().max())
         centroids = updated
         if moved < TOLERANCE:
             break
     boundaries = 0.5 * (centroids[1:] + centroids[:-1])
     weight, first, second = cells(boundaries)
-    error = float(np.sum(second - 2 * centroids * first + centroids**2 * weight))
+    error = float(torch.sum(second - 2 * centroids * first + centroids**2 * weight))
     return centroids, boundaries, error
 
 
@@ -110,7 +118,7 @@ def coordinate_codebook(head_dim: int, bits: int) -> Codebook:
     _check(head_dim, bits)
     centroids, boundaries, error = _lloyd(*_grid(head_dim), 2**bits)
     scale = 1.0 / math.sqrt(head_dim)
-    return Codebook(bits, tuple(float(c) * scale for c in centroids), tuple(float(b) * scale for b in boundaries),
+    return Codebook(bits, tuple(float(c) * scale for c in centroids.tolist()), tuple(float(b) * scale for b in boundaries.tolist()),
                     float(error))
 
 
@@ -124,13 +132,13 @@ def gaussian_codebook(bits: int) -> Codebook:
     """
     _check(None, bits)
     centroids, boundaries, error = _lloyd(*_grid(None), 2**bits)
-    return Codebook(bits, tuple(map(float, centroids)), tuple(map(float, boundaries)), float(error))
+    return Codebook(bits, tuple(centroids.tolist()), tuple(boundaries.tolist()), float(error))
 
 
 def lloyd_max_distortion(head_dim: int, bits: int) -> float:
     """Expected squared error ||u - û||² of a uniformly random unit vector u in R^head_dim whose coordinates
     are each quantized with `coordinate_codebook(head_dim, bits)`: head_dim times the per-coordinate error,
-    close to MAX_1960_DISTORTION[bits] (TurboQuant's MSE bound, arXiv 2504.19874, Theorem 1).
+    close to MAX_1960_DISTORTION[bits] (the per-bit errors TurboQuant reports, arXiv 2504.19874).
 
     Raises:
         ValueError: `bits` not in BITS or `head_dim` below MIN_HEAD_DIM.
