@@ -2,6 +2,7 @@
 
 `sink` (StreamingLLM's attention-sink cache, which transformers 5 removed), `rotary` (moving cached keys
 between positions), `compiled` (the static cache's compiled decode step), `backends` (one-time preparation of
-quanto's kernel; `python -m kvlab.caches.backends`) and `deferred_hqq` (keeps `hqq` out of start-up). The
+quanto's kernel; `python -m kvlab.caches.backends`), `deferred_hqq` (keeps `hqq` out of start-up) and
+rotation quantization (TurboQuant: `lloyd_max` codebooks, `rotation_quant` packing, `rotation_cache`). The
 strategies in `kvlab.strategies` build these; nothing here knows about a run or a page.
 """
