@@ -4,13 +4,17 @@ optimum-quanto unpacks its 2- and 4-bit tensors on CPU with a C++ kernel
 (`quanto_cpp`) that it compiles with the system's C++ compiler the first time
 it is needed, inside that first run: about 20 s of stalled decoding, or a
 failure with a long build log where no compiler exists (the `python:3.11-slim`
-image has none). kvlab instead:
+image has none). torch's extension builder runs `ninja` from PATH; the PyPI
+`ninja` package (an optimum-quanto dependency) puts it in the environment's
+bin/, which is not on PATH where the environment is not activated (the
+Dockerfile, `make run`). kvlab instead:
 
 - builds the kernel once at set-up (`scripts/setup.sh` and the Dockerfile call
-  `python -m kvlab.backends`), where a compiler is present;
+  `python -m kvlab.backends`), where a compiler is present, with the
+  environment's bin/ on PATH when ninja is found only there;
 - at run time loads the built library directly when it matches the installed
   torch, so neither the compiler nor ninja runs inside a user's run;
-- where it is not built and cannot be (no compiler, a read-only install), uses
+- where it is not built and cannot be (no compiler, no ninja, a read-only install), uses
   a pure-PyTorch unpack with the same result as quanto's own pure-PyTorch path
   (`optimum/quanto/library/unpack.py`, whose function is not importable because
   its registration decorator returns None) and says so in one line.
@@ -20,17 +24,22 @@ This module prepares; it does not quantize or measure.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.machinery
 import importlib.util
 import os
 import shutil
 import sys
+import sysconfig
 import threading
 import types
 
 import torch
 
 QUANTO_EXTENSION = "quanto_cpp"
+NINJA = "ninja"
+"""The build tool torch's extension builder runs (`torch.utils.cpp_extension.verify_ninja_availability`)."""
+NINJA_HINT = "`pip install ninja`, then `python -m kvlab.backends`"
 
 _lock = threading.Lock()
 _quanto_note: str | None = None
@@ -57,6 +66,30 @@ def unpack_pure(packed: torch.Tensor, bits: int) -> torch.Tensor:
 def compiler() -> str | None:
     """The C++ compiler torch's extension builder would run (`CXX`, else `c++`), or None when it is absent."""
     return shutil.which(os.environ.get("CXX") or "c++")
+
+
+def ninja() -> str | None:
+    """The ninja the kernel build runs: the one on PATH, else the one the PyPI `ninja` package put in this
+    interpreter's scripts folder (a virtual environment's bin/, off PATH unless activated); None when neither."""
+    return shutil.which(NINJA) or shutil.which(NINJA, path=sysconfig.get_path("scripts"))
+
+
+@contextlib.contextmanager
+def _on_path(program: str):
+    """Put `program`'s folder first on PATH while the block runs (torch runs ninja by name), then restore PATH."""
+    folder = os.path.dirname(program)
+    before = os.environ.get("PATH")
+    if shutil.which(os.path.basename(program)) == program:
+        yield
+        return
+    os.environ["PATH"] = os.pathsep.join([folder, before if before is not None else os.defpath])
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("PATH", None)
+        else:
+            os.environ["PATH"] = before
 
 
 def _built_library(ext) -> str | None:
@@ -116,14 +149,19 @@ def _attach_kernel(ext, build: bool) -> str | None:
             reason = f"its built C++ kernel does not load ({err})"
     elif compiler() is None:
         reason = f"its C++ kernel is not built and no C++ compiler is available (CXX={os.environ.get('CXX') or 'c++'})"
+    elif ninja() is None:
+        reason = (f"its C++ kernel could not be built at set-up: ninja is missing ({NINJA_HINT})" if build else
+                  f"its C++ kernel is not built and cannot be here: ninja is missing ({NINJA_HINT})")
     elif not build:
-        reason = "its C++ kernel is not built (kvlab's set-up builds it: `python -m kvlab.backends`)"
+        reason = "its C++ kernel is not built (`python -m kvlab.backends` builds it)"
     else:
         try:
-            ext.lib  # noqa: B018 - the property compiles and loads the kernel
+            with _on_path(ninja()):
+                ext.lib  # noqa: B018 - the property compiles and loads the kernel
             return None
         except Exception as err:  # noqa: BLE001 - any build failure falls back, reported in one line
-            reason = f"its C++ kernel could not be built ({type(err).__name__}: {str(err).splitlines()[0][:100]})"
+            first_line = str(err).splitlines()[0][:100] if str(err) else ""
+            reason = f"its C++ kernel could not be built at set-up ({type(err).__name__}: {first_line})"
     ext._lib = types.SimpleNamespace(unpack=unpack_pure)
     return f"quanto: {reason}; using a pure-PyTorch unpack instead (same values, slower)"
 
