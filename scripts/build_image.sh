@@ -82,7 +82,7 @@ make_base() {
     require mmdebstrap
     if [[ $new_base -eq 1 || ! -s "$root_tar" ]]; then
         log "making a $DEBIAN_RELEASE root with mmdebstrap ($BASE_PACKAGES)"
-        mmdebstrap --variant=apt --include="$BASE_PACKAGES" "$DEBIAN_RELEASE" "$root_tar.part"
+        mmdebstrap --variant=apt --format=tar --include="$BASE_PACKAGES" "$DEBIAN_RELEASE" "$root_tar.part"
         mv "$root_tar.part" "$root_tar"
     fi
     log "importing $root_tar as $ref"
