@@ -28,6 +28,7 @@ import contextlib
 import importlib.machinery
 import importlib.util
 import os
+import re
 import shutil
 import sys
 import sysconfig
@@ -40,6 +41,8 @@ QUANTO_EXTENSION = "quanto_cpp"
 NINJA = "ninja"
 """The build tool torch's extension builder runs (`torch.utils.cpp_extension.verify_ninja_availability`)."""
 NINJA_HINT = "`pip install ninja`, then `python -m kvlab.backends`"
+ERROR_LINE_CHARS = 100
+_COMPILER_ERROR = re.compile(r"(fatal )?error:")
 
 _lock = threading.Lock()
 _quanto_note: str | None = None
@@ -90,6 +93,17 @@ def _on_path(program: str):
             os.environ.pop("PATH", None)
         else:
             os.environ["PATH"] = before
+
+
+def _error_line(text: str) -> str:
+    """The line of a build log that says what failed: from the first compiler `error:` on (the log's first line
+    is the command ninja ran), else its first line; at most ERROR_LINE_CHARS characters."""
+    lines = text.splitlines() or [""]
+    for line in lines:
+        found = _COMPILER_ERROR.search(line)
+        if found:
+            return line[found.start():][:ERROR_LINE_CHARS]
+    return lines[0][:ERROR_LINE_CHARS]
 
 
 def _built_library(ext) -> str | None:
@@ -160,8 +174,7 @@ def _attach_kernel(ext, build: bool) -> str | None:
                 ext.lib  # noqa: B018 - the property compiles and loads the kernel
             return None
         except Exception as err:  # noqa: BLE001 - any build failure falls back, reported in one line
-            first_line = str(err).splitlines()[0][:100] if str(err) else ""
-            reason = f"its C++ kernel could not be built at set-up ({type(err).__name__}: {first_line})"
+            reason = f"its C++ kernel could not be built at set-up ({type(err).__name__}: {_error_line(str(err))})"
     ext._lib = types.SimpleNamespace(unpack=unpack_pure)
     return f"quanto: {reason}; using a pure-PyTorch unpack instead (same values, slower)"
 

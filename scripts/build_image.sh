@@ -16,10 +16,12 @@
 # it is made: mmdebstrap writes a Debian root of the release the python slim
 # images are built on (bookworm: its python3 is 3.11, at /usr/bin/python3
 # rather than /usr/local/bin; setup.sh runs `python3` from PATH, so either
-# serves) and `podman import` tags it as the FROM image. torch comes from a
+# serves; python3-dev adds the headers the slim images ship) and `podman
+# import` tags it as the FROM image. torch comes from a
 # local one-wheel index mounted at /idx; the CA bundle and a pip.conf naming it
 # are mounted for the build's RUN steps only, so neither lands in the image.
-# Built with --isolation=chroot (hosts that refuse crun its cgroups can build).
+# Built with --isolation=chroot (hosts that refuse crun its cgroups can build)
+# in the docker format (the OCI format drops the HEALTHCHECK).
 # Needs root (or rootless podman) and: podman (with buildah), and mmdebstrap
 # when the base must be made; on Debian: apt-get install podman buildah mmdebstrap.
 # Prints the image's size and the build's time. Exit status 3: a tool is missing.
@@ -27,7 +29,8 @@ set -euo pipefail
 
 readonly TORCH_VERSION="2.13.0"
 readonly DEBIAN_RELEASE="bookworm"
-readonly BASE_PACKAGES="python3,python3-venv,python3-pip,ca-certificates,bash"
+# python3-dev: the python slim images ship Python's headers, which the quanto kernel build includes.
+readonly BASE_PACKAGES="python3,python3-venv,python3-pip,python3-dev,ca-certificates,bash"
 readonly BASE_PATH="/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 readonly PULL_TIMEOUT_S=120
 
@@ -140,7 +143,7 @@ main() {
     fi
     log "building $tag from $repo_root/Dockerfile"
     local started=$SECONDS
-    podman build --isolation=chroot --pull=never "${mounts[@]}" \
+    podman build --isolation=chroot --pull=never --format docker "${mounts[@]}" \
         --build-arg KVLAB_TORCH_INDEX_URL=file:///idx -t "$tag" -f "$repo_root/Dockerfile" "$repo_root"
     local took=$((SECONDS - started)) size
     size="$(podman image inspect --format '{{.Size}}' "$tag")"

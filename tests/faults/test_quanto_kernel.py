@@ -146,3 +146,26 @@ def test_a_set_up_without_ninja_on_path_builds_the_kernel(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip() == "kvlab.backends: quanto C++ kernel ready", proc.stdout + proc.stderr[-3000:]
     assert (build / "quanto_cpp.so").is_file()
+
+
+class FailingExtension(RecordingExtension):
+    """Stands in for quanto's extension: its build fails as torch's does without Python's headers."""
+
+    @property
+    def lib(self):
+        raise RuntimeError(
+            "Error building extension 'quanto_cpp': [1/3] c++ -MMD -MF unpack.o.d -c unpack.cpp -o unpack.o\n"
+            "FAILED: [code=1] unpack.o\n"
+            "In file included from torch/include/torch/csrc/Device.h:5,\n"
+            "torch/include/torch/csrc/python_headers.h:13:10: fatal error: Python.h: No such file or directory\n"
+            "compilation terminated.")
+
+
+def test_a_failed_build_s_note_quotes_the_compiler_s_error_not_the_command(tmp_path, monkeypatch):
+    monkeypatch.setattr(backends, "compiler", lambda: "/usr/bin/c++")
+    monkeypatch.setattr(backends, "ninja", lambda: "/usr/bin/ninja")
+    ext = FailingExtension(str(tmp_path / "build"))
+    note = backends._attach_kernel(ext, build=True)
+    assert ext._lib.unpack is backends.unpack_pure
+    assert note == ("quanto: its C++ kernel could not be built at set-up (RuntimeError: fatal error: Python.h: No "
+                    "such file or directory); using a pure-PyTorch unpack instead (same values, slower)")
