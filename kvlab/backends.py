@@ -14,10 +14,12 @@ Dockerfile, `make run`). kvlab instead:
   environment's bin/ on PATH when ninja is found only there;
 - at run time loads the built library directly when it matches the installed
   torch, so neither the compiler nor ninja runs inside a user's run;
-- where it is not built and cannot be (no compiler, no ninja, a read-only install), uses
-  a pure-PyTorch unpack with the same result as quanto's own pure-PyTorch path
-  (`optimum/quanto/library/unpack.py`, whose function is not importable because
-  its registration decorator returns None) and says so in one line.
+- where it is not built and cannot be (no compiler, no ninja, missing Python
+  headers, a read-only install), uses a pure-PyTorch unpack with the same
+  result as quanto's own pure-PyTorch path (`optimum/quanto/library/unpack.py`,
+  whose function is not importable because its registration decorator returns
+  None) and says why in one line: what set-up's build found (it writes that
+  beside the kernel's build), else what is missing now.
 
 This module prepares; it does not quantize or measure.
 """
@@ -42,6 +44,8 @@ NINJA = "ninja"
 """The build tool torch's extension builder runs (`torch.utils.cpp_extension.verify_ninja_availability`)."""
 NINJA_HINT = "`pip install ninja`, then `python -m kvlab.backends`"
 ERROR_LINE_CHARS = 100
+BUILD_FAILURE_FILE = "kvlab-build-failure.txt"
+"""Written by set-up into quanto's build folder when the kernel's build fails: the reason, for the run's note."""
 _COMPILER_ERROR = re.compile(r"(fatal )?error:")
 
 _lock = threading.Lock()
@@ -161,22 +165,54 @@ def _attach_kernel(ext, build: bool) -> str | None:
             return None
         except ImportError as err:
             reason = f"its built C++ kernel does not load ({err})"
-    elif compiler() is None:
-        reason = f"its C++ kernel is not built and no C++ compiler is available (CXX={os.environ.get('CXX') or 'c++'})"
+    else:
+        reason = _build(ext) if build else _unbuilt_reason(ext)
+        if reason is None:
+            return None
+    ext._lib = types.SimpleNamespace(unpack=unpack_pure)
+    return f"quanto: {reason}; using a pure-PyTorch unpack instead (same values, slower)"
+
+
+def _no_compiler() -> str:
+    return f"its C++ kernel is not built and no C++ compiler is available (CXX={os.environ.get('CXX') or 'c++'})"
+
+
+def _build(ext) -> str | None:
+    """Build the kernel (set-up time): None when it is built; else why not, also written to its build folder
+    (BUILD_FAILURE_FILE) so that a run says what set-up found."""
+    if compiler() is None:
+        reason = _no_compiler()
     elif ninja() is None:
-        reason = (f"its C++ kernel could not be built at set-up: ninja is missing ({NINJA_HINT})" if build else
-                  f"its C++ kernel is not built and cannot be here: ninja is missing ({NINJA_HINT})")
-    elif not build:
-        reason = "its C++ kernel is not built (`python -m kvlab.backends` builds it)"
+        reason = f"its C++ kernel could not be built at set-up: ninja is missing ({NINJA_HINT})"
     else:
         try:
             with _on_path(ninja()):
                 ext.lib  # noqa: B018 - the property compiles and loads the kernel
-            return None
+            reason = None
         except Exception as err:  # noqa: BLE001 - any build failure falls back, reported in one line
             reason = f"its C++ kernel could not be built at set-up ({type(err).__name__}: {_error_line(str(err))})"
-    ext._lib = types.SimpleNamespace(unpack=unpack_pure)
-    return f"quanto: {reason}; using a pure-PyTorch unpack instead (same values, slower)"
+    record = os.path.join(ext.build_directory, BUILD_FAILURE_FILE)
+    with contextlib.suppress(OSError):
+        if reason is None:
+            os.remove(record)
+        else:
+            os.makedirs(ext.build_directory, exist_ok=True)
+            with open(record, "w") as handle:
+                handle.write(reason)
+    return reason
+
+
+def _unbuilt_reason(ext) -> str:
+    """Why the kernel is not built (run time): what set-up wrote when its build failed, else what is missing."""
+    with contextlib.suppress(OSError), open(os.path.join(ext.build_directory, BUILD_FAILURE_FILE)) as handle:
+        recorded = handle.read().strip()
+        if recorded:
+            return recorded
+    if compiler() is None:
+        return _no_compiler()
+    if ninja() is None:
+        return f"its C++ kernel is not built and cannot be here: ninja is missing ({NINJA_HINT})"
+    return "its C++ kernel is not built (`python -m kvlab.backends` builds it)"
 
 
 def main() -> int:

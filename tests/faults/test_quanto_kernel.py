@@ -169,3 +169,17 @@ def test_a_failed_build_s_note_quotes_the_compiler_s_error_not_the_command(tmp_p
     assert ext._lib.unpack is backends.unpack_pure
     assert note == ("quanto: its C++ kernel could not be built at set-up (RuntimeError: fatal error: Python.h: No "
                     "such file or directory); using a pure-PyTorch unpack instead (same values, slower)")
+
+
+def test_a_run_says_what_set_up_s_failed_build_found_until_a_build_succeeds(tmp_path, monkeypatch):
+    monkeypatch.setattr(backends, "compiler", lambda: "/usr/bin/c++")
+    monkeypatch.setattr(backends, "ninja", lambda: "/usr/bin/ninja")
+    folder = str(tmp_path / "build")
+    at_set_up = backends._attach_kernel(FailingExtension(folder), build=True)
+    at_run = backends._attach_kernel(types.SimpleNamespace(_lib=None, build_directory=folder), build=False)
+    assert at_run == at_set_up and "Python.h: No such file or directory" in at_run
+
+    assert backends._attach_kernel(RecordingExtension(folder), build=True) is None
+    assert not (tmp_path / "build" / backends.BUILD_FAILURE_FILE).exists()
+    unbuilt = backends._attach_kernel(types.SimpleNamespace(_lib=None, build_directory=folder), build=False)
+    assert unbuilt.startswith("quanto: its C++ kernel is not built (`python -m kvlab.backends` builds it)")
