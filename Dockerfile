@@ -7,7 +7,8 @@ FROM python:3.11-slim
 ARG KVLAB_TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
 
 # g++ builds optimum-quanto's CPU kernel once at image build (scripts/setup.sh
-# runs `python -m kvlab.caches.backends`), so no compiler runs while the app serves.
+# runs `python -m kvlab.caches.backends`, which runs the ninja that pip puts in
+# .venv/bin), so no compiler runs while the app serves.
 RUN apt-get update \
     && apt-get install -y --no-install-recommends make g++ \
     && rm -rf /var/lib/apt/lists/*

@@ -1,12 +1,13 @@
 # kvlab: `make run` starts the app, `make test` runs the test suite,
-# `make test-fast` only its unit tier (no bundled model, no browser).
+# `make test-fast` only its unit tier (no bundled model, no browser),
+# `make test-slow` only the slow tier (builds and serves the Docker image).
 # Every target installs what it needs first (scripts/setup.sh skips work
 # already done) and uses .venv/bin/python directly.
 
 PYTHON := .venv/bin/python
 SETUP := bash scripts/setup.sh
 
-.PHONY: setup setup-test run test test-fast bench clean
+.PHONY: setup setup-test run test test-fast test-slow bench clean
 
 setup:
 	$(SETUP)
@@ -22,6 +23,9 @@ test: setup-test
 
 test-fast: setup-test
 	$(PYTHON) -m pytest -q -m unit tests
+
+test-slow: setup-test
+	$(PYTHON) -m pytest -q -m slow tests
 
 bench: setup-test
 	$(PYTHON) -m benchmarks

@@ -2,7 +2,8 @@
 
 Tiers: every test carries exactly one of the markers declared in pyproject.toml,
 given by where it lives: tests/unit -> `unit`, tests/integration ->
-`integration`, tests/browser -> `browser`, tests/gpu -> `gpu`,
+`integration`, tests/browser -> `browser`, tests/gpu -> `gpu`, tests/slow ->
+`slow` (deselected unless `-m slow` is given: `make test-slow`),
 tests/test_setup_script.py -> `slow_install`. Collection stops with a message
 for a test anywhere else or one that marks itself with a second tier. `gpu`
 tests are skipped where torch has no CUDA.
@@ -21,8 +22,8 @@ from pathlib import Path
 import pytest
 
 TESTS_DIR = Path(__file__).resolve().parent
-TIERS = ("unit", "integration", "browser", "gpu", "slow_install")
-TIER_FOLDERS = ("unit", "integration", "browser", "gpu")
+TIERS = ("unit", "integration", "browser", "gpu", "slow", "slow_install")
+TIER_FOLDERS = ("unit", "integration", "browser", "gpu", "slow")
 TIER_FILES = {"test_setup_script.py": "slow_install"}
 MARKED_FOLDERS = ("faults",)
 """Folders whose test files name their own tier (`pytestmark`): the fault catalogue mixes unit and

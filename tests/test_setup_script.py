@@ -238,7 +238,16 @@ def test_makefile_targets_use_the_venv_python() -> None:
         assert re.search(rf"^{target}:", text, re.MULTILINE), f"no '{target}' target"
     assert re.search(r"^test: setup-test\n\t\$\(PYTHON\) -m pytest -q (--durations=\d+ )?tests$", text, re.MULTILINE)
     assert re.search(r"^test-fast: setup-test\n\t\$\(PYTHON\) -m pytest -q -m unit tests$", text, re.MULTILINE)
+    assert re.search(r"^test-slow: setup-test\n\t\$\(PYTHON\) -m pytest -q -m slow tests$", text, re.MULTILINE)
     assert "activate" not in text
+
+
+def test_the_slow_tier_runs_only_when_asked() -> None:
+    """`make test` (and so CI) deselects the slow tier through pytest's addopts; `make test-slow`'s `-m slow`
+    replaces that selection."""
+    options = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]
+    assert "-m 'not slow'" in options["addopts"]
+    assert any(marker.startswith("slow:") for marker in options["markers"])
 
 
 def test_dockerfile_builds_a_spaces_image_with_the_same_setup_script() -> None:
