@@ -45,14 +45,14 @@ def test_the_first_divergence_link_opens_inspect_at_that_step_with_both_strategi
     inspect.set_default_timeout(60_000)
     inspect.goto(urljoin(page.url, hrefs[0]))
     inspect.wait_for_function(
-        f"(document.querySelector('#kvi-step-info') || {{}}).innerText?.includes('Step {step + 1} ')",
+        f"(document.querySelector('#kvi-step-info') || {{}}).innerText?.includes('Token {step} ')",
         timeout=STEP_TIMEOUT_MS)
     assert inspect.locator("#kvi-step-info").is_visible()  # the Inspect tab is the one shown
     assert inspect.locator("#kvi-strategy input").input_value().startswith("quantized")
     assert inspect.locator("#kvi-compare input").input_value() == "dynamic"
     assert inspect.locator("#kvi-prompt textarea").input_value() == SAMPLING_PROMPT
     info = inspect.locator("#kvi-diverge-info").inner_text()
-    assert "Lockstep with dynamic" in info and f"first divergence: step {step + 1}" in info, info
+    assert "Lockstep with dynamic" in info and f"first divergence: token {step}" in info, info
     inspect.locator("#kvi-diverge-plot img").wait_for(state="visible")
 
     ARTIFACTS.mkdir(exist_ok=True)

@@ -31,9 +31,9 @@ STRIP_JS = """() => {
 
 
 def wait_for_step(page, index: int) -> None:
-    """Wait until the page shows the step with 0-based `index` (the page counts steps from 1)."""
+    """Wait until the page shows the token with 0-based `index` (as Compare and the CLI count)."""
     page.wait_for_function(
-        f"document.querySelector('#kvi-step-info').innerText.includes('Step {index + 1} ')", timeout=STEP_TIMEOUT_MS)
+        f"document.querySelector('#kvi-step-info').innerText.includes('Token {index} ')", timeout=STEP_TIMEOUT_MS)
 
 
 def test_inspect_steps_a_sink_cache_past_its_window_and_shows_eviction(page):

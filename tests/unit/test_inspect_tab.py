@@ -90,7 +90,7 @@ def test_tables_and_step_text(tiny):
     top_headers, top_rows = top_table(steps[-1])
     assert top_headers[-1] == "dynamic: p" and len(top_rows) == 5
     text = step_markdown(steps[-1], session)
-    assert text.startswith("**Step 6** of at most 6 (decode)") and "`position_ids` [[14]]" in text
+    assert text.startswith("**Token 5** (step 6 of at most 6, decode;") and "`position_ids` [[14]]" in text
     assert "KL(dynamic ‖ quantized hqq int4 r4)" in text and "causal mask (1, 1, 1, 15)" in text
     assert set(loop_values(steps[-1])) == set(LOOP_VALUES)
     _, dynamic = records(tiny, {"strategy": "dynamic"}, steps=1)
@@ -157,7 +157,7 @@ class Request:
 def test_steps_run_on_one_session_and_a_changed_form_restarts(tab):
     first = last(tab, tab.on_step(data(tab), Request()))
     state = first[tab.state]
-    assert len(state.session.records) == 1 and "**Step 1** of at most" in first[tab.step_info]
+    assert len(state.session.records) == 1 and "**Token 0** (step 1 of at most" in first[tab.step_info]
     assert "kv-st-evicted" in first[tab.strip] and "prefill_in_chunks" in first[tab.code]
     again = last(tab, tab.on_step10(data(tab, state), Request()))
     assert again[tab.state] is state and len(state.session.records) == 11

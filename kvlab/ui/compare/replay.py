@@ -2,7 +2,7 @@
 
 - `view_from_record`: the `RunView` the run ended with (columns' text, status, series and fallback switches,
   process memory when the page recorded it, each column in its page slot), so the plots, the summary table
-  and the cards come back exactly as measured.
+  and the cards come back exactly as measured, with the first-divergence links into Inspect (or why none).
 - `replay_code`: the reproduce-it snippet of every column, from the record's strategies and settings.
 
 Reads only; runs no model; no gradio.
@@ -16,6 +16,7 @@ from kvlab.generation import GenerationSettings
 from kvlab.strategies import StrategyError, make_strategy
 
 from ..shared.code import code_snippet
+from ..shared.inspect_links import record_divergence_links
 from .view import ColumnView, RunView
 
 STATUS = {"unavailable": "unavailable", "error": "error"}
@@ -56,6 +57,7 @@ def view_from_record(replayed: Replayed) -> RunView:
         if isinstance(values, list):
             setattr(view.memory, key, list(values))
     view.done = replayed.done
+    view.divergence_links, view.divergence_reasons = record_divergence_links(replayed.record, results)
     return view
 
 

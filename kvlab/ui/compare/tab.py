@@ -416,7 +416,7 @@ class CompareTab:
             stop.set()
             events.close()
         if view.done is not None:
-            view.divergence_links = divergence_links(request, plan, view.done.results)
+            view.divergence_links, view.divergence_reasons = divergence_links(request, plan, view.done.results)
         yield self.updater.final(plan, view, loaded)
         yield self.plots.settle(view)
 

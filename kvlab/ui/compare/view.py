@@ -48,7 +48,7 @@ SUMMARY_HELP = (
     "are in the JSON and CSV). "
     "**peak cache**: bytes of the cache tensors (not process memory); *vs baseline* divides by the baseline's. "
     "**agreement**: share of the baseline's tokens matched at the same position; **first divergence**: first "
-    "token index that differs. **top-1 agreement** and **mean KL** feed the baseline's text through each "
+    "token index that differs, counted from 0 as Inspect counts its tokens (the link opens Inspect at it). **top-1 agreement** and **mean KL** feed the baseline's text through each "
     "column's cache (teacher-forced) and compare next-token distributions, a fairer judge of a lossy cache."
 )
 
@@ -201,7 +201,9 @@ class RunView:
         self.plot_series: dict[str, list[str]] = {}
         """Per native plot, the series the page was last sent (`kvlab.ui.shared.live_plots.LivePlots.updates`)."""
         self.divergence_links: dict[int, str] = {}
-        """Run column index -> the link opening Inspect at its first divergence (`kvlab.ui.inspect.diverge`)."""
+        """Run column index -> the link opening Inspect at its first divergence (`kvlab.ui.shared.inspect_links`)."""
+        self.divergence_reasons: dict[int, str] = {}
+        """Run column index -> why its first divergence has no link into Inspect."""
 
     def apply(self, event: Event) -> set[int]:
         """Fold one event in; returns the run column indices whose text or status changed."""
@@ -323,6 +325,10 @@ class RunView:
         for row in rows:
             if row["note"] and short_note(row["note"]) != row["note"]:
                 notes.setdefault(row["note"], []).append(str(row["column"]))
+        for index, reason in self.divergence_reasons.items():
+            if index < len(rows):
+                notes.setdefault(f"its first divergence has no link into Inspect: {reason}", []).append(
+                    str(rows[index]["column"]))
         if not notes:
             return ""
         items = "\n".join(f"- **{', '.join(columns)}**: {note}" for note, columns in notes.items())

@@ -50,17 +50,17 @@ def diverge_figure(session: DivergeSession | None, step: int | None = None) -> F
     if record.lens_diverged_from is not None:
         layers_ax.axvspan(record.lens_diverged_from - 0.5, len(record.layers) - 0.5, color="#cc3333", alpha=0.08,
                           label=f"logit lens top-1 differs from layer {record.lens_diverged_from}")
-    layers_ax.set_title(f"step {record.index + 1}: {session.strategy.describe()} vs {session.reference.describe()}, "
+    layers_ax.set_title(f"token {record.index}: {session.strategy.describe()} vs {session.reference.describe()}, "
                         "per layer")
     layers_ax.set_xlabel("decoder layer")
     layers_ax.legend(fontsize=8, loc="upper left")
-    kl_ax.plot([r.index + 1 for r in records], [r.kl_nats for r in records], marker="o", markersize=3,
+    kl_ax.plot([r.index for r in records], [r.kl_nats for r in records], marker="o", markersize=3,
                color="#444444", label="KL(reference ‖ strategy), nats")
     first = session.first_divergence
     if first is not None:
-        kl_ax.axvline(first + 1, color="#cc3333", linestyle="--", label=f"first divergence: step {first + 1}")
-    kl_ax.axvline(record.index + 1, color="#888888", linestyle=":", label="shown step")
-    kl_ax.set_xlabel("step")
+        kl_ax.axvline(first, color="#cc3333", linestyle="--", label=f"first divergence: token {first}")
+    kl_ax.axvline(record.index, color="#888888", linestyle=":", label="shown token")
+    kl_ax.set_xlabel("new token (from 0)")
     kl_ax.legend(fontsize=8, loc="upper left")
     for ax in (layers_ax, kl_ax):
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
@@ -88,9 +88,9 @@ def diverge_markdown(session: DivergeSession | None, error: str = "") -> str:
     first = session.first_divergence
     explanation = getattr(session.strategy, "explanation", "")
     lines = [f"**Lockstep with {session.reference.describe()}** (the reference is fed this run's tokens) · first "
-             f"divergence: {'none yet' if first is None else f'step {first + 1}'}"
+             f"divergence: {'none yet' if first is None else f'token {first}'}"
              + (f" · loop mistake: {explanation}" if explanation else ""),
-             f"- step {record.index + 1}: KL {record.kl_nats:.4f} nats · top-1 {record.top[0].text!r} vs "
+             f"- token {record.index}: KL {record.kl_nats:.4f} nats · top-1 {record.top[0].text!r} vs "
              f"reference {record.reference_top[0].text!r} · cache holds {record.cache_length} slots for "
              f"{record.seen_tokens} tokens seen",
              f"- first layer with KV error: {_first(record, 'kv_error')} · attention lost: "

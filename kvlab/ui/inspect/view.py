@@ -148,7 +148,8 @@ def step_markdown(record: StepRecord | None, session: InspectSession | None) -> 
         return NO_STEP
     total = session.settings.max_new_tokens
     kind = "prefill + first token" if record.index == 0 else "decode"
-    lines = [f"**Step {record.index + 1}** of at most {total} ({kind})"
+    lines = [f"**Token {record.index}** (step {record.index + 1} of at most {total}, {kind}; tokens count from 0 "
+             "as in Compare and the CLI)"
              f" · fed `input_ids` {record.input_shape} ending {_fed_text(record)} · chose **{record.token_text!r}** "
              f"(id {record.token_id}) · {1000 * record.per_token_s:.1f} ms"]
     for i, forward in enumerate(record.forwards):

@@ -1,8 +1,10 @@
 """The link from Compare's "first divergence" cell into Inspect: built by Compare, parsed by Inspect.
 
 `divergence_links` gives each diverged column of a finished run the query `?inspect=1&strategy=...` that opens
-Inspect on that strategy beside `dynamic`, with the run's prompt and settings, at the step of the first
-divergence; `parse_inspect_query` reads it back. No gradio, no model work.
+Inspect on that strategy beside `dynamic`, with the run's prompt and settings, at the token of the first
+divergence, and says why a diverged column has none; `record_divergence_links` does the same for a replayed
+record; `parse_inspect_query` reads a link back. Tokens are counted from 0 everywhere (Compare, the CLI and
+Inspect's `Token 8`). No gradio, no model work.
 """
 
 from __future__ import annotations
@@ -69,25 +71,62 @@ def parse_inspect_query(params: dict) -> InspectLink | None:
                        model=str(params.get("model", "bundled")), step=numbers["step"])
 
 
-def divergence_links(request, plan, results) -> dict[int, str]:
-    """Run column index -> the query opening Inspect at its first divergence, beside `dynamic`, with the run's
-    prompt and settings; only for a greedy run and a column that diverged within Inspect's step limit.
+def links_for(items, *, prompt: str, system: str, chat: bool, greedy: bool, max_new_tokens: int, model: str
+              ) -> tuple[dict[int, str], dict[int, str]]:
+    """(links, reasons) for the first-divergence cells of one run: run column index -> the query opening Inspect
+    at that token beside `dynamic`, and run column index -> why a column that diverged has no link.
 
-    request / plan: Compare's `RunRequest` and `RunPlan`; results: the run's `ColumnResult`s, in run order.
+    items: (strategy or None, first divergence or None) per run column, in run order; a first divergence is a
+    0-based token index, which is also what Inspect calls the token (`Token 8` is the ninth new token).
     """
     from kvlab.inspect.inspector import MAX_INSPECT_STEPS
 
-    if request.decoding != "greedy":
-        return {}
-    steps = min(int(plan.settings.max_new_tokens), MAX_INSPECT_STEPS)
-    links = {}
-    for index, (column, result) in enumerate(zip(plan.run_columns(), results)):
-        step = getattr(result, "first_divergence", None)
-        strategy = column.strategy
-        if step is None or strategy is None or not strategy.use_cache or strategy.is_compileable or step >= steps:
+    steps = min(int(max_new_tokens), MAX_INSPECT_STEPS)
+    links, reasons = {}, {}
+    for index, (strategy, step) in enumerate(items):
+        if step is None:
             continue
-        link = InspectLink(strategy=strategy_item(strategy), reference=DEFAULT_COMPARE, prompt=request.prompt,
-                           system=request.system or "", chat=bool(request.chat), max_new_tokens=steps,
-                           model=plan.spec.source, step=int(step))
-        links[index] = inspect_query(link)
-    return links
+        if not greedy:
+            reasons[index] = "a sampled run has no single token path to step through (Inspect decodes greedily)"
+        elif strategy is None:
+            reasons[index] = "this kvlab cannot build the column's strategy"
+        elif not strategy.use_cache:
+            reasons[index] = "no_cache keeps no cache to inspect"
+        elif strategy.is_compileable:
+            reasons[index] = "a compiled cache runs inside torch.compile, which Inspect cannot step"
+        elif step >= steps:
+            reasons[index] = f"token {step} is past Inspect's limit of {MAX_INSPECT_STEPS} tokens"
+        else:
+            link = InspectLink(strategy=strategy_item(strategy), reference=DEFAULT_COMPARE, prompt=prompt,
+                               system=system, chat=chat, max_new_tokens=steps, model=model, step=int(step))
+            links[index] = inspect_query(link)
+    return links, reasons
+
+
+def divergence_links(request, plan, results) -> tuple[dict[int, str], dict[int, str]]:
+    """`links_for` a finished run of the page: request / plan are Compare's `RunRequest` and `RunPlan`;
+    results: the run's `ColumnResult`s, in run order."""
+    items = [(column.strategy, getattr(result, "first_divergence", None))
+             for column, result in zip(plan.run_columns(), results)]
+    return links_for(items, prompt=request.prompt, system=request.system or "", chat=bool(request.chat),
+                     greedy=request.decoding == "greedy", max_new_tokens=int(plan.settings.max_new_tokens),
+                     model=plan.spec.source)
+
+
+def record_divergence_links(record: dict, results) -> tuple[dict[int, str], dict[int, str]]:
+    """`links_for` a replayed run (a share link or an uploaded record): the prompt, settings and model come from
+    the record, each column's strategy from its recorded name and knobs."""
+    from kvlab.strategies import StrategyError, make_strategy
+
+    items = []
+    for result in results:
+        try:
+            strategy = make_strategy({"strategy": result.strategy, **dict(result.knobs or {})})
+        except (StrategyError, ValueError, TypeError):
+            strategy = None
+        items.append((strategy, getattr(result, "first_divergence", None)))
+    prompt, settings = record.get("prompt") or {}, record.get("settings") or {}
+    return links_for(items, prompt=str(prompt.get("text", "")), system=str(prompt.get("system") or ""),
+                     chat=bool(prompt.get("chat")), greedy=not settings.get("do_sample", False),
+                     max_new_tokens=int(settings.get("max_new_tokens") or 0),
+                     model=str((record.get("model") or {}).get("source") or "bundled"))
