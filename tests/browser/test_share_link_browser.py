@@ -1,7 +1,8 @@
 """A share link reproduces the result in another browser (class 2 of the first-visit review).
 
 After a live run, the page's "link to this result" opened in a second browser context (another session,
-as a colleague would) shows the same columns (strategies), texts, statuses, summary and exports, with Run
+as a colleague would) shows the same prompt, settings, columns (strategies), texts, statuses, summary and
+exports, with Run
 ready and Stop idle; after a replay of the exported record in a third context, that page's link does too.
 No wall-clock time is asserted; waits only guard against a hung run.
 """
@@ -22,6 +23,8 @@ def result_of(page) -> dict:
             "summary": page.locator("#kv-summary").inner_text(),
             "exports": sorted(name for name in ("kvlab-run", "kvlab-summary")
                               if name in page.locator("#kv-exports").inner_text()),
+            "prompt": page.locator("#kv-prompt textarea").input_value(),
+            "max_new": page.locator("#kv-max-new input").input_value(),
             "run_ready": page.locator("#kv-run").is_enabled(), "stop_idle": page.locator("#kv-stop").is_disabled(),
             "buttons": (page.locator("#kv-run").inner_text().strip(), page.locator("#kv-stop").inner_text().strip())}
 
@@ -39,6 +42,7 @@ def open_link(browser, app_url: str, page) -> object:
 def test_a_share_link_shows_the_same_result_in_another_browser(page, browser, app_url):
     wait_for_model(page)
     page.locator("#kv-max-new input").fill("8")
+    page.locator("#kv-prompt textarea").fill("Name three colours of the sky.")  # the link restores the form too
     page.locator("#kv-col-2-strategy input").click()  # a third column changed from the preset: the link keeps it
     page.get_by_role("option", name="dynamic", exact=True).first.click()
     page.click("#kv-run")

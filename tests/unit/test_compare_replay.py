@@ -113,3 +113,22 @@ def test_a_command_line_record_says_its_process_memory_was_not_recorded(measured
     assert not json.loads(old_cli_record.read_text()).get("memory", {}).get("rss_bytes")
     replayed = fresh.replay(str(old_cli_record), {})
     assert "process memory not recorded" in replayed[fresh.plots.notes]
+
+
+def test_a_share_link_restores_the_form_the_run_was_made_with_and_its_refused_cards(tiny, fresh):
+    pool = type("Pool", (), {"get": lambda self, spec, progress=None: tiny, "loaded": lambda self, spec: tiny})()
+    with gr.Blocks():
+        page = CompareTab(pool, preload=False).build()
+    request = RunRequest(prompt="What is the pass key?", system="Answer briefly.", chat=False, max_new_tokens=5,
+                         ignore_eos=True, fidelity=False, seed=7, model_source=tiny.spec.source,
+                         slots=[("dynamic", []), (NO_STRATEGY, []), ("sink", ["abc"])])
+    final = merged(page.stream(request, threading.Event(), {}))
+    run_id = final[page.share].split("?run=")[1].split('"')[0]
+    opened = fresh.open_shared({}, type("Request", (), {"query_params": {"run": run_id}})())
+    assert opened[fresh.prompt] == "What is the pass key?" and opened[fresh.system] == "Answer briefly."
+    assert opened[fresh.chat] is False and opened[fresh.max_new_tokens] == 5 and opened[fresh.seed] == 7
+    assert opened[fresh.fidelity] is False and opened[fresh.ignore_eos] is True
+    assert opened[fresh.decoding] == "greedy" and opened[fresh.model_source] == tiny.spec.source
+    assert opened[fresh.cards[2].strategy] == "sink" and value(opened[fresh.cards[2].knobs[0]]) == "abc"
+    status = value(opened[fresh.cards[2].status])
+    assert "invalid settings" in status and "abc" in status

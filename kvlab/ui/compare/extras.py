@@ -19,7 +19,7 @@ from kvlab.models.loading import ModelLoadError
 from kvlab.presets import PresetError, load_preset
 
 from ..shared import zerogpu
-from .replay import replay_code, view_from_record
+from .replay import form_values, replay_code, view_from_record
 from .updates import CompareUpdater
 from ..shared.knobs import NO_STRATEGY
 from .records import SHARE_PARAM, run_preset, shared_exports
@@ -37,8 +37,8 @@ def run_gpu_s(strategies: list[str | None], max_new_tokens) -> int:
 
 
 def replay(updater: CompareUpdater, path: str | None, session: dict, exports: list[str] | None = None) -> dict:
-    """A record uploaded: its columns, plots, summary and code as measured, labelled `replayed: measured on
-    <machine> at <time>`; a file that is not a replayable record says why in the status line. `exports`:
+    """A record uploaded: its columns, plots, summary and code as measured, and the form it was made with (prompt,
+    settings, model; refused cards with their reasons), labelled `replayed: measured on <machine> at <time>`; a file that is not a replayable record says why in the status line. `exports`:
     the result's files when they are already kept here (a share link), else they are written. The replayed
     view is kept in `session["view"]` (for the PNG export)."""
     if not path:
@@ -49,10 +49,11 @@ def replay(updater: CompareUpdater, path: str | None, session: dict, exports: li
         return {updater.run_status: line_html(f"✖ cannot replay this file: {err}", "error")}
     view = view_from_record(replayed)
     session["view"] = view
-    updates = {**updater.plots.cleared(), **updater.columns(view, set(range(len(view.columns)))),
+    form = {updater.form[name]: value for name, value in form_values(replayed.record).items() if name in updater.form}
+    updates = {**form, **updater.plots.cleared(), **updater.columns(view, set(range(len(view.columns)))),
                **updater.plots.updates(view), **updater.summary_updates(view, replayed.record, exports),
                updater.code: replay_code(replayed.record), updater.run_status: line_html(replayed.label, "ok")}
-    return {**updater.recorded_cards(view), **updates}
+    return {**updater.recorded_cards(view, replayed.record), **updates}
 
 
 def open_shared(updater: CompareUpdater, session: dict, request: gr.Request | None) -> dict:

@@ -39,7 +39,8 @@ EXPORT_NAMES = ("kvlab-run.json", "kvlab-summary.csv")
 def record_for(plan: RunPlan, loaded, done: RunDone, view: RunView | None = None) -> dict:
     """The JSON run record (as `python -m kvlab compare --json` writes it) for a run from the page; with the
     run's `view`, also what only the page has: `slots` (the page column of each run column, its colour) and
-    `memory` (process memory samples: `elapsed_s` in seconds, `rss_bytes` and `cuda_allocated_bytes`)."""
+    `memory` (process memory samples: `elapsed_s` in seconds, `rss_bytes` and `cuda_allocated_bytes`); and
+    `refused`, the cards that were not run (slot, strategy, the knob fields as typed, why), when there were any."""
     request = plan.request
     preset = parse_preset({
         "name": request.preset or "custom",
@@ -52,6 +53,10 @@ def record_for(plan: RunPlan, loaded, done: RunDone, view: RunView | None = None
                     for slot, s in plan.columns],
     }, "page")
     record = run_record(loaded, preset, plan.settings, done)
+    if plan.slot_errors:
+        record["refused"] = [{"slot": slot, "strategy": request.slots[slot][0], "values": list(request.slots[slot][1]),
+                              "message": message} for slot, message in sorted(plan.slot_errors.items())
+                             if slot < len(request.slots)]
     if view is not None:
         record["slots"] = list(view.slots)
         record["memory"] = dataclasses.asdict(view.memory)

@@ -4,6 +4,8 @@
   process memory when the page recorded it, each column in its page slot), so the plots, the summary table
   and the cards come back exactly as measured, with the first-divergence links into Inspect (or why none).
 - `replay_code`: the reproduce-it snippet of every column, from the record's strategies and settings.
+- `form_values`: the form the run was made with (prompt, settings, mode, baseline, model), by `RunRequest`
+  field name, so a share link or an uploaded record shows its own experiment, not the page's defaults.
 
 Reads only; runs no model; no gradio.
 """
@@ -87,3 +89,26 @@ def replay_code(record: dict) -> str:
                                                    prompt.get("system") or "", bool(prompt.get("chat", True)),
                                                    model.get("source", "bundled"), model.get("dtype", "float32")))
     return "\n\n".join(blocks)
+
+
+def form_values(record: dict) -> dict:
+    """`RunRequest` field name -> the value the recorded run was made with, for the fields the record holds
+    (a record from the CLI or an older kvlab may lack some; those are left out, not guessed)."""
+    prompt, settings, model = record.get("prompt") or {}, record.get("settings") or {}, record.get("model") or {}
+    values = {"prompt": prompt.get("text"), "system": prompt.get("system"), "chat": prompt.get("chat"),
+              "mode": record.get("mode"), "preset": record.get("preset"),
+              "model_source": model.get("source"), "dtype": model.get("dtype"), "device": model.get("device")}
+    for name in ("max_new_tokens", "temperature", "top_p", "top_k", "repetition_penalty", "seed", "fidelity",
+                 "timing_policy"):
+        values[name] = settings.get(name)
+    if "do_sample" in settings:
+        values["decoding"] = "sample" if settings["do_sample"] else "greedy"
+    if "stop_at_eos" in settings:
+        values["ignore_eos"] = not settings["stop_at_eos"]
+    columns = record.get("columns") or []
+    slots = record_slots(record, len(columns))
+    chosen = [i for i, column in enumerate(columns) if column.get("is_baseline")]
+    first_dynamic = next((i for i, column in enumerate(columns) if column.get("strategy") == "dynamic"), None)
+    if chosen:
+        values["baseline"] = "auto" if chosen[0] == first_dynamic else f"column {slots[chosen[0]] + 1}"
+    return {name: value for name, value in values.items() if value is not None}

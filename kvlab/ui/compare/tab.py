@@ -255,7 +255,15 @@ class CompareTab:
                concurrency_id=MODEL_CONCURRENCY_ID)
         self.plots.png_button.click(lambda session: self.plots.export(session.get("view")), self.session,
                                     [self.plots.png, self.plots.notes], **PRIVATE)
-        replay_outputs = list(dict.fromkeys([*self.run_outputs, *[c for card in self.cards for c in card.form_outputs]]))
+        self.updater.form = {
+            "prompt": self.prompt, "system": self.system, "chat": self.chat, "max_new_tokens": self.max_new_tokens,
+            "decoding": self.decoding, "temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k,
+            "repetition_penalty": self.repetition_penalty, "seed": self.seed, "ignore_eos": self.ignore_eos,
+            "fidelity": self.fidelity, "timing_policy": self.timing_policy, "mode": self.mode,
+            "baseline": self.baseline, "preset": self.preset, "model_source": self.model_source, "dtype": self.dtype,
+            "device": self.device}
+        replay_outputs = list(dict.fromkeys([*self.run_outputs, *self.updater.form.values(),
+                                             *[c for card in self.cards for c in card.form_outputs]]))
         self.replay_file.upload(self.replay, [self.replay_file, self.session], replay_outputs, **PRIVATE)
         self.replay_outputs = replay_outputs
 
@@ -361,14 +369,7 @@ class CompareTab:
     def request_from(self, data: dict) -> RunRequest:
         """A RunRequest from the Run event's {component: value} inputs."""
         return RunRequest(
-            prompt=data[self.prompt], system=data[self.system], chat=data[self.chat],
-            max_new_tokens=data[self.max_new_tokens], decoding=data[self.decoding],
-            temperature=data[self.temperature], top_p=data[self.top_p], top_k=data[self.top_k],
-            repetition_penalty=data[self.repetition_penalty], seed=data[self.seed],
-            ignore_eos=data[self.ignore_eos], fidelity=data[self.fidelity], timing_policy=data[self.timing_policy],
-            mode=data[self.mode],
-            baseline=data[self.baseline], preset=data[self.preset], model_source=data[self.model_source],
-            dtype=data[self.dtype], device=data[self.device],
+            **{name: data[component] for name, component in self.updater.form.items()},
             slots=[(data[card.strategy], [data[box] for box in card.knobs]) for card in self.cards],
             budgets=[(data[card.budget], data[card.fallback]) for card in self.cards],
             preset_overrides=data[self.preset_state] or {},

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import gradio as gr
 
@@ -59,6 +59,8 @@ class CompareUpdater:
     share: gr.HTML
     code: gr.Code
     knob_count: int
+    form: dict = field(default_factory=dict)
+    """`RunRequest` field name -> the form component holding it (what a replay restores)."""
 
     def card(self, slot: int, name: str, knobs: dict, loaded) -> dict:
         """{component: gr.update} setting card `slot` to strategy `name` with `knobs` (marked for `loaded`)."""
@@ -139,10 +141,15 @@ class CompareUpdater:
                 self.exports: exports, self.share: share_html(share_id(exports)),
                 self.summary_notes: view.summary_notes()}
 
-    def recorded_cards(self, view: RunView) -> dict:
-        """Each card set to its recorded strategy and knobs; cards the record does not use emptied."""
+    def recorded_cards(self, view: RunView, record: dict | None = None) -> dict:
+        """Each card set to its recorded strategy and knobs; a card the run refused (the record's `refused`) set
+        to what was typed in it, with the reason in its status; cards the record does not use emptied."""
+        refused = {item.get("slot"): item for item in (record or {}).get("refused") or [] if isinstance(item, dict)}
         updates = {}
         for slot, card in enumerate(self.cards):
+            if slot in refused and slot not in view.slots:
+                updates.update(self._refused_card(slot, card, refused[slot]))
+                continue
             name, knobs = NO_STRATEGY, {}
             if slot in view.slots:
                 result = view.columns[view.slots.index(slot)].result
@@ -152,4 +159,15 @@ class CompareUpdater:
                 updates.update(self.card(slot, name, knobs, None))
             except StrategyError:
                 updates.update(self.card(slot, name, {}, None))
+        return updates
+
+    def _refused_card(self, slot: int, card: StrategyCard, item: dict) -> dict:
+        """Card `slot` as the refused run left it: its strategy, the knob fields as typed, the reason."""
+        name = str(item.get("strategy") or NO_STRATEGY)
+        updates = {card.strategy: name, **self.card(slot, name, {}, None)}
+        for box, value in zip(card.knobs, item.get("values") or []):
+            updates[box] = gr.update(value="" if value is None else str(value))
+        updates[card.status] = gr.update(value=status_html("invalid settings", "error", "",
+                                                           str(item.get("message", ""))), visible=True)
+        updates[card.text] = gr.update(value="", visible=True)
         return updates
