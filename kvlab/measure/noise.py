@@ -16,8 +16,12 @@ NOISE_FLOOR = 0.01
 """No figure is taken to be more precise than this fraction (fair mode agrees with a column alone to ~1 %)."""
 BUSY_EXCESS_PER_CORE = 0.5
 """Busy: the 1-minute load average exceeds this run's own torch threads by more than this many per core."""
-BUSY_NOISE = 0.05
-"""Busy: the median column's decode tok/s is noisier than this fraction."""
+BUSY_STEP_NOISE = 0.15
+"""Busy: the median column's decode steps vary by more than this fraction (`robust_step_noise`). On a quiet
+2-core machine a column's steps vary by a few per cent; another process competing for the cores makes them
+vary by tens of per cent (docs/timing.md gives the calibration)."""
+MIN_JUDGED_STEPS = 8
+"""A column with fewer decode steps than this is not judged for noise (too few to tell a hiccup from a trend)."""
 
 
 def step_noise(steps: list[float]) -> float | None:
@@ -28,6 +32,17 @@ def step_noise(steps: list[float]) -> float | None:
         return None
     squares = [(b - a) ** 2 for a, b in zip(steps, steps[1:])]
     return math.sqrt(sum(squares) / (2 * len(squares))) / statistics.mean(steps)
+
+
+def robust_step_noise(steps: list[float]) -> float | None:
+    """Relative noise of one step's time (a fraction) that isolated hiccups (a garbage collection, one page
+    update) do not dominate: the median absolute successive difference, scaled to a standard deviation for
+    Gaussian noise (× 1.4826 / √2), over the median step. Like `step_noise` it ignores a steady trend. None for
+    fewer than MIN_JUDGED_STEPS steps."""
+    if len(steps) < MIN_JUDGED_STEPS or statistics.median(steps) <= 0:
+        return None
+    differences = [abs(b - a) for a, b in zip(steps, steps[1:])]
+    return 1.4826 * statistics.median(differences) / math.sqrt(2) / statistics.median(steps)
 
 
 def timing_noise(per_token_s: list[float], ttft_samples_s: list[float]) -> dict[str, float]:
@@ -57,12 +72,13 @@ def sample_load() -> float | None:
 
 def busy_reasons(load: float | None, noise: float | None, threads: int, cores: int) -> list[str]:
     """Why the machine was too busy for a fair comparison ([] when it was not): a load average beyond this run's
-    own `threads` by more than BUSY_EXCESS_PER_CORE per core, or a median decode noise above BUSY_NOISE."""
+    own `threads` by more than BUSY_EXCESS_PER_CORE per core, or the median column's `robust_step_noise` above
+    BUSY_STEP_NOISE."""
     reasons = []
     if load is not None and load - threads > BUSY_EXCESS_PER_CORE * cores:
         reasons.append(f"load average {load:.1f} on {cores} cores, this run's own {threads} threads included")
-    if noise is not None and noise > BUSY_NOISE:
-        reasons.append(f"decode times varied by ±{100 * noise:.0f}% within a column")
+    if noise is not None and noise > BUSY_STEP_NOISE:
+        reasons.append(f"decode steps varied by ±{100 * noise:.0f}% within a column")
     return reasons
 
 
@@ -76,9 +92,11 @@ def run_timing(results: list, policy: str, loads: list, threads: int, cores: int
         threads: torch intra-op threads this run's forwards used (its own share of the load).
         cores: CPU cores this process may use (default: `kvlab.measure.environment.cores_available()`).
 
-    Returns {policy, load_average, cores, torch_threads, decode_noise, warm_up_s, busy, note}, plus the
+    Returns {policy, load_average, cores, torch_threads, decode_noise, step_noise, warm_up_s, busy, note}, plus the
     policy's own figures (`quiet`: max_tokens, live_vs_quiet, replaced_steps; see `kvlab.compare.quiet`):
-    decode_noise is the median column's relative noise, warm_up_s the one-time set-up this run did (seconds),
+    decode_noise is the median column's relative noise of its decode tok/s (what ties are judged by),
+    step_noise the median column's `robust_step_noise` (what busy is judged by; None when no column had
+    MIN_JUDGED_STEPS steps), warm_up_s the one-time set-up this run did (seconds),
     note the sentence the page shows ('' when not busy).
     """
     cores = cores or cores_available()
@@ -86,11 +104,15 @@ def run_timing(results: list, policy: str, loads: list, threads: int, cores: int
     ok = [r for r in results if r is not None and r.status == "ok"]
     noises = [r.timing.noise["decode_tok_s"] for r in ok if "decode_tok_s" in r.timing.noise]
     noise = statistics.median(noises) if noises else None
-    reasons = busy_reasons(load, noise, threads, cores)
+    steps = [robust_step_noise((r.timing.per_token_s if r.timing.policy == "quiet" and r.timing.per_token_s
+                                else r.per_token_s)[1:]) for r in ok]
+    judged = [value for value in steps if value is not None]
+    step_noise_value = statistics.median(judged) if judged else None
+    reasons = busy_reasons(load, step_noise_value, threads, cores)
     note = ""
     if reasons:
         note = (f"⚠ the machine was too busy for a fair comparison ({'; '.join(reasons)}): differences within "
                 "the noise are marked as ties, others may still come from other work; run again when it is quieter")
     return {"policy": policy, "load_average": load, "cores": cores, "torch_threads": threads,
-            "decode_noise": noise, "warm_up_s": sum(r.timing.warm_up_s or 0.0 for r in ok),
+            "decode_noise": noise, "step_noise": step_noise_value, "warm_up_s": sum(r.timing.warm_up_s or 0.0 for r in ok),
             "busy": bool(reasons), "note": note}

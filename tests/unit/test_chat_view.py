@@ -55,6 +55,16 @@ def test_turn_markdown_shows_reuse_ttft_bytes_and_saving():
     assert "different (lossy cache)" in lossy
 
 
+def test_a_reused_turn_whose_saving_noise_made_negative_reads_within_noise_not_a_loss():
+    noisy = stats(ttft_s=2.743, no_reuse_ttft_s=0.7, saved_s=-2.043)
+    text = chat_tab.turn_markdown(noisy)
+    assert "within noise" in text and "2.043 s slower" in text and "saved **-" not in text
+    frame = chat_tab.turns_frame([stats(), noisy])
+    assert list(frame["saved_s"]) == [0.5, "within noise (-2.043)"]
+    fresh = stats(turn=1, action="fresh", reused_tokens=0, prefilled_tokens=60, saved_s=-0.01)
+    assert "reused nothing" in chat_tab.turn_markdown(fresh)  # same work both ways: plainly noise, as before
+
+
 def test_table_and_plot_have_one_entry_per_turn():
     turns = [stats(turn=1, action="fresh", reused_tokens=0, prefilled_tokens=37), stats(turn=2)]
     frame = chat_tab.turns_frame(turns)

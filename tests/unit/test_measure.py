@@ -16,7 +16,7 @@ from kvlab.compare.summary import best_marks, best_sets, summary_rows
 from kvlab.compare.timing import for_policy
 from kvlab.generation import GenerationSettings
 from kvlab.measure import POLICIES
-from kvlab.measure.noise import run_timing, timing_noise
+from kvlab.measure.noise import BUSY_STEP_NOISE, run_timing, timing_noise
 from kvlab.compare.quiet import RETIME_MAX_TOKENS, SPIKE_RATIO, TTFT_REPEATS, apply_quiet, quiet_summary, spike_steps
 from kvlab.strategies import Strategy, make_strategy
 from kvlab.strategies.dynamic import Dynamic
@@ -252,10 +252,16 @@ def test_busy_note_follows_the_load_average(loads, busy):
         assert "too busy for a fair comparison" in timing["note"] and "load average 9.0 on 2 cores" in timing["note"]
 
 
-def test_busy_note_follows_the_noise():
-    results = [quiet_result(0, "dynamic", [0.1, 0.04, 0.04], [0.1, 0.04, 0.04], noise=0.2)]
-    timing = run_timing(results, "quiet", [0.5], threads=2, cores=2)
-    assert timing["busy"] and "varied by ±20%" in timing["note"]
+def test_busy_note_follows_the_step_noise_not_one_hiccup():
+    steady = [0.1] + [0.040, 0.041, 0.039, 0.040, 0.042, 0.040, 0.039, 0.041, 0.040, 0.040]
+    hiccup = steady[:5] + [0.4] + steady[6:]  # one garbage collection: ten times one step
+    contended = [0.1] + [0.04, 0.06, 0.03, 0.07, 0.04, 0.08, 0.035, 0.06, 0.04, 0.07]
+    for steps, busy in ((steady, False), (hiccup, False), (contended, True)):
+        timing = run_timing([quiet_result(0, "dynamic", steps, steps)], "quiet", [0.5], threads=2, cores=2)
+        assert timing["busy"] is busy, (steps, timing)
+    assert "decode steps varied by ±" in timing["note"] and timing["step_noise"] > BUSY_STEP_NOISE
+    short = run_timing([quiet_result(0, "dynamic", contended[:5], contended[:5])], "quiet", [0.5], threads=2, cores=2)
+    assert short["step_noise"] is None and not short["busy"]  # four steps are too few to judge
 
 
 def test_the_runner_and_the_page_say_when_the_machine_was_busy(tiny, monkeypatch):

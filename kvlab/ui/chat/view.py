@@ -183,10 +183,8 @@ def turn_markdown(stats: TurnStats | None) -> str:
         f"{stats.cache_bytes:,} bytes",
     ]
     if stats.no_reuse_ttft_s is not None:
-        same = " (this turn reused nothing, so both did the same work: the difference is noise)" \
-            if stats.reused_tokens == 0 else " (one measurement each)"
         lines.append(f"- without reuse (whole history re-prefilled): TTFT {_fmt_s(stats.no_reuse_ttft_s)} · "
-                     f"saved **{_fmt_s(stats.saved_s)}**{same}")
+                     f"{saving_text(stats)}")
     if stats.match is not None:
         verdict = "identical" if stats.match else "different" + (" (lossy cache)" if stats.lossy else "")
         lines.append(f"- reply without reuse: **{verdict}**")
@@ -195,9 +193,27 @@ def turn_markdown(stats: TurnStats | None) -> str:
     return "\n".join(lines)
 
 
+def saving_text(stats: TurnStats) -> str:
+    """What reusing the cache saved this turn. A reused turn does strictly less work than the same turn
+    re-prefilled, so a negative difference of two single measurements is the machine's noise (other work ran
+    during the reused turn), shown as within noise, never as a loss."""
+    if stats.reused_tokens == 0:
+        return (f"saved {_fmt_s(stats.saved_s)} (this turn reused nothing, so both did the same work: the difference "
+                "is noise)")
+    if stats.saved_s is not None and stats.saved_s < 0:
+        return (f"saved: **within noise** (the reused turn's TTFT came out {_fmt_s(-stats.saved_s)} slower: it did "
+                "less work, so other work on the machine made the difference; one measurement each)")
+    return f"saved **{_fmt_s(stats.saved_s)}** (one measurement each)"
+
+
 def turns_frame(turns: list[TurnStats]) -> pd.DataFrame:
-    """One row per turn: tokens, TTFT with/without reuse (s), saved (s), decode tok/s, cache tokens/bytes."""
-    return pd.DataFrame(turn_rows(turns), columns=TURN_COLUMNS)
+    """One row per turn: tokens, TTFT with/without reuse (s), saved (s; a reused turn whose saving came out
+    negative reads "within noise", see `saving_text`), decode tok/s, cache tokens/bytes."""
+    rows = turn_rows(turns)
+    for row, stats in zip(rows, turns):
+        if stats.reused_tokens and row["saved_s"] is not None and row["saved_s"] < 0:
+            row["saved_s"] = f"within noise ({row['saved_s']:+.3f})"
+    return pd.DataFrame(rows, columns=TURN_COLUMNS)
 
 
 def prefix_frame(report) -> pd.DataFrame:
