@@ -10,7 +10,7 @@ from kvlab.needle.preset import list_needle_presets, load_needle_preset
 from kvlab.needle.runner import run_needle
 from kvlab.presets import PresetError, list_presets
 from kvlab.ui.needle.tab import NeedleTab, column_specs
-from kvlab.ui.needle.view import GATED, HEATMAP_FIELDS, MISS, OUTCOME_COLORS, NeedleView, pareto_front
+from kvlab.ui.needle.view import GATED, HEATMAP_FIELDS, MIB as MIB_BYTES, MISS, OUTCOME_COLORS, NeedleView, pareto_front
 
 
 def test_sweeps_expand_into_columns_and_bad_items_stay_in_their_place():
@@ -152,3 +152,20 @@ def test_the_tab_fills_the_form_from_a_preset_and_says_why_one_cannot_be_read():
     assert values[5].startswith("preset **needle_eviction**: The scored eviction methods")
     missing = NeedleTab(None).apply_preset("no_such_preset")
     assert missing[5].startswith("⚠") and "no_such_preset" in missing[5]
+
+
+def test_columns_that_share_a_point_are_drawn_apart_with_their_true_rate_on_hover():
+    view = NeedleView()
+    view.columns = ["dynamic", "snapkv 0.5", "tova 0.5", "knorm 0.5"]
+    summary = [{"strategy": name, "hit_rate": rate, "mean_cache_bytes": mib * MIB_BYTES}
+               for name, rate, mib in (("dynamic", 1.0, 8.0), ("snapkv 0.5", 0.5, 4.0), ("tova 0.5", 0.5, 4.0),
+                                       ("knorm 0.5", 0.5, 4.0))]
+    view.summary = lambda: summary
+    frame = view.pareto_frame()
+    shared = frame[frame["column"] != "dynamic"]
+    assert list(shared["hit_rate"]) == [0.5, 0.5, 0.5] and shared["shown_rate"].nunique() == 3
+    assert shared["shown_rate"].mean() == pytest.approx(0.5)  # spread around the true rate
+    assert frame.loc[frame["column"] == "dynamic", "shown_rate"].item() == 1.0  # alone: drawn where it is
+    assert frame.loc[frame["column"] == "tova 0.5", "shares_point_with"].item() == "snapkv 0.5, knorm 0.5"
+    x_lim, y_lim = view.pareto_limits()
+    assert x_lim[1] > 8.0 and y_lim[0] < 0 and y_lim[1] > 1  # dense (8 MiB, rate 1) is inside, not on the edge

@@ -102,8 +102,9 @@ def test_one_wrapping_legend_names_every_column_in_full_in_its_colour():
     assert frame["series"].nunique() == 16  # measured and predicted per column
     colors = frames.compare_colors(view)
     legend = compare_plots.legend_html([frame, frames.latency_frame(view)], colors)
-    assert legend.count('class="kv-leg"') == 16  # every series once, though both frames hold the measured ones
-    assert "8: quantized (quanto, nbits=4, q_group_size=256) predicted" in legend
+    assert legend.count('class="kv-leg"') == 8  # one entry per column: its line and its prediction
+    assert legend.count("kv-leg kv-leg-key") == 1 and "lighter: the dense prediction" in legend
+    assert "8: quantized (quanto, nbits=4, q_group_size=256)</span>" in legend and " predicted" not in legend
     assert f'class="kv-sw" style="--c:{COLORS[7]}"' in legend
     assert f'class="kv-sw-pred" style="--c:{frames.lighter(COLORS[7])}"' in legend
     assert legend.index("1: quantized") < legend.index("2: quantized")
@@ -153,6 +154,41 @@ def test_live_plot_updates_rebuild_one_update_after_a_series_appears_and_settle_
     settled = plots.settle(view)
     assert list(settled[plots.latency]["color_map"]) == ["1: dynamic", "2: static"]
     assert plots.legend not in settled and plots.cache in settled
+
+
+def test_a_hybrid_run_s_legend_has_one_entry_per_column_not_one_per_line():
+    from kvlab.ui.shared import live_plots as compare_plots
+
+    names = [f"{i + 1}: col{i}" + suffix for i in range(8)
+             for suffix in ("", " predicted", " · full", " · sliding", " · full predicted", " · sliding predicted")]
+    legend = compare_plots.legend_html([pd.DataFrame({"series": names})], {})
+    assert len(names) == 48 and legend.count('class="kv-leg"') == 8
+
+
+def test_columns_that_hold_the_same_bytes_are_named_as_one_line():
+    view = RunView(["dynamic", "snapkv 0.5", "tova 0.5", "knorm 0.5"], slots=[0, 1, 2, 3])
+    for column, per_token in enumerate((2.0, 1.0, 1.0, 1.0)):
+        view.apply(ColumnStarted(column, view.columns[column].title, 5))
+        for step in range(4):
+            view.apply(StepMetrics(column, step, 0.02, int(per_token * MIB * (step + 1)), int(2 * MIB * (step + 1)), 5))
+    note = frames.overlap_note(frames.cache_frame(view))
+    assert note == "columns 2, 3 and 4 hold the same bytes at every token: one line shows them all"
+    assert frames.overlap_note(frames.cache_frame(two_columns())).startswith("columns 1 and 4 hold")  # dynamic, static
+    view.columns[3].cache_bytes[-1] += MIB  # a MiB apart at one token: two lines
+    assert frames.overlap_note(frames.cache_frame(view)) == ("columns 2 and 3 hold the same bytes at every token: one "
+                                                             "line shows them all")
+
+
+def test_a_far_slower_column_does_not_set_the_latency_axis_and_is_named():
+    titles = ["no_cache", "dynamic", "static", "quanto", "sink", "snapkv"]
+    view = RunView(titles, slots=list(range(6)))
+    for column, title in enumerate(titles):
+        steps = [0.3 + 0.4 * i for i in range(30)] if title == "no_cache" else [0.02 + 0.001 * (i % 3) for i in range(30)]
+        view.columns[column].per_token_s = steps
+    latency = frames.latency_frame(view)
+    top = frames.latency_limit(latency)
+    assert top is not None and top <= 50  # the five fast columns fill the plot
+    assert "1: no_cache" in frames.clipped_note(latency, top) and "2: dynamic" not in frames.clipped_note(latency, top)
 
 
 def test_one_latency_spike_does_not_flatten_the_axis_and_is_named():

@@ -29,7 +29,7 @@ from ..shared.live_plots import plot_update, roster_colors
 from ..shared.exports import fresh_export_folder
 from ..shared.model_picker import model_dropdown
 from ..shared.runs import PRIVATE, session_stop, wire_run
-from .view import NO_PRESET, OUTCOME_COLORS, NeedleView, preset_fields
+from .view import NO_PRESET, OUTCOME_COLORS, RATE_LIMITS, NeedleView, preset_fields
 from ..shared.theme import COLORS
 
 DEFAULT_COLUMNS = "dynamic, sink:window_length=128, quantized:backend=quanto:nbits=4"
@@ -97,9 +97,11 @@ class NeedleTab:
                                             y_axis_format=DEPTH_FORMAT, elem_id=f"needle-heatmap-{i}",
                                             min_width=260)
                              for i in range(MAX_COLUMNS)]
-        self.pareto = gr.ScatterPlot(None, x="cache_MiB", y="hit_rate", color="column", title="hit rate vs cache",
-                                     x_title="mean cache MiB", y_title="hit rate (cells not gated)",
-                                     tooltip=["column", "hit_rate", "cache_MiB", "pareto"], elem_id="needle-pareto",
+        self.pareto = gr.ScatterPlot(None, x="cache_MiB", y="shown_rate", color="column", title="hit rate vs cache",
+                                     x_title="mean cache MiB",
+                                     y_title="hit rate (cells not gated; columns sharing a point drawn apart)",
+                                     tooltip=["column", "hit_rate", "cache_MiB", "pareto", "shares_point_with"],
+                                     elem_id="needle-pareto", y_lim=list(RATE_LIMITS),
                                      x_axis_format=MIB_FORMAT, y_axis_format=RATE_FORMAT, height=300)
         self.table = gr.Dataframe(label="per column", interactive=False, wrap=True,
                                   column_widths=TABLE_WIDTHS, elem_id="needle-table")
@@ -148,8 +150,9 @@ class NeedleTab:
                 updates[plot] = gr.update(visible=False, value=None)
         roster = view.pareto_roster()
         colors = roster_colors(dict(zip(view.columns, COLORS)), roster, primer)
-        updates[self.pareto] = (gr.update(value=view.pareto_frame(), color_map=colors) if roster
-                                else plot_update(None, colors))
+        x_lim, y_lim = view.pareto_limits()
+        updates[self.pareto] = (gr.update(value=view.pareto_frame(), color_map=colors, x_lim=x_lim, y_lim=y_lim)
+                                if roster else plot_update(None, colors))
         updates[self.table] = view.table()
         return updates
 

@@ -3,7 +3,7 @@
 `NeedleView.apply(event)` takes `kvlab.needle.runner` events; `heatmap_frame(i)` gives column i's cells as
 points (context length x depth, one outcome colour scale shared by every column: hit, miss, beyond the model)
 with the answer, key, key log-prob and cache bytes for the hover; `pareto_frame()` puts every column on hit
-rate against mean cache bytes and marks the Pareto front (no other column has a higher or equal hit rate
+rate against mean cache bytes (columns that share a point drawn a little apart, `SPREAD`) and marks the Pareto front (no other column has a higher or equal hit rate
 with fewer or equal bytes, one of them strictly). Both frames hold one blank row (no y, so nothing is drawn)
 for each series of their roster without a point yet (`heatmap_frame`: every outcome; `pareto_frame`: every
 column that runs), so a native plot's colour domain, fixed by the first frame it builds its spec from, holds
@@ -22,7 +22,15 @@ HIT, MISS, GATED, ERROR = "hit", "miss", "beyond the model", "error"
 OUTCOME_COLORS = {HIT: "#2e7d32", MISS: "#c62828", GATED: "#9e9e9e", ERROR: "#6a1b9a"}
 """The one colour scale every column's heatmap uses."""
 HEATMAP_FIELDS = ("tokens", "depth", "outcome", "answer", "key", "key_logprob", "cache_MiB", "seed")
-PARETO_FIELDS = ("column", "cache_MiB", "hit_rate", "pareto")
+PARETO_FIELDS = ("column", "cache_MiB", "hit_rate", "pareto", "shown_rate", "shares_point_with")
+SPREAD = 0.03
+"""Columns with the same hit rate and mean bytes (eviction methods at one ratio often have both) are drawn this
+far apart in hit rate (`shown_rate`), centred on their true rate, so each is seen; the hover gives the true
+`hit_rate` and the columns it shares the point with."""
+RATE_LIMITS = (-0.12, 1.12)
+"""The hit-rate axis, padded beyond 0 and 1 so no point (nor a spread one) sits on the plot's edge."""
+MIB_PADDING = 0.1
+"""The bytes axis runs from 0 to (1 + this) × the largest column's mean MiB, so the densest column is not cut."""
 MIB = 2 ** 20
 
 
@@ -94,9 +102,24 @@ class NeedleView:
         front = pareto_front([(row["mean_cache_bytes"], row["hit_rate"]) for row in rows])
         data = [(row["strategy"], round(row["mean_cache_bytes"] / MIB, 2), round(row["hit_rate"], 3),
                  "front" if on else "dominated") for row, on in zip(rows, front)]
-        drawn = {row[0] for row in data}
-        data += [(name, NAN, NAN, "") for name in self.pareto_roster() if name not in drawn]
-        return pd.DataFrame(data, columns=PARETO_FIELDS)
+        shared: dict[tuple, list[str]] = {}
+        for name, mib, rate, _ in data:
+            shared.setdefault((mib, rate), []).append(name)
+        spread = []
+        for name, mib, rate, on in data:
+            group = shared[(mib, rate)]
+            offset = (group.index(name) - (len(group) - 1) / 2) * SPREAD
+            others = ", ".join(other for other in group if other != name)
+            spread.append((name, mib, rate, on, round(rate + offset, 4), others))
+        drawn = {row[0] for row in spread}
+        spread += [(name, NAN, NAN, "", NAN, "") for name in self.pareto_roster() if name not in drawn]
+        return pd.DataFrame(spread, columns=PARETO_FIELDS)
+
+    def pareto_limits(self) -> tuple[list[float], list[float]]:
+        """(x_lim, y_lim) of the Pareto plot: bytes from 0 to MIB_PADDING past the largest, rate RATE_LIMITS."""
+        frame = self.pareto_frame()
+        top = float(frame["cache_MiB"].max()) if frame["cache_MiB"].notna().any() else 1.0
+        return [0.0, round(top * (1 + MIB_PADDING), 2) or 1.0], list(RATE_LIMITS)
 
     def table(self) -> pd.DataFrame:
         """The summary per column, for the page."""

@@ -101,19 +101,30 @@ def series_of(frame) -> list[str]:
     return [] if frame is None or frame.empty else list(dict.fromkeys(frame["series"]))
 
 
+def column_of(name: str) -> str:
+    """The column a series belongs to: `3: sink` for `3: sink`, `3: sink predicted` and `3: sink · full`."""
+    return name.removesuffix(" " + frames.PREDICTED).split(" · ")[0]
+
+
 def legend_html(frames_: list, colors: dict[str, str]) -> str:
-    """One wrapping row of legend entries (a colour swatch and the full series name) for every series in
-    `frames_` (DataFrames with a `series` column), in order of first appearance; '' when there is none.
-    A prediction's swatch is its lighter colour, drawn hollow."""
+    """One wrapping row with one entry per column in `frames_` (DataFrames with a `series` column), in order of
+    first appearance: its colour swatch and full name, and a hollow lighter swatch beside it when the frames
+    hold its prediction; then a key for the hollow swatch. A column's layer-type lines (`… · full`, `… · sliding`)
+    and its prediction share its entry, so a hybrid run's legend has one entry per column, not one per line;
+    '' when there is no series."""
     names = list(dict.fromkeys(name for frame in frames_ for name in series_of(frame)))
-    measured = [name.removesuffix(" " + frames.PREDICTED) for name in names]
-    names.sort(key=lambda name: (measured.index(name.removesuffix(" " + frames.PREDICTED)),
-                                 name.endswith(" " + frames.PREDICTED)))  # each prediction after its column
+    columns = list(dict.fromkeys(column_of(name) for name in names))
+    predicted = {column_of(name) for name in names if name.endswith(" " + frames.PREDICTED)}
     entries = []
-    for name in names:
-        color = colors.get(name, NO_COLOR)
-        kind = "kv-sw-pred" if name.endswith(" " + frames.PREDICTED) else "kv-sw"
-        entries.append(f'<span class="kv-leg"><i class="{kind}" style="--c:{color}"></i>{html.escape(name)}</span>')
+    for column in columns:
+        color = colors.get(column, NO_COLOR)
+        hollow = (f'<i class="kv-sw-pred" style="--c:{colors.get(column + " " + frames.PREDICTED, NO_COLOR)}"></i>'
+                  if column in predicted else "")
+        entries.append(f'<span class="kv-leg"><i class="kv-sw" style="--c:{color}"></i>{hollow}'
+                       f'{html.escape(column)}</span>')
+    if predicted:
+        entries.append('<span class="kv-leg kv-leg-key"><i class="kv-sw-pred" style="--c:#999999"></i>'
+                       "lighter: the dense prediction</span>")
     return f'<div class="kv-legend">{"".join(entries)}</div>' if entries else ""
 
 
@@ -169,7 +180,8 @@ class LivePlots:
             self.memory: plot_update(memory, frames.MEMORY_COLORS, sent.get("memory") or None,
                                      caption=memory_caption),
             self.by_type: plot_update(by_type, colors, sent.get("by_type") or None, visible=not by_type.empty),
-            self.notes: " · ".join(filter(None, [frames.switch_notes(view), frames.clipped_note(latency, top),
+            self.notes: " · ".join(filter(None, [frames.switch_notes(view), frames.overlap_note(cache),
+                                                 frames.clipped_note(latency, top),
                                                  NOT_RECORDED if memory_caption == NOT_RECORDED else ""])),
         }
 

@@ -53,7 +53,8 @@ LATENCY = PlotSpec("token", "ms", "generated tokens", "compute per token (ms)", 
 MEMORY = PlotSpec("time_s", "MiB", "time since run start (s)", "process memory (MiB)", "process memory",
                   "the whole process, not just caches")
 BY_LAYER_TYPE = PlotSpec("token", "MiB", "generated tokens", "KV cache tensors (MiB)", "KV cache by layer type",
-                         "measured, over the prediction (lighter)")
+                         "a line per layer type (full, sliding) in its column's colour, over the prediction "
+                         "(lighter); hover names it")
 LATENCY_CLIP_QUANTILE = 0.95
 LATENCY_CLIP_FACTOR = 1.5
 """The latency axis stops at LATENCY_CLIP_FACTOR × the LATENCY_CLIP_QUANTILE quantile of the decode steps
@@ -61,6 +62,10 @@ LATENCY_CLIP_FACTOR = 1.5
 flatten every other line; the cut points are named under the plots."""
 LATENCY_SPIKE_FACTOR = 3.0
 """The axis is cut only when its highest point is more than this many times that top (a spike, not a trend)."""
+LATENCY_OUTLIER_FACTOR = 5.0
+"""A column whose median decode step is more than this many times the columns' median (no_cache, which
+recomputes the whole sequence every token) does not set the latency axis: it would flatten every other line.
+Its points above the axis are named under the plots, as a spike's are."""
 TURN_TTFT = PlotSpec("turn", "seconds", "turn", "time to first token (s)", "TTFT per turn, with and without reuse")
 TURN_TOKENS = PlotSpec("turn", "tokens", "turn", "input tokens", "input tokens per turn: reused vs prefilled")
 PPL = PlotSpec("position", "nats", "position (tokens)", "log-perplexity over the window (nats)",
@@ -126,15 +131,34 @@ def nice_ceiling(value: float) -> float:
 
 
 def latency_limit(frame: pd.DataFrame) -> float | None:
-    """The top of the latency axis (ms) when a few points lie far above the rest (see LATENCY_CLIP_FACTOR and
-    LATENCY_SPIKE_FACTOR), else None (the axis fits every point)."""
+    """The top of the latency axis (ms) when a few points (a prefill, a stall) or a whole far slower column lie
+    far above the rest (see LATENCY_CLIP_FACTOR, LATENCY_SPIKE_FACTOR and LATENCY_OUTLIER_FACTOR), else None
+    (the axis fits every point)."""
     if frame is None or frame.empty:
         return None
-    decode = frame.loc[frame[LATENCY.x] > 1, LATENCY.y].dropna()
-    if len(decode) < 4:
+    decode = frame.loc[frame[LATENCY.x] > 1].dropna(subset=[LATENCY.y])
+    medians = decode.groupby("series", sort=False)[LATENCY.y].median()
+    slow = set(medians[medians > LATENCY_OUTLIER_FACTOR * float(medians.median())].index) if len(medians) > 2 else set()
+    kept = decode.loc[~decode["series"].isin(slow), LATENCY.y]
+    if len(kept) < 4:
         return None
-    top = nice_ceiling(max(LATENCY_CLIP_FACTOR * float(decode.quantile(LATENCY_CLIP_QUANTILE)), 1e-3))
+    top = nice_ceiling(max(LATENCY_CLIP_FACTOR * float(kept.quantile(LATENCY_CLIP_QUANTILE)), 1e-3))
     return top if float(frame[LATENCY.y].max()) > LATENCY_SPIKE_FACTOR * top else None
+
+
+def overlap_note(frame: pd.DataFrame) -> str:
+    """`columns 3, 4 and 5 hold the same bytes at every token: one line shows them all` for each group of
+    measured series of a cache frame that coincide point for point (eviction methods at one ratio keep the same
+    number of positions, so their lines lie on top of each other); '' when none do."""
+    if frame is None or frame.empty:
+        return ""
+    groups: dict[tuple, list[str]] = {}
+    for name, part in frame.groupby("series", sort=False):
+        if not str(name).endswith(" " + PREDICTED):
+            groups.setdefault(tuple(zip(part[CACHE.x], part[CACHE.y])), []).append(str(name).split(":")[0])
+    notes = [f"columns {', '.join(names[:-1])} and {names[-1]} hold the same bytes at every token: one line shows "
+             "them all" for names in groups.values() if len(names) > 1]
+    return "; ".join(notes)
 
 
 def clipped_note(frame: pd.DataFrame, top: float | None) -> str:
