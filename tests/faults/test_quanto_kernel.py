@@ -61,31 +61,6 @@ def test_a_quanto_column_runs_without_a_compiler_and_an_unbuilt_kernel(tmp_path)
     assert not (copy / "quanto" / "library" / "extensions" / "cpp" / "build" / "quanto_cpp.so").exists()
 
 
-def quanto_copy(tmp_path: Path) -> Path:
-    """A copy of the installed optimum package under tmp_path/site, without quanto's kernel build folder; returns
-    that (absent) build folder."""
-    import optimum.quanto
-
-    package = Path(optimum.quanto.__file__).parent
-    shutil.copytree(package.parent, tmp_path / "site" / "optimum", ignore=shutil.ignore_patterns("__pycache__"))
-    build = tmp_path / "site" / "optimum" / "quanto" / "library" / "extensions" / "cpp" / "build"
-    shutil.rmtree(build, ignore_errors=True)
-    return build
-
-
-def path_without_ninja(folder: Path) -> str:
-    """A PATH of one folder of links to every program on this PATH except ninja."""
-    folder.mkdir()
-    for directory in os.environ.get("PATH", os.defpath).split(os.pathsep):
-        if not os.path.isdir(directory):
-            continue
-        for entry in os.scandir(directory):
-            link = folder / entry.name
-            if entry.name != backends.NINJA and not link.exists() and not link.is_symlink():
-                link.symlink_to(entry.path)
-    return str(folder)
-
-
 @pytest.mark.parametrize("build, said", [
     (True, "its C++ kernel could not be built at set-up: ninja is missing"),
     (False, "its C++ kernel is not built and cannot be here: ninja is missing"),
@@ -133,19 +108,6 @@ def test_the_build_finds_the_environment_s_ninja_off_path_and_restores_path(tmp_
     assert backends._attach_kernel(ext, build=True) is None
     assert ext.ninja_seen == str(beside)
     assert os.environ["PATH"] == str(tmp_path)
-
-
-def test_a_set_up_without_ninja_on_path_builds_the_kernel(tmp_path):
-    build = quanto_copy(tmp_path)
-    hidden = path_without_ninja(tmp_path / "bin")
-    assert shutil.which(backends.NINJA, path=hidden) is None and shutil.which("c++", path=hidden)
-    env = {**os.environ, "PATH": hidden, "PYTHONPATH": os.pathsep.join([str(tmp_path / "site"), str(REPO)])}
-    env.pop("CXX", None)
-    proc = subprocess.run([sys.executable, "-m", "kvlab.caches.backends"], cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.strip() == "kvlab.caches.backends: quanto C++ kernel ready", proc.stdout + proc.stderr[-3000:]
-    assert (build / "quanto_cpp.so").is_file()
 
 
 class FailingExtension(RecordingExtension):
