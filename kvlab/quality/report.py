@@ -281,13 +281,17 @@ def run_report(loaded, ids: torch.Tensor, specs, *, scored_tokens: int = DEFAULT
                 if track.name not in errors and track.quality.n_tokens:
                     yield ReportProgress(track.name, track.quality.n_tokens, track.figures(reference),
                                          track.bytes_now)
+    wall_s = time.perf_counter() - started
+    record = _record(loaded, split, text_info, zip(names, columns), tracks, reference, errors, wall_s, stop.is_set())
+    yield ReportDone(record, wall_s, stop.is_set())
+
+
+def _record(loaded, split, text_info, named_columns, tracks, reference, errors, wall_s, stopped) -> dict:
     entries = []
-    for name, column in zip(names, columns):
+    for name, column in named_columns:
         track = next((t for t in tracks if t.name == name), None)
         figures = track.figures(reference) if track is not None and track.quality.n_tokens else None
         entries.append(column_entry(name, column, split, errors.get(name, ""), figures,
                                     track.quality.n_tokens if track is not None else 0))
     reference_row = {"name": REFERENCE, **reference.cost()}
-    wall_s = time.perf_counter() - started
-    record = build_record(loaded.info(), split, text_info or {}, entries, reference_row, wall_s, stop.is_set())
-    yield ReportDone(record, wall_s, stop.is_set())
+    return build_record(loaded.info(), split, text_info or {}, entries, reference_row, wall_s, stopped)
