@@ -13,6 +13,7 @@ given cache (a whole-sequence recompute for `no_cache`, window-sized chunks for
   is one unit of work that a caller may run on kvlab's compute thread
   (`kvlab.compute.compute_iter`). `Decoder.replace_cache` moves a run to another
   strategy's cache mid-way by re-prefilling the ids so far (`kvlab.budget`).
+- `teacher_force`: the one teacher-forcing loop (a `Decoder` fed given tokens, keeping its logits).
 - `score_continuation`: teacher-forced log-probabilities of a continuation.
 - `NllStream`: streaming negative log-likelihood of a text through several
   caches in turns (the StreamingLLM perplexity view).
@@ -110,6 +111,8 @@ class Step:
     cache_bytes: int | None = None
     cache_bytes_by_layer_type: dict[str, int] | None = None
     trace: StepTrace | None = None
+    logits: "torch.Tensor | None" = field(default=None, repr=False)
+    """The last position's logits, (vocab,) on the model's device, when the decoder keeps them."""
 
 
 def first_decoder_layer(model):
@@ -177,6 +180,7 @@ class Decoder:
         forced_ids: teacher-force these ids: step t still chooses a token (the same timed work) but keeps
             `forced_ids[t]`, so a re-run yields the same tokens and cache contents as the run it repeats
             (the re-timing pass of `kvlab.measure`). Iteration also ends after len(forced_ids) steps.
+        keep_logits: keep each step's logits (`Step.logits`, (vocab,)), read after the clock stops.
 
     Raises:
         ValueError: `feed_from` out of range or empty input.
@@ -184,7 +188,7 @@ class Decoder:
 
     def __init__(self, loaded, strategy, cache, input_ids, settings: GenerationSettings, *, feed_from: int = 0,
                  seed: int | None = None, stop: threading.Event | None = None, measure_bytes: bool = False,
-                 trace: bool = False, forced_ids=None):
+                 trace: bool = False, forced_ids=None, keep_logits: bool = False):
         ids = input_ids if isinstance(input_ids, torch.Tensor) else torch.tensor([list(input_ids)])
         ids = ids.reshape(1, -1).to(loaded.device)
         if not 0 <= feed_from < ids.shape[1]:
@@ -196,7 +200,7 @@ class Decoder:
         self.stop = stop
         self.measure_bytes = measure_bytes
         self.layer_types = layer_types_and_windows(loaded.config)[0] if measure_bytes else []
-        self.trace = trace
+        self.trace, self.keep_logits = trace, keep_logits
         self.forced_ids = list(forced_ids) if forced_ids is not None else None
         self._refeed = False
         self.chooser = TokenChooser(run_settings, loaded.device)
@@ -266,13 +270,36 @@ class Decoder:
         fed_ids = tuple(sequence[0, -fed:].tolist())
         size = sum(by_type.values()) if by_type is not None else None
         trace = StepTrace(tuple(forwards), logits[0].detach().float().cpu()) if self.trace else None
-        return Step(index, token, elapsed, fed_ids, sequence.shape[1], size, by_type, trace)
+        kept = logits[0] if self.keep_logits else None
+        return Step(index, token, elapsed, fed_ids, sequence.shape[1], size, by_type, trace, kept)
 
     def run(self) -> "Decoder":
         """Run every remaining step in this thread; returns self."""
         for _ in self:
             pass
         return self
+
+
+def teacher_force(loaded, strategy, cache, sequence, targets: Sequence[int], *, feed_from: int = 0,
+                  stop: threading.Event | None = None, measure_bytes: bool = False) -> Decoder:
+    """kvlab's one teacher-forcing loop: a `Decoder` whose first step feeds `sequence[feed_from:]` through
+    `cache` (the strategy's own prefill: an eviction strategy compresses there, a sink cache streams in
+    window-sized chunks), then feeds `targets[:-1]` one token per step. Step t's `logits` (vocab,) are the
+    distribution that predicts `targets[t]`; there are len(targets) steps (fewer once `stop` is set, and then
+    `stop_reason` is "stopped"). `per_token_s` times each forward.
+
+    Args:
+        sequence: (1, seq) or (seq,) ids the cache has (or will have) seen before the first target.
+        targets: at least one token id.
+
+    Raises:
+        ValueError: no targets, or `feed_from` out of range.
+    """
+    if not len(targets):
+        raise ValueError("teacher_force needs at least one target token")
+    settings = GenerationSettings(max_new_tokens=len(targets), stop_at_eos=False, fidelity=False)
+    return Decoder(loaded, strategy, cache, sequence, settings, feed_from=feed_from, stop=stop,
+                   measure_bytes=measure_bytes, forced_ids=list(targets), keep_logits=True)
 
 
 def score_continuation(loaded, strategy, prompt_ids: torch.Tensor, continuation: Sequence[int],
@@ -308,12 +335,14 @@ def score_continuation(loaded, strategy, prompt_ids: torch.Tensor, continuation:
     rows = []
     for k, (start, segment) in enumerate(segments):
         end = min(count, segments[k + 1][0] if k + 1 < len(segments) else count)
-        cache = segment.build_cache(loaded, prompt.shape[1] + count) if start < end else None
-        for t in range(start, end):
-            if stop is not None and stop.is_set():
-                raise RunStopped
-            fed = prompt.shape[1] + t if t == start else 1
-            rows.append(forward(loaded, segment, cache, sequence[:, :prompt.shape[1] + t], fed)[0])
+        if start >= end:
+            continue
+        cache = segment.build_cache(loaded, prompt.shape[1] + count)
+        forced = teacher_force(loaded, segment, cache, sequence[:, :prompt.shape[1] + start],
+                               list(continuation[start:end]), stop=stop)
+        rows += [step.logits for step in forced]
+        if forced.stop_reason == "stopped":
+            raise RunStopped
     return torch.log_softmax(torch.stack(rows).float(), dim=-1)
 
 

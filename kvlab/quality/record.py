@@ -1,0 +1,148 @@
+"""Quality-report records: each column's figure row, the JSON record, and rows from saved records of any tab.
+
+A report record (`kind: kvlab.report`) holds per column its split, status and one flat figure row
+(`FIGURE_FIELDS`, named as llama.cpp's `--kl-divergence` summary names them, see `LLAMA_CPP_NAMES` in
+`kvlab.quality.stats`); JSON has no NaN, so a figure not estimated is null. `rows_from_record` reads a report,
+Compare (`kvlab.compare`) or Needle (`kvlab.needle`) record into table rows keyed by (model, column), and
+`merge_rows` puts rows of several records together (a Needle record's hit rate joins the report row of the
+same model and column), so runs made on different machines make one table. Pure: no model, no files written.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from .stats import QualityFigures, wilson_interval
+
+RECORD_KIND = "kvlab.report"
+RECORD_VERSION = 1
+FIGURE_FIELDS = ("scored_tokens", "ppl", "ppl_base", "ppl_ratio", "ppl_ratio_unc", "ppl_diff", "ppl_diff_unc",
+                 "ln_ppl_ratio", "ln_ppl_ratio_unc", "kld_mean", "kld_mean_unc", "kld_median", "kld_p99", "kld_max",
+                 "same_top", "same_top_low", "same_top_high", "cache_bytes_mean", "cache_bytes_end", "bytes_vs_dense",
+                 "decode_tok_s", "prefill_s")
+"""The figure row of one column: PPL(Q), PPL(base), PPL ratio and ΔPPL (`ppl_diff`) with standard errors, KL
+(nats: mean ± SE, median, 99th percentile, maximum), top-1 agreement ("same top p", a fraction, with its Wilson
+95 % interval), exact cache bytes (mean over the scored steps and at the end) and relative to the dense
+reference's mean, decode tok/s (one token per forward) and the prefill's seconds."""
+NEEDLE_FIELDS = ("needle_hits", "needle_cells", "needle_hit_rate", "needle_low", "needle_high")
+"""A Needle grid's hits over its scored (not gated) cells and seeds, the rate and its Wilson 95 % interval."""
+TABLE_FIELDS = ("model", "column", "status", "context_tokens", *FIGURE_FIELDS, *NEEDLE_FIELDS, "source", "message")
+
+
+def _clean(value):
+    """A float as JSON can hold it (NaN / inf -> None)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def figure_row(figures: QualityFigures, cost: dict, dense_bytes_mean: float | None) -> dict:
+    """The `FIGURE_FIELDS` row of one column from its `QualityFigures` and its `cost` (cache_bytes_mean,
+    cache_bytes_end, decode_tok_s, prefill_s), with `bytes_vs_dense` against the reference's mean bytes."""
+    f = figures
+    row = {"scored_tokens": f.n_tokens, "ppl": f.ppl, "ppl_base": f.ppl_base, "ppl_ratio": f.ppl_ratio,
+           "ppl_ratio_unc": f.ppl_ratio_unc, "ppl_diff": f.ppl_diff, "ppl_diff_unc": f.ppl_diff_unc,
+           "ln_ppl_ratio": f.ln_ppl_ratio, "ln_ppl_ratio_unc": f.ln_ppl_ratio_unc,
+           "kld_mean": f.kld_mean, "kld_mean_unc": f.kld_mean_unc, "kld_median": f.kld_percentiles.median,
+           "kld_p99": f.kld_percentiles[0.99], "kld_max": f.kld_percentiles.maximum,
+           "same_top": f.same_top, "same_top_low": f.same_top_low, "same_top_high": f.same_top_high,
+           "cache_bytes_mean": cost["cache_bytes_mean"], "cache_bytes_end": cost["cache_bytes_end"],
+           "bytes_vs_dense": (cost["cache_bytes_mean"] / dense_bytes_mean if dense_bytes_mean else None),
+           "decode_tok_s": cost["decode_tok_s"], "prefill_s": cost["prefill_s"]}
+    return {key: _clean(value) for key, value in row.items()}
+
+
+def column_entry(name: str, column, split, message: str, figures: dict | None, scored: int) -> dict:
+    """One column of the record: name, spec, status (`ok`, `stopped` short of the split, `error`), message, the
+    split it was scored on (context_tokens, scored_tokens actually scored) and its figure row (None: none)."""
+    strategy = column.strategy
+    status = "error" if message else ("ok" if scored == split.scored_tokens else "stopped")
+    return {"name": name, "spec": {"strategy": strategy.name, **strategy.knobs()} if strategy is not None else {},
+            "status": status, "message": message,
+            "split": {"context_tokens": split.context_tokens, "scored_tokens": scored}, "figures": figures}
+
+
+def build_record(model: dict, split, text: dict, columns: list[dict], reference: dict | None, wall_s: float,
+                 stopped: bool, needle: dict | None = None) -> dict:
+    """The JSON record of a report run."""
+    return {"kind": RECORD_KIND, "version": RECORD_VERSION, "model": model,
+            "split": {"context_tokens": split.context_tokens, "scored_tokens": split.scored_tokens},
+            "text": text, "reference": reference, "columns": columns, "needle": needle,
+            "wall_s": wall_s, "stopped": stopped}
+
+
+def needle_figures(summary_row: dict) -> dict:
+    """`NEEDLE_FIELDS` from one row of a Needle record's summary (`kvlab.needle.record.summarize`)."""
+    hits, cells = summary_row.get("hits"), summary_row.get("scored")
+    if not cells:
+        return dict.fromkeys(NEEDLE_FIELDS)
+    low, high = wilson_interval(hits, cells)
+    return {"needle_hits": hits, "needle_cells": cells, "needle_hit_rate": hits / cells, "needle_low": low,
+            "needle_high": high}
+
+
+def _model_name(record: dict) -> str:
+    model = record.get("model") or {}
+    return str(model.get("name") or model.get("source") or "?")
+
+
+def rows_from_record(record: dict, source: str = "") -> list[dict]:
+    """Table rows (`TABLE_FIELDS`) of a report, Compare or Needle record; figures a record lacks are None.
+
+    Raises:
+        ValueError: not one of those records.
+    """
+    model = _model_name(record)
+    base = dict.fromkeys(TABLE_FIELDS)
+    rows = []
+    if record.get("kind") == RECORD_KIND:
+        needle = {row["strategy"]: needle_figures(row) for row in (record.get("needle") or {}).get("summary", [])}
+        for column in record["columns"]:
+            rows.append({**base, **(column.get("figures") or {}), **needle.get(column["name"], {}),
+                         "model": model, "column": column["name"], "status": column["status"],
+                         "context_tokens": column["split"]["context_tokens"], "source": source,
+                         "message": column.get("message", "")})
+    elif record.get("kind") == "kvlab.needle":
+        for row in record.get("summary", []):
+            rows.append({**base, **needle_figures(row), "model": model, "column": row["strategy"],
+                         "status": "ok" if not row.get("errors") else "error", "source": source, "message": ""})
+    elif record.get("format") == "kvlab.compare":
+        for column in record["columns"]:
+            rows.append({**base, "model": model, "column": column.get("name"), "status": column.get("status"),
+                         "same_top": column.get("top1_agreement"), "kld_mean": column.get("mean_kl"),
+                         "cache_bytes_end": column.get("peak_cache_bytes"),
+                         "decode_tok_s": column.get("decode_tok_s"), "source": source,
+                         "message": "Compare: teacher-forced on the baseline's continuation"})
+    else:
+        raise ValueError("not a report, Compare or Needle record (no kind kvlab.report / kvlab.needle, "
+                         "no format kvlab.compare)")
+    return rows
+
+
+def load_record(path: str | Path) -> dict:
+    """A record from a JSON file. Raises ValueError (one line) when it cannot be read as JSON."""
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ValueError(f"cannot read record {path}: {err}") from None
+
+
+def merge_rows(groups: list[list[dict]]) -> list[dict]:
+    """Rows of several records as one table: a row whose (model, column) is already in the table fills in the
+    figures that row lacks (None there) instead of adding a row; otherwise it is appended, in order."""
+    merged: dict[tuple, dict] = {}
+    for rows in groups:
+        for row in rows:
+            key = (row["model"], row["column"])
+            if key not in merged:
+                merged[key] = dict(row)
+                continue
+            into = merged[key]
+            for field, value in row.items():
+                if into.get(field) is None and value is not None:
+                    into[field] = value
+            if row.get("source") and row["source"] not in str(into.get("source")):
+                into["source"] = f"{into['source']} + {row['source']}" if into.get("source") else row["source"]
+    return list(merged.values())

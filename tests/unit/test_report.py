@@ -1,0 +1,135 @@
+"""The quality report's one scoring loop on the tiny model: dense against itself is exactly 0, static against
+dynamic within 1e-6, the split, events, stop, refused and failing columns, records, tables and merging."""
+
+import json
+import math
+import threading
+
+import pytest
+import torch
+
+from kvlab.quality.record import merge_rows, rows_from_record
+from kvlab.quality.report import (
+    ReportColumnError,
+    ReportDone,
+    ReportProgress,
+    ReportStarted,
+    check_split,
+    parse_columns,
+    run_report,
+)
+from kvlab.quality.table import format_markdown, format_table, pareto_marks, rows_to_csv
+from kvlab.strategies.dynamic import Dynamic
+
+
+def _ids(n=40, seed=0):
+    return torch.randint(3, 1000, (1, n), generator=torch.Generator().manual_seed(seed))
+
+
+def _done(events):
+    events = list(events)
+    assert isinstance(events[0], ReportStarted) and isinstance(events[-1], ReportDone)
+    return events, events[-1].record
+
+
+def _figures(record, name):
+    return next(c for c in record["columns"] if c["name"] == name)["figures"]
+
+
+def test_dense_against_itself_is_exactly_zero_and_static_within_1e_6(tiny):
+    events, record = _done(run_report(tiny, _ids(), "dynamic,static", scored_tokens=24, progress_every=8,
+                                      warm_up=False))
+    dense, static = _figures(record, "dynamic"), _figures(record, "static")
+    assert dense["ppl_diff"] == 0.0 and dense["kld_mean"] == 0.0 and dense["kld_max"] == 0.0
+    assert dense["ppl_ratio"] == 1.0 and dense["same_top"] == 1.0 and dense["ppl_diff_unc"] == 0.0
+    # the random model's PPL is near its vocabulary (1,000), so ΔPPL is judged relative to it
+    assert abs(static["ln_ppl_ratio"]) <= 1e-6 and abs(static["ppl_diff"]) <= 1e-6 * static["ppl_base"]
+    assert static["kld_max"] <= 1e-6 and static["same_top"] == 1.0 and static["kld_mean"] > 0
+    assert dense["bytes_vs_dense"] == 1.0 and dense["cache_bytes_end"] > 0 and dense["decode_tok_s"] > 0
+    assert record["split"] == {"context_tokens": 16, "scored_tokens": 24}
+    progress = [e for e in events if isinstance(e, ReportProgress)]
+    assert [(e.column, e.scored) for e in progress[:2]] == [("dynamic", 8), ("static", 8)]
+    assert [e.scored for e in progress if e.column == "dynamic"] == [8, 16, 24]
+
+
+def test_lossy_columns_differ_and_eviction_compresses_the_context_at_prefill(tiny):
+    ids = _ids(48, 1)
+    _, record = _done(run_report(tiny, ids, "knorm:compression_ratio=0.5,sink:window_length=8:num_sink_tokens=2",
+                                 scored_tokens=16, warm_up=False))
+    knorm = _figures(record, "knorm 0.5")
+    assert knorm["kld_mean"] > 0 and knorm["scored_tokens"] == 16
+    dense_end = record["reference"]["cache_bytes_end"]
+    # 32 context tokens pruned to 16 per head, then 15 fed: 31 of the dense 47 positions
+    assert knorm["cache_bytes_end"] == pytest.approx(dense_end * 31 / 47)
+    assert _figures(record, "sink 2+6")["cache_bytes_end"] < knorm["cache_bytes_end"]
+
+
+def test_a_refused_or_failing_column_reports_alone_and_the_others_finish(tiny, monkeypatch):
+    class Broken(Dynamic):
+        label = "broken"
+
+        def forward(self, loaded, cache, sequence, new_tokens):
+            if cache.get_seq_length() > 31:  # the context is 28 tokens: 5 tokens scored, then a failure
+                raise RuntimeError("boom")
+            return super().forward(loaded, cache, sequence, new_tokens)
+
+    events, record = _done(run_report(tiny, _ids(), ["dynamic", "no_cache", "sliding_window", "h2o",
+                                                     Broken(label="broken")], scored_tokens=12, warm_up=False))
+    errors = {e.column: e.message for e in events if isinstance(e, ReportColumnError)}
+    assert "no_cache keeps no cache" in errors["no_cache"]
+    assert "sliding-window layers" in errors["sliding_window"]
+    assert "unknown strategy 'h2o'" in errors["h2o"]
+    assert errors["broken"] == "RuntimeError: boom"
+    statuses = {c["name"]: c["status"] for c in record["columns"]}
+    assert statuses == {"dynamic": "ok", "no_cache": "error", "sliding_window": "error", "h2o": "error",
+                        "broken": "error"}
+    assert _figures(record, "dynamic")["scored_tokens"] == 12
+    assert _figures(record, "broken")["scored_tokens"] == 5
+
+
+def test_stop_keeps_what_was_scored(tiny):
+    stop = threading.Event()
+    seen = []
+    for event in run_report(tiny, _ids(), "dynamic,static", scored_tokens=24, progress_every=4, stop=stop,
+                            warm_up=False):
+        seen.append(event)
+        if isinstance(event, ReportProgress) and event.scored == 8:
+            stop.set()
+    record = seen[-1].record
+    assert record["stopped"] and seen[-1].stopped
+    assert {c["status"] for c in record["columns"]} == {"stopped"}
+    assert {c["split"]["scored_tokens"] for c in record["columns"]} == {8}
+
+
+def test_split_and_columns_are_checked_before_any_compute():
+    assert check_split(100, 30) == check_split(100, 30, 70)
+    with pytest.raises(ValueError, match="context must hold at least 1 token"):
+        check_split(10, 10)
+    with pytest.raises(ValueError, match="more than the text's 10 tokens"):
+        check_split(10, 5, 6)
+    with pytest.raises(ValueError, match="at least one column"):
+        parse_columns(" , ")
+    twice = parse_columns("dynamic,dynamic,snapkv:budget_mib=2")
+    assert "picked twice" in twice[1].rejected and "budget_mib is Compare's" in twice[2].rejected
+
+
+def test_records_merge_into_one_table_with_the_pareto_front(tiny, tmp_path):
+    _, record = _done(run_report(tiny, _ids(), "dynamic,sink:window_length=8:num_sink_tokens=2", scored_tokens=12,
+                                 warm_up=False))
+    record = json.loads(json.dumps(record))  # as saved
+    assert all(v is None or not (isinstance(v, float) and math.isnan(v))
+               for c in record["columns"] for v in c["figures"].values())
+    needle = {"kind": "kvlab.needle", "model": record["model"],
+              "summary": [{"strategy": "sink 2+6", "hits": 3, "scored": 4, "errors": 0}]}
+    rows = merge_rows([rows_from_record(record, "a.json"), rows_from_record(needle, "b.json")])
+    assert len(rows) == 2
+    sink = rows[1]
+    assert sink["needle_hits"] == 3 and sink["needle_cells"] == 4 and 0 < sink["needle_low"] < 0.75 < sink["needle_high"]
+    assert sink["source"] == "a.json + b.json" and sink["kld_mean"] > 0
+    assert pareto_marks(rows) == [True, True]
+    text = format_table(rows)
+    assert "3/4 [" in text and "28+12" in text
+    assert format_markdown(rows).count("\n") == 4
+    assert rows_to_csv(rows).splitlines()[0].startswith("model,column,status")
+    with pytest.raises(ValueError, match="not a report, Compare or Needle record"):
+        rows_from_record({"kind": "other"})
