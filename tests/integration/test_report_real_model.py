@@ -1,0 +1,77 @@
+"""The quality report on the bundled SmolLM2: dense against itself exactly 0, static within 1e-6, the plain
+transformers snippet of docs/report.md reproduces the report's mean KL for quanto int4 to 1e-4, and the
+command line (table, --json/--csv, --from merging, exit codes)."""
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from kvlab.cli import main
+from kvlab.quality.defaults import shipped_text
+from kvlab.quality.report import ReportDone, run_report
+
+DOC = Path(__file__).resolve().parents[2] / "docs" / "report.md"
+QUANTO_INT4 = "quantized quanto int4 r128"
+
+
+def _snippet() -> dict:
+    """The docs' plain-transformers block, executed (not as __main__): its `teacher_forced_kl`."""
+    blocks = re.findall(r"```python\n(.*?)```", DOC.read_text(encoding="utf-8"), re.S)
+    code = next(block for block in blocks if "def teacher_forced_kl" in block)
+    namespace = {"__name__": "docs_report_snippet"}
+    exec(compile(code, str(DOC), "exec"), namespace)
+    return namespace
+
+
+def _figures(record, name):
+    return next(c for c in record["columns"] if c["name"] == name)["figures"]
+
+
+@pytest.fixture(scope="module")
+def small_report(bundled):
+    """200 tokens of the shipped text: 100 context, 100 scored; dynamic, static and quanto int4."""
+    ids = bundled.tokenizer(shipped_text(), return_tensors="pt")["input_ids"][:, :200]
+    events = list(run_report(bundled, ids, "dynamic,static,quantized:backend=quanto:nbits=4", scored_tokens=100))
+    assert isinstance(events[-1], ReportDone)
+    return ids, events[-1].record
+
+
+def test_dense_is_exactly_zero_and_static_within_1e_6_on_the_real_model(small_report):
+    _, record = small_report
+    dense, static = _figures(record, "dynamic"), _figures(record, "static")
+    assert dense["ppl_diff"] == 0.0 and dense["kld_mean"] == 0.0 and dense["kld_max"] == 0.0
+    assert abs(static["ppl_diff"]) <= 1e-6 and static["kld_max"] <= 1e-6
+    assert record["split"] == {"context_tokens": 100, "scored_tokens": 100}
+    quanto = _figures(record, QUANTO_INT4)
+    assert quanto["kld_mean"] > 1e-4 and quanto["bytes_vs_dense"] < 1
+
+
+def test_the_docs_plain_transformers_snippet_reproduces_the_mean_kl_of_quanto_int4(small_report, bundled):
+    ids, record = small_report
+    mean_kl = _snippet()["teacher_forced_kl"](bundled.model, ids, 100)
+    assert mean_kl == pytest.approx(_figures(record, QUANTO_INT4)["kld_mean"], abs=1e-4)
+
+
+def test_the_command_line_writes_merges_and_refuses(tmp_path, capsys):
+    out, table = tmp_path / "r.json", tmp_path / "r.csv"
+    code = main(["report", "--columns", "sink:window_length=16,knorm:compression_ratio=0.5,sliding_window",
+                 "--max-tokens", "40", "--scored-tokens", "8", "--progress-every", "4", "--json", str(out),
+                 "--csv", str(table)])
+    captured = capsys.readouterr()
+    assert code == 0
+    assert "[8] knorm 0.5: PPL ratio" in captured.err and "column sliding_window: " in captured.err
+    assert "32+8" in captured.out and "knorm 0.5" in captured.out
+    record = json.loads(out.read_text())
+    assert [c["status"] for c in record["columns"]] == ["ok", "ok", "error"]
+    assert table.read_text().count("\n") == 4
+    needle = {"kind": "kvlab.needle", "model": record["model"],
+              "summary": [{"strategy": "knorm 0.5", "hits": 2, "scored": 3, "errors": 0}]}
+    (tmp_path / "n.json").write_text(json.dumps(needle))
+    assert main(["report", "--from", str(out), str(tmp_path / "n.json")]) == 0
+    assert "2/3 [" in capsys.readouterr().out
+    assert main(["report", "--from", str(tmp_path / "missing.json")]) == 2
+    assert "cannot read record" in capsys.readouterr().err
+    assert main(["report", "--scored-tokens", "0"]) == 2
+    assert capsys.readouterr().err.count("\n") == 1
