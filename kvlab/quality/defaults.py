@@ -28,7 +28,8 @@ bits, fp8, and the seven eviction methods at compression ratio 0.5."""
 LEADERBOARD_COLUMNS = ",".join([*_window_columns(), *QUANTIZED,
                                 *(f"{m}:compression_ratio={r}" for r in (0.5, 0.75) for m in EVICTION_METHODS)])
 """The reference leaderboard's columns (23): the default set and the eviction methods at 0.75 as well."""
-LEADERBOARD_MODELS = ("bundled:smollm2", "bundled:gemma-3-270m")
+LEADERBOARD_MODELS = ("bundled", "bundled:gemma-3-270m")
+"""The two bundled models: SmolLM2-135M-Instruct (`bundled`) and Gemma 3 270M."""
 SHIPPED_TEXT = "python_reference.txt"
 SHIPPED_TEXT_INFO = {
     "name": "python_reference.txt",

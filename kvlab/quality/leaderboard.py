@@ -22,7 +22,10 @@ from .table import format_markdown
 
 
 def model_slug(source: str) -> str:
-    """A file name for a model source: `bundled:smollm2` -> `smollm2`, `org/name` -> `org-name`."""
+    """A file name for a model source: `bundled` -> `smollm2`, `bundled:gemma-3-270m` -> `gemma-3-270m`,
+    `org/name` -> `org-name`."""
+    if source == "bundled":
+        return "smollm2"
     return re.sub(r"[^A-Za-z0-9._-]+", "-", source.removeprefix("bundled:")).strip("-") or "model"
 
 
