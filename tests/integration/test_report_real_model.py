@@ -75,3 +75,26 @@ def test_the_command_line_writes_merges_and_refuses(tmp_path, capsys):
     assert "cannot read record" in capsys.readouterr().err
     assert main(["report", "--scored-tokens", "0"]) == 2
     assert capsys.readouterr().err.count("\n") == 1
+
+
+SMOKE = Path(__file__).resolve().parents[2] / "records" / "smoke" / "smollm2.json"
+REPRODUCE_TOLERANCE = {"kld_mean": 1e-4, "ln_ppl_ratio": 1e-4, "same_top": 0.0}
+"""How close a re-run must come to the stored leaderboard figures: KL and ln PPL ratio within 1e-4 nats (float
+rounding across machines and thread counts), top-1 agreement and cache bytes exactly."""
+
+
+def test_a_rerun_reproduces_the_stored_leaderboard_figures(bundled):
+    from kvlab.quality.leaderboard import leaderboard_for
+
+    stored = json.loads(SMOKE.read_text())
+    subset = [c for c in stored["columns"] if c["spec"]["strategy"] in ("quantized", "knorm")]
+    columns = ",".join(":".join([c["spec"]["strategy"], *(f"{k}={v}" for k, v in c["spec"].items()
+                                                           if k != "strategy")]) for c in subset)
+    split = stored["split"]
+    record = leaderboard_for(bundled, columns, scored_tokens=split["scored_tokens"],
+                             context_tokens=split["context_tokens"], max_tokens=stored["text"]["tokens"])
+    for old, new in zip(subset, record["columns"]):
+        assert new["name"] == old["name"] and new["status"] == "ok"
+        for field, tolerance in REPRODUCE_TOLERANCE.items():
+            assert new["figures"][field] == pytest.approx(old["figures"][field], abs=tolerance), (old["name"], field)
+        assert new["figures"]["cache_bytes_end"] == old["figures"]["cache_bytes_end"]
