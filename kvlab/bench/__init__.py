@@ -1,6 +1,6 @@
 """`python -m kvlab bench`: is the instrument honest, and what does it cost?
 
-Eight sections, most of them measured side by side in one run with their
+Ten sections, most of them measured side by side in one run with their
 comparison runs interleaved (A, B, A, B... with the order alternating), so
 machine noise hits both sides; every figure is the median over the repeats with
 min–max beside it:
@@ -24,6 +24,9 @@ min–max beside it:
 - `e2e`: from Run to the finished summary, the quickstart preset's columns
   through kvlab (default, each other timing policy, no fidelity) over bare transformers
   generating the same columns one after another.
+- `needle`: the needle grid against bare `generate()` doing the same cells.
+- `report`: the quality report (`kvlab report`) against a bare transformers loop
+  scoring the same tokens through the same caches.
 The repository's `benchmarks/` adds an `app` section (`python -m benchmarks
 --only app`: the app through its API and a headless browser against the CLI),
 kept out of the installed package.

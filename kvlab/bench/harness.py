@@ -15,7 +15,7 @@ from typing import TypeVar
 
 T = TypeVar("T")
 
-SECTIONS = ("overhead", "fair", "parallel", "scaling", "startup", "roofline", "plan", "e2e", "needle")
+SECTIONS = ("overhead", "fair", "parallel", "scaling", "startup", "roofline", "plan", "e2e", "needle", "report")
 """The sections the installed bench runs, in order; the repository's `benchmarks/` adds more
 (`register_section`: the app and its browser, which need test-only packages)."""
 RECORD_VERSION = 1

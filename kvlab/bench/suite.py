@@ -21,6 +21,7 @@ from .needle import bench_needle
 from .overhead import bench_overhead
 from .parallel import bench_parallel
 from .planning import bench_planning
+from .report import bench_report
 from .roofline import bench_roofline
 from .scaling import bench_scaling
 from .startup import bench_startup
@@ -35,6 +36,7 @@ RUNNERS = {
     "plan": bench_planning,
     "e2e": bench_e2e,
     "needle": bench_needle,
+    "report": bench_report,
 }
 """Each section's function, in `SECTIONS` order (a unit test holds them equal)."""
 

@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 from .harness import EXTRA_SECTIONS
 from .needle import needle_lines
+from .report import report_lines
 
 HEADERS = ["section", "check", "median [min–max]", "target", "status"]
 LABEL_WIDTH = 16
@@ -151,6 +152,7 @@ DETAILS: dict[str, tuple[str, Callable[[dict], list[str]]]] = {
     "plan": ("plan_s", plan_lines),
     "e2e": ("conditions", e2e_lines),
     "needle": ("ratio", needle_lines),
+    "report": ("ratio", report_lines),
 }
 """Section -> (the key that says it has figures, the function writing its lines)."""
 

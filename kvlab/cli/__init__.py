@@ -1,4 +1,4 @@
-"""Command line: `kvlab compare|chat|prefix|perplexity|plan|inspect|diverge|bench|needle` (or `python -m kvlab ...`).
+"""Command line: `kvlab compare|chat|prefix|perplexity|plan|inspect|diverge|bench|needle|report` (or `python -m kvlab ...`).
 
 One parser with one subparser per subcommand. Each subcommand module in
 `SUBCOMMANDS` exposes `add_parser(subparsers, parents)`, which adds its
@@ -24,6 +24,7 @@ SUBCOMMANDS = (
     "kvlab.cli.diverge",
     "kvlab.bench",
     "kvlab.cli.needle",
+    "kvlab.cli.report",
 )
 """Modules that each expose `add_parser(subparsers, parents)`, in the order `--help` lists them."""
 

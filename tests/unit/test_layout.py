@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[2] / "kvlab"
-WEIGHT_FREE = ("kvlab.plan", "kvlab.presets", "kvlab.compare.columns", "kvlab.quality.stats")
+WEIGHT_FREE = ("kvlab.plan", "kvlab.presets", "kvlab.compare.columns", "kvlab.quality.stats", "kvlab.quality.record",
+               "kvlab.quality.table", "kvlab.quality.defaults")
 RUNTIME_MODULES = ("kvlab.compare.runner", "kvlab.engine", "kvlab.compare.timing", "kvlab.compare.quiet",
                    "kvlab.measure.warmup", "kvlab.compare.memory", "kvlab.compare.fidelity", "kvlab.compare.summary")
 """What runs (and times) a model: a weight-free module needs none of them."""

@@ -133,3 +133,35 @@ def test_records_merge_into_one_table_with_the_pareto_front(tiny, tmp_path):
     assert rows_to_csv(rows).splitlines()[0].startswith("model,column,status")
     with pytest.raises(ValueError, match="not a report, Compare or Needle record"):
         rows_from_record({"kind": "other"})
+
+
+def test_the_command_line_builds_the_table_from_records_and_refuses_bad_input(tiny, tmp_path, capsys):
+    from kvlab.cli import main
+
+    _, record = _done(run_report(tiny, _ids(), "dynamic,knorm", scored_tokens=12, warm_up=False))
+    saved = tmp_path / "r.json"
+    saved.write_text(json.dumps(record))
+    merged = tmp_path / "m.csv"
+    assert main(["report", "--from", str(saved), "--csv", str(merged)]) == 0
+    out = capsys.readouterr().out
+    assert "knorm 0.5" in out and "28+12" in out and merged.read_text().count("\n") == 3
+    for argv, message in ((["--scored-tokens", "0"], "--scored-tokens must be at least 1"),
+                          (["--columns", " , "], "pick at least one column"),
+                          (["--context-tokens", "4000", "--scored-tokens", "200"], "is more than --max-tokens"),
+                          (["--text", str(tmp_path / "none.txt")], "no such file"),
+                          (["--from", str(tmp_path / "none.json")], "cannot read record")):
+        assert main(["report", *argv]) == 2
+        err = capsys.readouterr().err
+        assert message in err and err.count("\n") == 1, err
+
+
+def test_recall_runs_the_needle_grid_per_column_with_a_dense_gate(tiny):
+    from kvlab.quality.recall import needle_grid, run_recall
+    from kvlab.quality.report import parse_columns
+
+    grid = needle_grid(tiny, "128", "0,1", "0,1,2")
+    columns = [(c.describe(), c) for c in parse_columns("sink:window_length=32,knorm")]
+    needle = run_recall(tiny, columns, grid)
+    assert needle["grid"]["seeds"] == [0, 1, 2]
+    assert [row["strategy"] for row in needle["summary"]] == ["dynamic", "sink 4+28", "knorm 0.5"]
+    assert all(row["cells"] == 6 and row["hits"] + row["gated"] <= 6 for row in needle["summary"])
