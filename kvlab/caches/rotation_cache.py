@@ -16,15 +16,18 @@ One rotation (Haar-random, from `seed`) and one codebook per role serve every la
 device. The first layer to use a device's copy lists its tensors in `shared_tables`, so the byte accounting that
 walks each layer's tensor attributes (`kvlab.accounting`) counts them once, under `other`; the packed indices
 count as `packed`, the float16 norms as `scales`, the full-precision residual as `residual`. `stored_nbytes()`
-gives the same total from the documented layout. Only full-attention models: a sliding layer is refused, as
-transformers' `QuantizedCache` does. This module builds caches; it does not choose or report them.
+gives the same total from the documented layout. On a model with sliding-window layers (Gemma 2/3) only the
+full-attention layers are rotation-quantized; the others are what `DynamicCache(config=...)` makes them (a sliding
+layer keeps its last `window - 1` tokens in full precision; `kvlab.caches.hybrid`). This module builds caches; it
+does not choose or report them.
 """
 
 from __future__ import annotations
 
 import torch
-from transformers.cache_utils import Cache, QuantizedLayer, get_layer_types_and_kwargs
+from transformers.cache_utils import Cache, QuantizedLayer
 
+from .hybrid import quantize_full_layers
 from .lloyd_max import BITS, MIN_HEAD_DIM
 from .rotation_quant import (
     Codec,
@@ -132,8 +135,8 @@ class RotationQuantizedLayer(QuantizedLayer):
     def _reusable(self, previous: PackedVectors | None, tensor: torch.Tensor, codec: Codec) -> PackedVectors | None:
         """`previous` (in the batch order a pending beam reorder gives it) when `tensor` starts with exactly
         its de-quantized positions, else None."""
-        if previous is None or previous.tokens > tensor.shape[-2] or previous.bits != codec.bits:
-            return None
+        if previous is None or previous.tokens > tensor.shape[-2] or previous.bits != codec.bits or tensor.is_meta:
+            return None  # on the meta device (Plan) only shapes exist: quantizing everything again gives them
         if self._pending_beam_idx is not None:
             previous = select_batch(previous, self._pending_beam_idx)
         if not torch.equal(tensor[..., :previous.tokens, :], dequantize(previous, codec)):
@@ -165,7 +168,9 @@ class RotationQuantizedLayer(QuantizedLayer):
 
 class RotationQuantizedCache(Cache):
     """A cache of `RotationQuantizedLayer`s, one per decoder layer of `config`, built like transformers'
-    `QuantizedCache`; pass it as `model.generate(..., cache=cache)` or to forward calls.
+    `QuantizedCache`; pass it as `model.generate(..., cache=cache)` or to forward calls. On a model with
+    sliding-window layers only the full-attention layers are `RotationQuantizedLayer`s; the others are what
+    `DynamicCache(config=config)` makes them.
 
     Args:
         config: the model's config (its text config's head_dim, layers and layer types are read).
@@ -175,25 +180,24 @@ class RotationQuantizedCache(Cache):
 
     Raises:
         ValueError: knobs out of range (the message lists the allowed values), a head_dim below
-            MIN_HEAD_DIM, or a model with layers other than full attention.
+            MIN_HEAD_DIM, or a model without full-attention layers.
     """
 
     def __init__(self, config, key_bits: int = DEFAULT_BITS, value_bits: int = DEFAULT_BITS,
                  residual_length: int = DEFAULT_RESIDUAL_LENGTH, seed: int = DEFAULT_SEED):
         check_knobs(key_bits, value_bits, residual_length, seed)
         cfg = config.get_text_config(decoder=True)
-        layer_types, _ = get_layer_types_and_kwargs(cfg)
-        other = sorted(set(layer_types) - {"full_attention"})
-        if other:
-            raise ValueError(f"RotationQuantizedCache supports full-attention layers only; this model has {other}")
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         if head_dim < MIN_HEAD_DIM:
             raise ValueError(f"head_dim must be >= {MIN_HEAD_DIM}, this model's is {head_dim}")
         self.tables = SharedTables(head_dim, key_bits, value_bits, seed)
-        layers = [RotationQuantizedLayer(self.tables, key_bits, value_bits, residual_length)
-                  for _ in range(cfg.num_hidden_layers)]
-        super().__init__(layers=layers)
+        super().__init__(layers=quantize_full_layers(
+            config, lambda: RotationQuantizedLayer(self.tables, key_bits, value_bits, residual_length)))
 
     def stored_nbytes(self) -> int:
-        """Exact bytes the cache holds: the sum of its layers' `stored_nbytes()`."""
-        return sum(layer.stored_nbytes() for layer in self.layers)
+        """Exact bytes the cache holds: the sum of its quantized layers' `stored_nbytes()` and the other layers'
+        keys and values (a sliding layer's 8-byte window tensor included)."""
+        from ..accounting import layer_bytes_by_device
+
+        return sum(layer.stored_nbytes() if isinstance(layer, RotationQuantizedLayer)
+                   else sum(layer_bytes_by_device(layer).values()) for layer in self.layers)

@@ -168,7 +168,7 @@ def quantize(states: torch.Tensor, codec: Codec) -> PackedVectors:
 
     Raises:
         ValueError: the last axis is not the codec's head_dim, or a norm is not finite in NORM_DTYPE (a
-            vector longer than 65504 or holding inf/nan).
+            vector longer than 65504 or holding inf/nan; not checked on the meta device, where only shapes exist).
     """
     if states.shape[-1] != codec.head_dim:
         raise ValueError(f"states have {states.shape[-1]} coordinates per vector, the codec {codec.head_dim}")
@@ -177,7 +177,7 @@ def quantize(states: torch.Tensor, codec: Codec) -> PackedVectors:
     rotated = (vectors / norms.clamp_min(torch.finfo(CODEC_DTYPE).tiny)) @ codec.rotation.T
     indices = torch.bucketize(rotated, codec.boundaries)
     stored_norms = norms.squeeze(-1).to(NORM_DTYPE)
-    if not bool(torch.isfinite(stored_norms).all()):
+    if not stored_norms.is_meta and not bool(torch.isfinite(stored_norms).all()):
         raise ValueError(f"a vector norm is not finite in {NORM_DTYPE} (largest {float(norms.max()):.4g}); "
                          "rotation quantization stores norms in float16")
     return PackedVectors(pack_indices(indices, codec.bits), stored_norms, codec.bits, codec.head_dim,

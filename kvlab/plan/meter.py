@@ -23,6 +23,10 @@ residual is quantized whenever it reaches `residual_length` tokens. For those
 layers the meter writes the quantized part and the residual as two updates of the
 sizes the step-by-step run ends with, which leaves identical tensors.
 
+Tensors a cache shares between its layers (rotation quantization's rotation and codebooks, which the first
+layer to use them lists in `shared_tables`) are counted once per cache, not once per layer: `group_bytes` gives
+a layer's own bytes and `shared_bytes` what the measured layer of each group lists as shared.
+
 Layers that hold recurrent or convolution states (state-space, linear attention)
 are measured by running the shrunk model itself for a prefill and one decode step
 with the strategy's cache; their bytes must not change between the two.
@@ -37,7 +41,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..accounting import layer_bytes_by_device
+from ..accounting import layer_bytes_by_device, tensor_bytes_by_device
 from .probe import Architecture, LayerGroup, StandIn, meta_model, shrunk_config
 from ..strategies import StrategyError
 
@@ -123,10 +127,12 @@ class StrategyMeter:
         self._cpu_memo: dict[tuple, int] = {}
         self.residual_length: int | None = None
         self.quantized = False
+        self.shared_bytes: dict[LayerGroup, int] = {}
+        """group -> bytes of the tensors its measured layer shares with the cache's other layers (counted once)."""
 
     def group_bytes(self, context: int, prefill: int | None = None) -> dict[LayerGroup, int]:
         """Bytes of one layer of each KV group after `context` tokens: `prefill` (default: all of them) in one
-        forward, the rest decoded one at a time."""
+        forward, the rest decoded one at a time; tensors shared between layers are left out (`shared_bytes`)."""
         prefill = context if prefill is None else prefill
         key = (context, prefill)
         if key not in self._memo:
@@ -212,7 +218,9 @@ class StrategyMeter:
             keys = make((self.batch, key_heads, tokens, key_width), dtype=self.dtype, device=device)
             values = make((self.batch, value_heads, tokens, value_width), dtype=self.dtype, device=device)
             cache.update(keys, values, group.indices[0])
-        return _layer_bytes(cache, group.indices[0])
+        shared = getattr(cache.layers[group.indices[0]], "shared_tables", None)
+        self.shared_bytes[group] = sum(tensor_bytes_by_device(shared).values()) if shared is not None else 0
+        return _layer_bytes(cache, group.indices[0]) - self.shared_bytes[group]
 
     def _cpu_once(self, group: LayerGroup, context: int, chunks: list[int]) -> int:
         key = (group, self.strategy.capacity(context), tuple(chunks))

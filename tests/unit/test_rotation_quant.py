@@ -226,9 +226,17 @@ def test_cache_knobs_are_checked(knobs, message):
         RotationQuantizedCache(small_config(), **knobs)
 
 
-def test_a_model_with_sliding_layers_is_refused(tiny_hybrid):
-    with pytest.raises(ValueError, match="full-attention layers only"):
-        RotationQuantizedCache(tiny_hybrid.model.config)
+def test_on_a_hybrid_model_only_the_full_attention_layers_are_quantized(tiny_hybrid):
+    cache = RotationQuantizedCache(tiny_hybrid.model.config, key_bits=4, value_bits=2, residual_length=4)
+    assert [type(layer).__name__ for layer in cache.layers] == ["DynamicSlidingWindowLayer",
+                                                                 "RotationQuantizedLayer"] * 2
+    ids = torch.randint(4, 900, (1, 40), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        tiny_hybrid.model(input_ids=ids, cache=cache, use_cache=True)
+    window, dim, element = 16, 32, 4
+    sliding = 2 * (2 * (window - 1) * dim * element + 8)
+    quantized = 2 * 40 * ((4 + 2) * dim // 8 + 2 * 2) + 4 * (dim * dim + 31 + 7)
+    assert cache_bytes(cache) == cache.stored_nbytes() == sliding + quantized
 
 
 def teacher_forced_log_probs(model, ids, cache, prefill=16):

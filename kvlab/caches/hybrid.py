@@ -1,0 +1,67 @@
+"""A quantized cache for models with sliding-window layers: quantize the full-attention layers, keep the others
+as transformers keeps them.
+
+transformers' `QuantizedCache` refuses any model whose `config.layer_types` holds anything but full attention
+(`cache_utils.QuantizedCache.__init__`), so Gemma 2/3, gpt-oss and other hybrid models cannot quantize even their
+full-attention layers. `quantize_full_layers(config, make_layer)` builds what transformers' default cache builds
+(`DynamicCache(config=...)`: a `DynamicSlidingWindowLayer` per sliding layer, keeping its last `window - 1`
+tokens; a `DynamicLayer` per full-attention layer; whatever else the config asks for) and puts `make_layer()`,
+a quantized layer, in place of each full-attention one. On a model whose layers are all full attention the result
+holds the same layers, and the same bytes, as `QuantizedCache`. `HybridQuantizedCache` does this with
+transformers' own quanto, hqq and fp8 layers. Nothing here scores, evicts or chooses a strategy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from transformers.cache_utils import Cache, DynamicCache, get_layer_types_and_kwargs
+
+FULL_ATTENTION = "full_attention"
+
+
+def layer_types_of(config) -> list[str]:
+    """The decoder's layer types as transformers' caches read them (`get_layer_types_and_kwargs`)."""
+    return list(get_layer_types_and_kwargs(config.get_text_config(decoder=True))[0])
+
+
+def quantize_full_layers(config, make_layer: Callable[[], object]) -> list:
+    """The layers of `DynamicCache(config=config)` with each full-attention layer replaced by `make_layer()`.
+
+    Raises:
+        ValueError: the model has no full-attention layer (nothing would be quantized).
+    """
+    types = layer_types_of(config)
+    if FULL_ATTENTION not in types:
+        raise ValueError(f"this model has no full-attention layers to quantize (its layers: {sorted(set(types))})")
+    layers = DynamicCache(config=config).layers
+    return [make_layer() if kind == FULL_ATTENTION else layer for kind, layer in zip(types, layers)]
+
+
+def backend_layer_class(backend: str):
+    """transformers' quantized layer class of `backend` (quanto, hqq, fp8).
+
+    Raises:
+        ValueError: an unknown backend.
+    """
+    from transformers.cache_utils import Fp8QuantizedLayer, HQQQuantizedLayer, QuantoQuantizedLayer
+
+    classes = {"quanto": QuantoQuantizedLayer, "hqq": HQQQuantizedLayer, "fp8": Fp8QuantizedLayer}
+    if backend not in classes:
+        raise ValueError(f"backend must be one of {list(classes)}, got {backend!r}")
+    return classes[backend]
+
+
+class HybridQuantizedCache(Cache):
+    """transformers' `QuantizedCache` for any model: its full-attention layers are the backend's quantized layers
+    (`QuantoQuantizedLayer`, `HQQQuantizedLayer`, `Fp8QuantizedLayer`, built with `layer_kwargs`: `nbits`,
+    `axis_key`, `axis_value`, `q_group_size`, `residual_length`; none for fp8), the other layers are what
+    `DynamicCache(config=config)` gives them (a sliding layer keeps its window).
+
+    Raises:
+        ValueError: an unknown backend, or a model without full-attention layers.
+    """
+
+    def __init__(self, backend: str, config, **layer_kwargs):
+        layer_class = backend_layer_class(backend)
+        super().__init__(layers=quantize_full_layers(config, lambda: layer_class(**layer_kwargs)))
