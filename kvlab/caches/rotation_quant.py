@@ -59,6 +59,11 @@ class PackedVectors(NamedTuple):
         """Positions held (the sequence axis, -2 of the unpacked shape)."""
         return self.norms.shape[-1]
 
+    @property
+    def shape(self) -> torch.Size:
+        """The shape the vectors stand for, (..., tokens, head_dim), as a quantized tensor reports it."""
+        return torch.Size((*self.norms.shape, self.head_dim))
+
 
 @dataclass(frozen=True, eq=False)
 class Codec:
