@@ -201,6 +201,9 @@ class StrategyMeter:
             after = {self.strategy.held_tokens_after(prefill, context - prefill, i, config, self.dtype)
                      for i in group.indices}
             context, prefill = after.pop(), held
+            make_quantized = getattr(cache, "quantized_layer", None)
+            if make_quantized is not None and index < len(cache.layers):
+                cache.layers[index] = make_quantized()  # what a pruned layer becomes (`PrunedCache.quantize_layer`)
         layer = cache.layers[index] if index < len(cache.layers) else None
         chunks = split_schedule(layer, prefill, context - prefill)
         if index not in self._on_cpu:
