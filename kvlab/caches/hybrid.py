@@ -21,8 +21,23 @@ FULL_ATTENTION = "full_attention"
 
 
 def layer_types_of(config) -> list[str]:
-    """The decoder's layer types as transformers' caches read them (`get_layer_types_and_kwargs`)."""
-    return list(get_layer_types_and_kwargs(config.get_text_config(decoder=True))[0])
+    """The decoder's layer types as transformers' caches read them (`get_layer_types_and_kwargs`); a config that
+    function cannot read gives its own `layer_types` (or one full-attention layer)."""
+    cfg = config.get_text_config(decoder=True)
+    try:
+        return list(get_layer_types_and_kwargs(cfg)[0])
+    except (AttributeError, TypeError, ValueError):
+        return list(getattr(cfg, "layer_types", None) or [FULL_ATTENTION])
+
+
+def head_dim_of(config) -> int | None:
+    """Per-head key/value width of the decoder, in elements; None when the config does not say."""
+    cfg = config.get_text_config(decoder=True)
+    width = getattr(cfg, "head_dim", None)
+    if width:
+        return int(width)
+    hidden, heads = getattr(cfg, "hidden_size", None), getattr(cfg, "num_attention_heads", None)
+    return hidden // heads if hidden and heads else None
 
 
 def quantize_full_layers(config, make_layer: Callable[[], object]) -> list:

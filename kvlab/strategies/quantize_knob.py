@@ -58,7 +58,7 @@ def unavailable_reason(value, config) -> str | None:
     GROUP_SIZE; their packages must be installed)."""
     import importlib.util
 
-    from ..models.loading import head_dim
+    from ..caches.hybrid import head_dim_of
 
     parsed = parse(value)
     if parsed is None or parsed[0] in ("fp8", "rotation"):
@@ -70,8 +70,8 @@ def unavailable_reason(value, config) -> str | None:
         installed = False
     if not installed:
         return f"quantize={value} needs the `{package}` package, which is not installed"
-    width = head_dim(config.get_text_config(decoder=True))
-    if width % GROUP_SIZE:
+    width = head_dim_of(config)
+    if width is not None and width % GROUP_SIZE:
         return f"quantize={value} groups {GROUP_SIZE} channels, which does not divide this model's head_dim ({width})"
     return None
 

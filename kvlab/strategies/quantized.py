@@ -134,10 +134,10 @@ class Quantized(Strategy):
 
     def _group_size_reason(self, loaded) -> str | None:
         """Why `q_group_size` cannot group this model's head_dim, or None (fp8 has no groups)."""
-        from ..models.loading import head_dim
+        from ..caches.hybrid import head_dim_of
 
-        width = head_dim(loaded.config.get_text_config(decoder=True))
-        if self.backend == "fp8" or width % self.q_group_size == 0:
+        width = head_dim_of(loaded.config)
+        if self.backend == "fp8" or width is None or width % self.q_group_size == 0:
             return None
         return (f"q_group_size={self.q_group_size} must divide this model's head_dim ({width}); "
                 f"try {', '.join(str(g) for g in (16, 32, 64, 128) if width % g == 0)}")

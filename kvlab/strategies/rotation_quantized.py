@@ -59,13 +59,12 @@ class RotationQuantized(Strategy):
                 "wait in full precision before being quantized")
 
     def unavailable_reason(self, loaded) -> str | None:
-        from ..caches.hybrid import FULL_ATTENTION, layer_types_of
+        from ..caches.hybrid import FULL_ATTENTION, head_dim_of, layer_types_of
         from ..caches.lloyd_max import MIN_HEAD_DIM
-        from ..models.loading import head_dim
 
-        cfg = loaded.config.get_text_config(decoder=True)
-        if head_dim(cfg) < MIN_HEAD_DIM:
-            return f"rotation quantization needs head_dim >= {MIN_HEAD_DIM}; this model's is {head_dim(cfg)}"
+        width = head_dim_of(loaded.config)
+        if width is not None and width < MIN_HEAD_DIM:
+            return f"rotation quantization needs head_dim >= {MIN_HEAD_DIM}; this model's is {width}"
         if FULL_ATTENTION not in layer_types_of(loaded.config):
             return (f"this model has no full-attention layers to quantize (all its layers are "
                     f"{', '.join(sorted(set(layer_types_of(loaded.config))))})")
