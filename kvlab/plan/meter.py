@@ -127,6 +127,8 @@ class StrategyMeter:
         self._cpu_memo: dict[tuple, int] = {}
         self.residual_length: int | None = None
         self.quantized = False
+        self.quantized_indices: set[int] = set()
+        """Layers whose cache is quantized (on a hybrid model the full-attention ones only)."""
         self.shared_bytes: dict[LayerGroup, int] = {}
         """group -> bytes of the tensors its measured layer shares with the cache's other layers (counted once)."""
 
@@ -181,8 +183,14 @@ class StrategyMeter:
         except (ValueError, TypeError, RuntimeError, ImportError) as err:
             raise MeasureError(f"{type(err).__name__}: {err}") from err
         if cache is not None and cache.layers:
-            self.residual_length = getattr(cache.layers[0], "residual_length", None)
-            self.quantized = hasattr(cache.layers[0], "_quantized_keys")
+            # a pruned cache that quantizes what it kept makes its quantized layers after the prefill
+            made = getattr(cache, "quantized_layer", None)
+            layers = [made() if made is not None and self.strategy.is_evicting and not layer.is_sliding else layer
+                      for layer in cache.layers]
+            self.quantized_indices = {index for index, layer in enumerate(layers) if hasattr(layer, "_quantized_keys")}
+            first = layers[min(self.quantized_indices)] if self.quantized_indices else layers[0]
+            self.residual_length = getattr(first, "residual_length", None)
+            self.quantized = bool(self.quantized_indices)
         return cache
 
     def _measure(self, group: LayerGroup, context: int, prefill: int, cache) -> int:
