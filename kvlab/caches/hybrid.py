@@ -40,17 +40,22 @@ def head_dim_of(config) -> int | None:
     return hidden // heads if hidden and heads else None
 
 
-def quantize_full_layers(config, make_layer: Callable[[], object]) -> list:
-    """The layers of `DynamicCache(config=config)` with each full-attention layer replaced by `make_layer()`.
+def quantize_full_layers(config, make_layer: Callable[[], object],
+                         make_sliding: Callable[[int], object] | None = None) -> list:
+    """The layers of `DynamicCache(config=config)` with each full-attention layer replaced by `make_layer()`, and,
+    with `make_sliding`, each sliding-window layer by `make_sliding(window)`.
 
     Raises:
-        ValueError: the model has no full-attention layer (nothing would be quantized).
+        ValueError: nothing would be quantized (no full-attention layer, and no sliding one to quantize).
     """
     types = layer_types_of(config)
-    if FULL_ATTENTION not in types:
-        raise ValueError(f"this model has no full-attention layers to quantize (its layers: {sorted(set(types))})")
     layers = DynamicCache(config=config).layers
-    return [make_layer() if kind == FULL_ATTENTION else layer for kind, layer in zip(types, layers)]
+    quantized = [FULL_ATTENTION] + (["sliding_attention"] if make_sliding is not None else [])
+    if not set(quantized) & set(types):
+        raise ValueError(f"this model has no full-attention layers to quantize (its layers: {sorted(set(types))})")
+    return [make_layer() if kind == FULL_ATTENTION
+            else make_sliding(layer.sliding_window) if make_sliding is not None and kind == "sliding_attention"
+            else layer for kind, layer in zip(types, layers)]
 
 
 def backend_layer_class(backend: str):

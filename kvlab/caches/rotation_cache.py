@@ -18,8 +18,9 @@ walks each layer's tensor attributes (`kvlab.accounting`) counts them once, unde
 count as `packed`, the float16 norms as `scales`, the full-precision residual as `residual`. `stored_nbytes()`
 gives the same total from the documented layout. On a model with sliding-window layers (Gemma 2/3) only the
 full-attention layers are rotation-quantized; the others are what `DynamicCache(config=...)` makes them (a sliding
-layer keeps its last `window - 1` tokens in full precision; `kvlab.caches.hybrid`). This module builds caches; it
-does not choose or report them.
+layer keeps its last `window - 1` tokens in full precision; `kvlab.caches.hybrid`), or, with `sliding="quantize"`,
+`RotationSlidingLayer`s that keep the same window rotation-quantized. This module builds caches; it does not
+choose or report them.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from .rotation_quant import (
     codec_nbytes,
     concat_packed,
     dequantize,
+    drop_front,
     haar_rotation,
     make_codec,
     packed_nbytes,
@@ -166,6 +168,54 @@ class RotationQuantizedLayer(QuantizedLayer):
         return total
 
 
+class RotationSlidingLayer(RotationQuantizedLayer):
+    """A sliding-window layer stored rotation-quantized: after each update it keeps the last `sliding_window - 1`
+    tokens, as transformers' `DynamicSlidingWindowLayer` does (the token being fed makes the window), the older of
+    them packed and the newest in the full-precision residual. Per-vector codes let the oldest positions be
+    dropped exactly, without quantizing anything again. Masks as `DynamicSlidingWindowLayer.get_mask_sizes`."""
+
+    is_sliding = True
+
+    def __init__(self, tables: SharedTables, sliding_window: int, key_bits: int = DEFAULT_BITS,
+                 value_bits: int = DEFAULT_BITS, residual_length: int = DEFAULT_RESIDUAL_LENGTH):
+        super().__init__(tables, key_bits, value_bits, residual_length)
+        self.sliding_window = sliding_window
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        keys, values = super().update(key_states, value_states, *args, **kwargs)
+        self._keep_window()
+        return keys, values
+
+    def _keep_window(self) -> None:
+        """Drop the oldest positions beyond `sliding_window - 1`: packed ones first, then residual ones."""
+        residual = self.keys.shape[-2] if self.keys is not None and self.keys.dim() == 4 else 0
+        packed = self._quantized_keys.tokens
+        drop = packed + residual - (self.sliding_window - 1)
+        if drop <= 0:
+            return
+        from_packed = min(drop, packed)
+        if from_packed:
+            self._quantized_keys = drop_front(self._quantized_keys, from_packed)
+            self._quantized_values = drop_front(self._quantized_values, from_packed)
+        if drop > from_packed:
+            self.keys = self.keys[..., drop - from_packed:, :].clone()
+            self.values = self.values[..., drop - from_packed:, :].clone()
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        """(kv_length, kv_offset) of the attention mask, as `DynamicSlidingWindowLayer`'s."""
+        is_full = self.cumulative_length >= self.sliding_window
+        kv_offset = max(self.cumulative_length - self.sliding_window + 1, 0)
+        kv_length = self.sliding_window - 1 + query_length if is_full else self.cumulative_length + query_length
+        return kv_length, kv_offset
+
+    def get_max_length(self) -> int:
+        return self.sliding_window
+
+
+SLIDING_CHOICES = ("keep", "quantize")
+"""What `RotationQuantizedCache` does with sliding-window layers: keep transformers' layer, or quantize it."""
+
+
 class RotationQuantizedCache(Cache):
     """A cache of `RotationQuantizedLayer`s, one per decoder layer of `config`, built like transformers'
     `QuantizedCache`; pass it as `model.generate(..., cache=cache)` or to forward calls. On a model with
@@ -177,22 +227,28 @@ class RotationQuantizedCache(Cache):
         key_bits, value_bits: bits per coordinate, 1-4 each.
         residual_length: newest tokens kept in full precision (0: every flush at once).
         seed: draws the rotation (`rotation_quant.haar_rotation`), shared by every layer, keys and values.
+        sliding: `keep` (a sliding layer is transformers' `DynamicSlidingWindowLayer`) or `quantize`
+            (`RotationSlidingLayer`: its window rotation-quantized too).
 
     Raises:
         ValueError: knobs out of range (the message lists the allowed values), a head_dim below
-            MIN_HEAD_DIM, or a model without full-attention layers.
+            MIN_HEAD_DIM, or a model with nothing to quantize.
     """
 
     def __init__(self, config, key_bits: int = DEFAULT_BITS, value_bits: int = DEFAULT_BITS,
-                 residual_length: int = DEFAULT_RESIDUAL_LENGTH, seed: int = DEFAULT_SEED):
+                 residual_length: int = DEFAULT_RESIDUAL_LENGTH, seed: int = DEFAULT_SEED, sliding: str = "keep"):
         check_knobs(key_bits, value_bits, residual_length, seed)
+        if sliding not in SLIDING_CHOICES:
+            raise ValueError(f"sliding must be one of {list(SLIDING_CHOICES)}, got {sliding!r}")
         cfg = config.get_text_config(decoder=True)
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         if head_dim < MIN_HEAD_DIM:
             raise ValueError(f"head_dim must be >= {MIN_HEAD_DIM}, this model's is {head_dim}")
         self.tables = SharedTables(head_dim, key_bits, value_bits, seed)
+        window = (lambda size: RotationSlidingLayer(self.tables, size, key_bits, value_bits, residual_length)
+                  ) if sliding == "quantize" else None
         super().__init__(layers=quantize_full_layers(
-            config, lambda: RotationQuantizedLayer(self.tables, key_bits, value_bits, residual_length)))
+            config, lambda: RotationQuantizedLayer(self.tables, key_bits, value_bits, residual_length), window))
 
     def stored_nbytes(self) -> int:
         """Exact bytes the cache holds: the sum of its quantized layers' `stored_nbytes()` and the other layers'

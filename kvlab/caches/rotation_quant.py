@@ -210,6 +210,11 @@ def concat_packed(first: PackedVectors, second: PackedVectors) -> PackedVectors:
                           norms=torch.cat([first.norms, second.norms], dim=-1))
 
 
+def drop_front(packed: PackedVectors, tokens: int) -> PackedVectors:
+    """`packed` without its first `tokens` positions, copied so the dropped ones free their memory."""
+    return packed._replace(indices=packed.indices[..., tokens:, :].clone(), norms=packed.norms[..., tokens:].clone())
+
+
 def select_batch(packed: PackedVectors, rows: torch.Tensor) -> PackedVectors:
     """`packed` with its batch axis (0) reordered to `rows` (beam search)."""
     rows = rows.to(packed.indices.device)

@@ -44,6 +44,7 @@ CASES = [
     ("llama", {"strategy": "rotation_quantized", "key_bits": 4, "value_bits": 2, "residual_length": 6}),
     ("llama", {"strategy": "rotation_quantized", "key_bits": 3, "value_bits": 1, "residual_length": 0}),
     ("gemma3_text", {"strategy": "rotation_quantized", "residual_length": 6}),
+    ("gemma3_text", {"strategy": "rotation_quantized", "residual_length": 6, "sliding": "quantize"}),
     ("gemma3_text", {"strategy": "quantized", "backend": "quanto", "nbits": 4, "residual_length": 6}),
     ("gemma3_text", {"strategy": "quantized", "backend": "fp8"}),
     ("lfm2", {"strategy": "sliding_window"}), ("lfm2", {"strategy": "static"}),
