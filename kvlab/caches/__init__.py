@@ -3,6 +3,7 @@
 `sink` (StreamingLLM's attention-sink cache, which transformers 5 removed), `rotary` (moving cached keys
 between positions), `compiled` (the static cache's compiled decode step), `backends` (one-time preparation of
 quanto's kernel; `python -m kvlab.caches.backends`), `deferred_hqq` (keeps `hqq` out of start-up) and
-rotation quantization (TurboQuant: `lloyd_max` codebooks, `rotation_quant` packing, `rotation_cache`). The
+rotation quantization (TurboQuant: `lloyd_max` codebooks, `rotation_quant` packing, `rotation_cache`) and
+`hybrid` (quantized full-attention layers beside a hybrid model's sliding layers, which transformers refuses). The
 strategies in `kvlab.strategies` build these; nothing here knows about a run or a page.
 """

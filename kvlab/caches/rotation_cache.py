@@ -16,15 +16,19 @@ One rotation (Haar-random, from `seed`) and one codebook per role serve every la
 device. The first layer to use a device's copy lists its tensors in `shared_tables`, so the byte accounting that
 walks each layer's tensor attributes (`kvlab.accounting`) counts them once, under `other`; the packed indices
 count as `packed`, the float16 norms as `scales`, the full-precision residual as `residual`. `stored_nbytes()`
-gives the same total from the documented layout. Only full-attention models: a sliding layer is refused, as
-transformers' `QuantizedCache` does. This module builds caches; it does not choose or report them.
+gives the same total from the documented layout. On a model with sliding-window layers (Gemma 2/3) only the
+full-attention layers are rotation-quantized; the others are what `DynamicCache(config=...)` makes them (a sliding
+layer keeps its last `window - 1` tokens in full precision; `kvlab.caches.hybrid`), or, with `sliding="quantize"`,
+`RotationSlidingLayer`s that keep the same window rotation-quantized. This module builds caches; it does not
+choose or report them.
 """
 
 from __future__ import annotations
 
 import torch
-from transformers.cache_utils import Cache, QuantizedLayer, get_layer_types_and_kwargs
+from transformers.cache_utils import Cache, QuantizedLayer
 
+from .hybrid import quantize_full_layers
 from .lloyd_max import BITS, MIN_HEAD_DIM
 from .rotation_quant import (
     Codec,
@@ -32,6 +36,7 @@ from .rotation_quant import (
     codec_nbytes,
     concat_packed,
     dequantize,
+    drop_front,
     haar_rotation,
     make_codec,
     packed_nbytes,
@@ -132,8 +137,8 @@ class RotationQuantizedLayer(QuantizedLayer):
     def _reusable(self, previous: PackedVectors | None, tensor: torch.Tensor, codec: Codec) -> PackedVectors | None:
         """`previous` (in the batch order a pending beam reorder gives it) when `tensor` starts with exactly
         its de-quantized positions, else None."""
-        if previous is None or previous.tokens > tensor.shape[-2] or previous.bits != codec.bits:
-            return None
+        if previous is None or previous.tokens > tensor.shape[-2] or previous.bits != codec.bits or tensor.is_meta:
+            return None  # on the meta device (Plan) only shapes exist: quantizing everything again gives them
         if self._pending_beam_idx is not None:
             previous = select_batch(previous, self._pending_beam_idx)
         if not torch.equal(tensor[..., :previous.tokens, :], dequantize(previous, codec)):
@@ -163,37 +168,92 @@ class RotationQuantizedLayer(QuantizedLayer):
         return total
 
 
+class RotationSlidingLayer(RotationQuantizedLayer):
+    """A sliding-window layer stored rotation-quantized: after each update it keeps the last `sliding_window - 1`
+    tokens, as transformers' `DynamicSlidingWindowLayer` does (the token being fed makes the window), the older of
+    them packed and the newest in the full-precision residual. Per-vector codes let the oldest positions be
+    dropped exactly, without quantizing anything again. Masks as `DynamicSlidingWindowLayer.get_mask_sizes`."""
+
+    is_sliding = True
+
+    def __init__(self, tables: SharedTables, sliding_window: int, key_bits: int = DEFAULT_BITS,
+                 value_bits: int = DEFAULT_BITS, residual_length: int = DEFAULT_RESIDUAL_LENGTH):
+        super().__init__(tables, key_bits, value_bits, residual_length)
+        self.sliding_window = sliding_window
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        keys, values = super().update(key_states, value_states, *args, **kwargs)
+        self._keep_window()
+        return keys, values
+
+    def _keep_window(self) -> None:
+        """Drop the oldest positions beyond `sliding_window - 1`: packed ones first, then residual ones."""
+        residual = self.keys.shape[-2] if self.keys is not None and self.keys.dim() == 4 else 0
+        packed = self._quantized_keys.tokens
+        drop = packed + residual - (self.sliding_window - 1)
+        if drop <= 0:
+            return
+        from_packed = min(drop, packed)
+        if from_packed:
+            self._quantized_keys = drop_front(self._quantized_keys, from_packed)
+            self._quantized_values = drop_front(self._quantized_values, from_packed)
+        if drop > from_packed:
+            self.keys = self.keys[..., drop - from_packed:, :].clone()
+            self.values = self.values[..., drop - from_packed:, :].clone()
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        """(kv_length, kv_offset) of the attention mask, as `DynamicSlidingWindowLayer`'s."""
+        is_full = self.cumulative_length >= self.sliding_window
+        kv_offset = max(self.cumulative_length - self.sliding_window + 1, 0)
+        kv_length = self.sliding_window - 1 + query_length if is_full else self.cumulative_length + query_length
+        return kv_length, kv_offset
+
+    def get_max_length(self) -> int:
+        return self.sliding_window
+
+
+SLIDING_CHOICES = ("keep", "quantize")
+"""What `RotationQuantizedCache` does with sliding-window layers: keep transformers' layer, or quantize it."""
+
+
 class RotationQuantizedCache(Cache):
     """A cache of `RotationQuantizedLayer`s, one per decoder layer of `config`, built like transformers'
-    `QuantizedCache`; pass it as `model.generate(..., cache=cache)` or to forward calls.
+    `QuantizedCache`; pass it as `model.generate(..., cache=cache)` or to forward calls. On a model with
+    sliding-window layers only the full-attention layers are `RotationQuantizedLayer`s; the others are what
+    `DynamicCache(config=config)` makes them.
 
     Args:
         config: the model's config (its text config's head_dim, layers and layer types are read).
         key_bits, value_bits: bits per coordinate, 1-4 each.
         residual_length: newest tokens kept in full precision (0: every flush at once).
         seed: draws the rotation (`rotation_quant.haar_rotation`), shared by every layer, keys and values.
+        sliding: `keep` (a sliding layer is transformers' `DynamicSlidingWindowLayer`) or `quantize`
+            (`RotationSlidingLayer`: its window rotation-quantized too).
 
     Raises:
         ValueError: knobs out of range (the message lists the allowed values), a head_dim below
-            MIN_HEAD_DIM, or a model with layers other than full attention.
+            MIN_HEAD_DIM, or a model with nothing to quantize.
     """
 
     def __init__(self, config, key_bits: int = DEFAULT_BITS, value_bits: int = DEFAULT_BITS,
-                 residual_length: int = DEFAULT_RESIDUAL_LENGTH, seed: int = DEFAULT_SEED):
+                 residual_length: int = DEFAULT_RESIDUAL_LENGTH, seed: int = DEFAULT_SEED, sliding: str = "keep"):
         check_knobs(key_bits, value_bits, residual_length, seed)
+        if sliding not in SLIDING_CHOICES:
+            raise ValueError(f"sliding must be one of {list(SLIDING_CHOICES)}, got {sliding!r}")
         cfg = config.get_text_config(decoder=True)
-        layer_types, _ = get_layer_types_and_kwargs(cfg)
-        other = sorted(set(layer_types) - {"full_attention"})
-        if other:
-            raise ValueError(f"RotationQuantizedCache supports full-attention layers only; this model has {other}")
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         if head_dim < MIN_HEAD_DIM:
             raise ValueError(f"head_dim must be >= {MIN_HEAD_DIM}, this model's is {head_dim}")
         self.tables = SharedTables(head_dim, key_bits, value_bits, seed)
-        layers = [RotationQuantizedLayer(self.tables, key_bits, value_bits, residual_length)
-                  for _ in range(cfg.num_hidden_layers)]
-        super().__init__(layers=layers)
+        window = (lambda size: RotationSlidingLayer(self.tables, size, key_bits, value_bits, residual_length)
+                  ) if sliding == "quantize" else None
+        super().__init__(layers=quantize_full_layers(
+            config, lambda: RotationQuantizedLayer(self.tables, key_bits, value_bits, residual_length), window))
 
     def stored_nbytes(self) -> int:
-        """Exact bytes the cache holds: the sum of its layers' `stored_nbytes()`."""
-        return sum(layer.stored_nbytes() for layer in self.layers)
+        """Exact bytes the cache holds: the sum of its quantized layers' `stored_nbytes()` and the other layers'
+        keys and values (a sliding layer's 8-byte window tensor included)."""
+        from ..accounting import layer_bytes_by_device
+
+        return sum(layer.stored_nbytes() if isinstance(layer, RotationQuantizedLayer)
+                   else sum(layer_bytes_by_device(layer).values()) for layer in self.layers)

@@ -59,6 +59,11 @@ class PackedVectors(NamedTuple):
         """Positions held (the sequence axis, -2 of the unpacked shape)."""
         return self.norms.shape[-1]
 
+    @property
+    def shape(self) -> torch.Size:
+        """The shape the vectors stand for, (..., tokens, head_dim), as a quantized tensor reports it."""
+        return torch.Size((*self.norms.shape, self.head_dim))
+
 
 @dataclass(frozen=True, eq=False)
 class Codec:
@@ -168,7 +173,7 @@ def quantize(states: torch.Tensor, codec: Codec) -> PackedVectors:
 
     Raises:
         ValueError: the last axis is not the codec's head_dim, or a norm is not finite in NORM_DTYPE (a
-            vector longer than 65504 or holding inf/nan).
+            vector longer than 65504 or holding inf/nan; not checked on the meta device, where only shapes exist).
     """
     if states.shape[-1] != codec.head_dim:
         raise ValueError(f"states have {states.shape[-1]} coordinates per vector, the codec {codec.head_dim}")
@@ -177,7 +182,7 @@ def quantize(states: torch.Tensor, codec: Codec) -> PackedVectors:
     rotated = (vectors / norms.clamp_min(torch.finfo(CODEC_DTYPE).tiny)) @ codec.rotation.T
     indices = torch.bucketize(rotated, codec.boundaries)
     stored_norms = norms.squeeze(-1).to(NORM_DTYPE)
-    if not bool(torch.isfinite(stored_norms).all()):
+    if not stored_norms.is_meta and not bool(torch.isfinite(stored_norms).all()):
         raise ValueError(f"a vector norm is not finite in {NORM_DTYPE} (largest {float(norms.max()):.4g}); "
                          "rotation quantization stores norms in float16")
     return PackedVectors(pack_indices(indices, codec.bits), stored_norms, codec.bits, codec.head_dim,
@@ -203,6 +208,11 @@ def concat_packed(first: PackedVectors, second: PackedVectors) -> PackedVectors:
     """`first`'s positions followed by `second`'s (same bits, head_dim and leading shape)."""
     return first._replace(indices=torch.cat([first.indices, second.indices], dim=-2),
                           norms=torch.cat([first.norms, second.norms], dim=-1))
+
+
+def drop_front(packed: PackedVectors, tokens: int) -> PackedVectors:
+    """`packed` without its first `tokens` positions, copied so the dropped ones free their memory."""
+    return packed._replace(indices=packed.indices[..., tokens:, :].clone(), norms=packed.norms[..., tokens:].clone())
 
 
 def select_batch(packed: PackedVectors, rows: torch.Tensor) -> PackedVectors:

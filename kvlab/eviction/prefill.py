@@ -11,7 +11,8 @@ only later tokens see the pruned cache. This is how kvpress's `BasePress.forward
 
 Positions: the pruned cache counts fewer tokens than were fed, so whoever feeds later tokens must pass
 `position_ids` with their true index (`true_position_ids`); the causal mask comes from the cache's own
-length. Sliding-window layers (Gemma 3) are left as they are, as kvpress does: they keep their window.
+length. Sliding-window layers (Gemma 3) are left as they are, as kvpress does: they keep their window. A
+`PrunedCache` with a `quantized_layer` has each layer quantized right after it is pruned.
 
 The hooks are removed when the block exits, also on an exception. This module does not decode.
 """
@@ -75,8 +76,8 @@ def prune_at_prefill(model, score: Scorer, kept_tokens: KeptTokens, record: Evic
             return output
         layer = cache.layers[module.layer_idx]
         seq = hidden.shape[1]
-        if layer.keys is None:
-            return output
+        if layer.keys is None or getattr(layer, "_quantized_keys", None) is not None:
+            return output  # nothing written, or a layer quantized after its prefill's pruning
         cos, sin = kwargs["position_embeddings"]
         if layer.keys.shape[2] != seq:  # the cache held tokens before this forward: not a prefill
             if compress_every and record.prompt_tokens:
@@ -90,6 +91,9 @@ def prune_at_prefill(model, score: Scorer, kept_tokens: KeptTokens, record: Evic
         record.prompt_tokens = seq
         record.layers[module.layer_idx] = LayerEviction(
             module.layer_idx, kept[0].sort(dim=-1).values.cpu(), scores[0].detach().float().cpu())
+        quantize = getattr(cache, "quantize_layer", None)
+        if quantize is not None:  # eviction composed with quantization (`kvlab.eviction.cache`)
+            quantize(module.layer_idx)
         return output
 
     handles = []

@@ -181,7 +181,7 @@ def quantized_shape(layer) -> tuple[int, ...] | None:
     state = getattr(layer, "_quantized_keys", None)
     if state is None:
         return None
-    if isinstance(state, (tuple, list)):
+    if isinstance(state, (tuple, list)) and not hasattr(state, "shape"):  # rotation's PackedVectors has one
         meta = state[1] if len(state) > 1 else None
         if isinstance(meta, dict) and "shape" in meta:
             return tuple(int(n) for n in meta["shape"])

@@ -93,6 +93,8 @@ def strategy_notes(strategy, arch, totals, cells) -> list[str]:
     last = planned[-1]
     element = totals.meter.dtype.itemsize
     kv_groups = [group for group in arch.groups if group.key_shape is not None]
+    if totals.meter.quantized:  # the residual and the working copy are the quantized layers' only
+        kv_groups = [group for group in kv_groups if group.indices[0] in totals.meter.quantized_indices]
     residual = totals.meter.residual_length
     if residual and residual > 1:
         per_token = sum(group.count * group.elements_per_token for group in kv_groups) * totals.request.batch * element

@@ -23,6 +23,10 @@ residual is quantized whenever it reaches `residual_length` tokens. For those
 layers the meter writes the quantized part and the residual as two updates of the
 sizes the step-by-step run ends with, which leaves identical tensors.
 
+Tensors a cache shares between its layers (rotation quantization's rotation and codebooks, which the first
+layer to use them lists in `shared_tables`) are counted once per cache, not once per layer: `group_bytes` gives
+a layer's own bytes and `shared_bytes` what the measured layer of each group lists as shared.
+
 Layers that hold recurrent or convolution states (state-space, linear attention)
 are measured by running the shrunk model itself for a prefill and one decode step
 with the strategy's cache; their bytes must not change between the two.
@@ -37,7 +41,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..accounting import layer_bytes_by_device
+from ..accounting import layer_bytes_by_device, tensor_bytes_by_device
 from .probe import Architecture, LayerGroup, StandIn, meta_model, shrunk_config
 from ..strategies import StrategyError
 
@@ -123,10 +127,14 @@ class StrategyMeter:
         self._cpu_memo: dict[tuple, int] = {}
         self.residual_length: int | None = None
         self.quantized = False
+        self.quantized_indices: set[int] = set()
+        """Layers whose cache is quantized (on a hybrid model the full-attention ones only)."""
+        self.shared_bytes: dict[LayerGroup, int] = {}
+        """group -> bytes of the tensors its measured layer shares with the cache's other layers (counted once)."""
 
     def group_bytes(self, context: int, prefill: int | None = None) -> dict[LayerGroup, int]:
         """Bytes of one layer of each KV group after `context` tokens: `prefill` (default: all of them) in one
-        forward, the rest decoded one at a time."""
+        forward, the rest decoded one at a time; tensors shared between layers are left out (`shared_bytes`)."""
         prefill = context if prefill is None else prefill
         key = (context, prefill)
         if key not in self._memo:
@@ -175,8 +183,14 @@ class StrategyMeter:
         except (ValueError, TypeError, RuntimeError, ImportError) as err:
             raise MeasureError(f"{type(err).__name__}: {err}") from err
         if cache is not None and cache.layers:
-            self.residual_length = getattr(cache.layers[0], "residual_length", None)
-            self.quantized = hasattr(cache.layers[0], "_quantized_keys")
+            # a pruned cache that quantizes what it kept makes its quantized layers after the prefill
+            made = getattr(cache, "quantized_layer", None)
+            layers = [made() if made is not None and self.strategy.is_evicting and not layer.is_sliding else layer
+                      for layer in cache.layers]
+            self.quantized_indices = {index for index, layer in enumerate(layers) if hasattr(layer, "_quantized_keys")}
+            first = layers[min(self.quantized_indices)] if self.quantized_indices else layers[0]
+            self.residual_length = getattr(first, "residual_length", None)
+            self.quantized = bool(self.quantized_indices)
         return cache
 
     def _measure(self, group: LayerGroup, context: int, prefill: int, cache) -> int:
@@ -195,6 +209,9 @@ class StrategyMeter:
             after = {self.strategy.held_tokens_after(prefill, context - prefill, i, config, self.dtype)
                      for i in group.indices}
             context, prefill = after.pop(), held
+            make_quantized = getattr(cache, "quantized_layer", None)
+            if make_quantized is not None and index < len(cache.layers):
+                cache.layers[index] = make_quantized()  # what a pruned layer becomes (`PrunedCache.quantize_layer`)
         layer = cache.layers[index] if index < len(cache.layers) else None
         chunks = split_schedule(layer, prefill, context - prefill)
         if index not in self._on_cpu:
@@ -212,7 +229,9 @@ class StrategyMeter:
             keys = make((self.batch, key_heads, tokens, key_width), dtype=self.dtype, device=device)
             values = make((self.batch, value_heads, tokens, value_width), dtype=self.dtype, device=device)
             cache.update(keys, values, group.indices[0])
-        return _layer_bytes(cache, group.indices[0])
+        shared = getattr(cache.layers[group.indices[0]], "shared_tables", None)
+        self.shared_bytes[group] = sum(tensor_bytes_by_device(shared).values()) if shared is not None else 0
+        return _layer_bytes(cache, group.indices[0]) - self.shared_bytes[group]
 
     def _cpu_once(self, group: LayerGroup, context: int, chunks: list[int]) -> int:
         key = (group, self.strategy.capacity(context), tuple(chunks))

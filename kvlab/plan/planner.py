@@ -248,7 +248,8 @@ class _Totals:
         self.strategy.check_fits(prefill or context, context - (prefill or context))
         per_layer = dict(self.meter.group_bytes(context, prefill))
         per_layer.update(self.states)
-        return {group: per_layer.get(group, 0) * group.count for group in self.arch.groups}
+        shared = self.meter.shared_bytes  # e.g. rotation quantization's tables: once per cache, not per layer
+        return {group: per_layer.get(group, 0) * group.count + shared.get(group, 0) for group in self.arch.groups}
 
     def on_device(self, by_group: dict) -> int:
         if self.resident_sliding is None:

@@ -4,7 +4,11 @@
 The newest `residual_length` tokens stay in full precision; older ones are
 quantized per group of `q_group_size` channels (quanto, hqq) or per tensor (fp8).
 A fresh cache is built for every run, so no backend setting leaks between runs
-(`generate()` mutates a `cache_config` dict handed to it)."""
+(`generate()` mutates a `cache_config` dict handed to it).
+
+transformers refuses `QuantizedCache` on a model with sliding-window layers; there the
+full-attention layers get the backend's quantized layers and the sliding layers keep
+their window as transformers' default cache does (`kvlab.caches.hybrid`)."""
 
 from __future__ import annotations
 
@@ -112,14 +116,31 @@ class Quantized(Strategy):
                 f"wait in full precision before being quantized, so a run generating fewer tokens than that "
                 f"saves only on its prompt")
 
+    @property
+    def follows_layer_types(self) -> bool:
+        """On a hybrid model its sliding layers keep their window (`kvlab.caches.hybrid`)."""
+        return True
+
     def unavailable_reason(self, loaded) -> str | None:
+        from ..caches.hybrid import FULL_ATTENTION, layer_types_of
+
         package = BACKENDS[self.backend]["package"]
         if package and not _installed(package):
             return f"the {self.backend} backend needs the `{BACKENDS[self.backend]['pip']}` package, which is not installed"
-        sliding = sliding_layer_types(loaded)
-        if sliding:
-            return f"QuantizedCache supports full-attention models only, and this model has {', '.join(sliding)} layers"
-        return None
+        if FULL_ATTENTION not in layer_types_of(loaded.config):
+            return (f"this model has no full-attention layers to quantize (all its layers are "
+                    f"{', '.join(sliding_layer_types(loaded))})")
+        return self._group_size_reason(loaded)
+
+    def _group_size_reason(self, loaded) -> str | None:
+        """Why `q_group_size` cannot group this model's head_dim, or None (fp8 has no groups)."""
+        from ..caches.hybrid import head_dim_of
+
+        width = head_dim_of(loaded.config)
+        if self.backend == "fp8" or width is None or width % self.q_group_size == 0:
+            return None
+        return (f"q_group_size={self.q_group_size} must divide this model's head_dim ({width}); "
+                f"try {', '.join(str(g) for g in (16, 32, 64, 128) if width % g == 0)}")
 
     def _cache_kwargs(self) -> dict:
         if self.backend == "fp8":
@@ -133,7 +154,8 @@ class Quantized(Strategy):
         }
 
     def build_cache(self, loaded, max_total_tokens: int):
-        """A fresh QuantizedCache. The first call per backend, knobs and model shape in a process also runs the
+        """A fresh QuantizedCache (on a model with sliding layers, `kvlab.caches.hybrid.HybridQuantizedCache`: the
+        full-attention layers quantized, the sliding ones as transformers keeps them). The first call per backend, knobs and model shape in a process also runs the
         backend once on small tensors (`_try_on_model_shapes`), so its one-time set-up is never timed.
 
         Raises:
@@ -142,14 +164,11 @@ class Quantized(Strategy):
         """
         from transformers import QuantizedCache
 
-        from ..models.loading import head_dim
+        from ..caches.hybrid import HybridQuantizedCache
 
-        width = head_dim(loaded.config.get_text_config(decoder=True))
-        if self.backend != "fp8" and width % self.q_group_size:
-            raise StrategyError(
-                f"q_group_size={self.q_group_size} must divide this model's head_dim ({width}); "
-                f"try {', '.join(str(g) for g in (16, 32, 64, 128) if width % g == 0)}"
-            )
+        problem = self._group_size_reason(loaded)
+        if problem:
+            raise StrategyError(problem)
         if self.backend == "quanto":
             from ..caches.backends import prepare_quanto
 
@@ -157,6 +176,8 @@ class Quantized(Strategy):
         problem = self._try_on_model_shapes(loaded)
         if problem:
             raise StrategyError(problem)
+        if sliding_layer_types(loaded):
+            return HybridQuantizedCache(self.backend, loaded.config, **self._cache_kwargs())
         return QuantizedCache(backend=self.backend, config=loaded.config, **self._cache_kwargs())
 
     def _try_on_model_shapes(self, loaded) -> str | None:
@@ -165,8 +186,8 @@ class Quantized(Strategy):
         here, outside any timed step. A non-default axis is tried at every PROBE_TOKENS length (the backends'
         bit-packing fails on some lengths only). Returns the backend's error as a sentence, or None."""
         import torch
-        from transformers import QuantizedCache
 
+        from ..caches.hybrid import backend_layer_class
         from ..models.loading import head_dim
 
         cfg = loaded.config.get_text_config(decoder=True)
@@ -183,7 +204,7 @@ class Quantized(Strategy):
             _probed[key] = None
             knobs = self._cache_kwargs() if self.backend == "fp8" else {**self._cache_kwargs(), "residual_length": 1}
             for tokens in lengths:
-                layer = QuantizedCache(backend=self.backend, config=cfg, **knobs).layers[0]
+                layer = backend_layer_class(self.backend)(**knobs)
                 try:
                     for step in (tokens, 1, 1):
                         states = torch.randn(1, kv_heads, step, shape[1], dtype=dtype, device=device)
@@ -208,7 +229,19 @@ class Quantized(Strategy):
         Strategy.warm_up(strategy, loaded, **kwargs)
 
     def cache_code(self):
+        """`QuantizedCache(...)` where every layer is full attention; transformers refuses it on a model with
+        sliding layers, so the snippet then builds the same layers by hand (`kvlab.caches.hybrid`)."""
+        from ..caches.hybrid import backend_layer_class
+
+        layer = backend_layer_class(self.backend).__name__
         args = "".join(f", {key}={value!r}" for key, value in self._cache_kwargs().items())
-        return ["from transformers import QuantizedCache"], (
-            f"cache = QuantizedCache(backend={self.backend!r}, config=model.config{args})"
-        )
+        layer_args = ", ".join(f"{key}={value!r}" for key, value in self._cache_kwargs().items())
+        return (["from transformers import Cache, DynamicCache, QuantizedCache",
+                 f"from transformers.cache_utils import {layer}, get_layer_types_and_kwargs"],
+                f"layer_types, _ = get_layer_types_and_kwargs(model.config.get_text_config(decoder=True))\n"
+                f"if set(layer_types) == {{\"full_attention\"}}:\n"
+                f"    cache = QuantizedCache(backend={self.backend!r}, config=model.config{args})\n"
+                f"else:  # transformers refuses QuantizedCache here: quantize the full-attention layers, keep the "
+                f"sliding ones' window\n"
+                f"    cache = Cache(layers=[{layer}({layer_args}) if kind == \"full_attention\" else layer\n"
+                f"                          for kind, layer in zip(layer_types, DynamicCache(config=model.config).layers)])")

@@ -15,6 +15,12 @@ Sliding-window layers (Gemma 3) are not pruned, as kvpress leaves them: they kee
 prompt (kvpress's DecodingPress, `kvlab.eviction.decoding`), so a long run stays near its budget; at N = 1 a
 layer evicts one position per step, as TOVA's and H2O's papers do.
 
+`quantize` (`none` by default; `quanto4`, `hqq4`, `fp8`, `rotation_k4v2`, ... see
+`kvlab.strategies.quantize_knob`) composes the eviction with quantization, as kvpress composes a press with
+transformers' `QuantizedCache`: each full-attention layer is pruned at prefill while dense, then what it kept is
+quantized (`kvlab.eviction.cache.PrunedCache.quantize_layer`); decoded tokens wait in full precision until
+`residual_length` of them have gathered. Not with `compress_every`.
+
 Not done here: batches of several rows.
 """
 
@@ -24,19 +30,23 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from .base import Strategy, StrategyError, require_int
+from .quantize_knob import describe as describe_quantize
 
 MIB = 1 << 20
+DEFAULT_RESIDUAL_LENGTH = 128
+"""The quantized layers' full-precision residual with `quantize` (transformers' default)."""
 
 DEFAULT_COMPRESSION_RATIO = 0.5
 """kvlab's default (kvpress's presses default to 0.0, which keeps everything)."""
 
 
-def pruned_cache(config):
-    """A fresh `kvlab.eviction.cache.PrunedCache(config)`: a `DynamicCache` with an `eviction` record slot whose
-    full-attention layers track the positions they hold."""
+def pruned_cache(config, quantized_layer=None):
+    """A fresh `kvlab.eviction.cache.PrunedCache(config, quantized_layer)`: a `DynamicCache` with an `eviction`
+    record slot whose full-attention layers track the positions they hold (and are quantized once pruned when
+    `quantized_layer` makes their quantized layers)."""
     from ..eviction.cache import PrunedCache
 
-    return PrunedCache(config)
+    return PrunedCache(config, quantized_layer)
 
 
 @dataclass
@@ -47,13 +57,15 @@ class ScoredEviction(Strategy):
     lossy = True
     is_evicting = True
     scorer_name: ClassVar[str] = ""
-    title_knobs = ("compression_ratio", "target_tokens", "target_mib", "compress_every")
+    title_knobs = ("compression_ratio", "target_tokens", "target_mib", "compress_every", "quantize")
     compression_ratio: float = DEFAULT_COMPRESSION_RATIO
     target_tokens: int = 0
     target_mib: float = 0.0
     query_aware: bool = True
     question_tokens: int = 0
     compress_every: int = 0
+    quantize: str = "none"
+    residual_length: int = DEFAULT_RESIDUAL_LENGTH
 
     def __post_init__(self):
         ratio = self.compression_ratio
@@ -73,6 +85,13 @@ class ScoredEviction(Strategy):
             raise StrategyError("query_aware: false needs question_tokens >= 1 (the prompt's last tokens that "
                                 "are fed after compression)")
         require_int("compress_every", self.compress_every, 0)
+        quantized = bool(describe_quantize(self.quantize))
+        require_int("residual_length", self.residual_length, 0)
+        if not quantized and self.residual_length != DEFAULT_RESIDUAL_LENGTH:
+            raise StrategyError("residual_length is the quantized layers' residual: it needs quantize (e.g. quanto4)")
+        if quantized and self.compress_every:
+            raise StrategyError("quantize cannot be combined with compress_every: a quantized layer is not "
+                                "pruned again while decoding")
 
     def title(self) -> str:
         if self.target_tokens:
@@ -81,13 +100,19 @@ class ScoredEviction(Strategy):
             budget = f"{self.target_mib:g} MiB"
         else:
             budget = f"{self.compression_ratio:g}"
-        return f"{self.name} {budget}" + (f" every {self.compress_every}" if self.compress_every else "")
+        quantized = describe_quantize(self.quantize)
+        return (f"{self.name} {budget}" + (f" every {self.compress_every}" if self.compress_every else "")
+                + (f" + {quantized}" if quantized else ""))
 
     def caveat(self) -> str:
         decode = (f"every {self.compress_every} tokens fed after the prompt, each layer was compressed back to its "
                   "budget (kvpress's DecodingPress)" if self.compress_every else "decoded tokens are all kept")
+        quantized = (f"; what each full-attention layer kept was then quantized ({describe_quantize(self.quantize)}), "
+                     f"the newest residual_length={self.residual_length} tokens in full precision"
+                     if describe_quantize(self.quantize) else "")
         return ("the prompt's keys/values were pruned per layer and head after prefill; " + decode
-                + ("" if self.query_aware else f"; the last {self.question_tokens} prompt tokens were fed afterwards"))
+                + ("" if self.query_aware else f"; the last {self.question_tokens} prompt tokens were fed afterwards")
+                + quantized)
 
     def caveat_for(self, prompt_tokens: int) -> str:
         from ..eviction.scoring import kept_tokens
@@ -126,6 +151,11 @@ class ScoredEviction(Strategy):
         model = getattr(loaded, "model", None)
         if model is None:  # a config alone (no weights): the modules are checked once a model is loaded
             return None
+        from .quantize_knob import unavailable_reason
+
+        quantize = unavailable_reason(self.quantize, loaded.config)
+        if quantize:
+            return quantize
         layers = getattr(decoder_of(model), "layers", None)
         if not layers or not hasattr(layers[0].self_attn, "q_proj"):
             return "needs Llama-style attention modules (a q_proj projection) to score positions"
@@ -216,7 +246,9 @@ class ScoredEviction(Strategy):
         return now, after
 
     def build_cache(self, loaded, max_total_tokens: int):
-        return pruned_cache(loaded.config)
+        from .quantize_knob import layer_factory
+
+        return pruned_cache(loaded.config, layer_factory(self.quantize, loaded.config, self.residual_length))
 
     def forward(self, loaded, cache, sequence, new_tokens: int):
         """Prefill (cache empty) under the pruning hooks, the question after it when not `query_aware`; any later
@@ -260,7 +292,8 @@ class ScoredEviction(Strategy):
         from ..eviction.prefill import true_position_ids
 
         total = sequence.shape[1]
-        lengths = {layer.keys.shape[2] for layer in cache.layers if getattr(layer, "keys", None) is not None}
+        lengths = {layer.get_seq_length() if getattr(layer, "_quantized_keys", None) is not None
+                   else layer.keys.shape[2] for layer in cache.layers if getattr(layer, "keys", None) is not None}
         step = new_tokens if len(lengths) <= 1 and not self.compress_every else 1
         out = None
         for end in range(total - new_tokens + step, total + 1, step):
@@ -302,6 +335,10 @@ class ScoredEviction(Strategy):
                 f"{extra})")
 
     def cache_code(self):
+        if describe_quantize(self.quantize):
+            from .quantize_knob import cache_code
+
+            return cache_code(self.quantize, self.residual_length)
         if self.compress_every:  # the layers track the positions they hold (Expected Attention's future positions)
             return (["from kvlab.eviction.cache import PrunedCache"],
                     "cache = PrunedCache(model.config)  # a DynamicCache whose layers know the positions they hold")

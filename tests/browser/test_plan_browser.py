@@ -58,7 +58,8 @@ def test_gemma_at_1k_to_128k_in_24_gb_then_bad_input(page):
     pick(page, "plan-budget", "24 GB (RTX 3090/4090, L4, A10)")
     status = plan_and_wait(page)
     assert status.startswith("✔ planned 6 strategies × 8 contexts"), status
-    assert "cannot serve this model: quantized quanto int4 r128: QuantizedCache supports full-attention" in status
+    assert "cannot serve this model: sink 4+1020: config.layer_types has layers other than full" in status
+    assert "quantized quanto int4 r128: " not in status  # its full-attention layers are quantized
     page.locator("#plan-plot img").wait_for(state="visible")
     table = page.locator("#plan-table").inner_text()
     for text in (*CARD_STRATEGIES, "cache GiB at 1k", "cache GiB at 128k", "weights GiB", "total GiB at 128k",

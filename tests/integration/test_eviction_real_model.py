@@ -51,3 +51,23 @@ def test_a_budgeted_column_falls_back_to_an_evicting_cache(bundled):
     assert result.status == "ok", result.message
     assert [f["to"] for f in result.fallbacks] and "snapkv" in str(result.fallbacks[0])
     assert len(result.token_ids) == 6 and max(result.cache_bytes) <= budget_mib * (1 << 20)
+
+
+def test_snapkv_half_then_quanto_int4_holds_under_0_3_of_dynamic_after_a_1000_token_prefill(bundled):
+    """Eviction composed with quantization on the real model: 30 layers x 3 KV heads x 64 dims, float32; each layer
+    keeps 500 positions, stored in quanto's int4 layout (2 values per byte, a float32 scale and shift per 64)."""
+    import torch
+
+    from kvlab.accounting import cache_bytes
+    from kvlab.quality.perplexity import default_text
+    from kvlab.strategies import make_strategy
+
+    ids = bundled.tokenizer(default_text(), return_tensors="pt")["input_ids"][:, :1000]
+    strategy = make_strategy({"strategy": "snapkv", "compression_ratio": 0.5, "quantize": "quanto4"})
+    cache = strategy.build_cache(bundled, 1001)
+    with torch.inference_mode():
+        strategy.forward(bundled, cache, ids, 1000)
+    values = 3 * 500 * 64
+    expected = 30 * 2 * (values // 2 + 8 * values // 64)
+    dense = 1000 * bytes_per_token(bundled.config, bundled.model.dtype)
+    assert cache_bytes(cache) == expected == 3_600_000 and expected <= 0.3 * dense  # 0.078 of 46,080,000 B

@@ -1,7 +1,8 @@
 """The bundled Gemma 3 270M, a hybrid model (15 sliding-window layers, window 512, and 3 full-attention layers),
 end to end: exact caches agree with no cache, sliding layers stop at their window to the byte of the prediction,
-quantized and sink are refused with the reason, the hybrid preset runs from the command line, the planner
-reads it, and a local .gguf file loads through the same convert-once cache."""
+quanto quantizes the full-attention layers (the sliding ones keep their window), sink is refused with the reason,
+the hybrid preset runs from the command line, the planner reads it, and a local .gguf file loads through the same
+convert-once cache."""
 
 import json
 import subprocess
@@ -76,12 +77,14 @@ def test_columns_say_which_keep_everything(run):
     assert static.cache_bytes_by_layer_type["full_attention"][-1] == FULL_LAYERS * (PER_LAYER_TOKEN * capacity + 8)
 
 
-def test_quantized_and_sink_are_refused_on_sliding_layers_with_the_reason(run):
+def test_quantized_quantizes_the_full_layers_and_sink_is_refused_with_the_reason(run):
     quantized, sink = run["quantized quanto int4 r128"], run["sink 4+252"]
-    assert quantized.status == sink.status == "unavailable"
-    assert "QuantizedCache supports full-attention models only" in quantized.message
-    assert "sliding_attention" in quantized.message and "sliding_attention" in sink.message
-    assert "every layer to be full attention" in sink.message
+    assert quantized.status == "ok", quantized.message
+    by_type, dynamic = quantized.cache_bytes_by_layer_type, run["dynamic"].cache_bytes_by_layer_type
+    assert by_type["sliding_attention"] == dynamic["sliding_attention"]
+    assert by_type["full_attention"][0] < dynamic["full_attention"][0] / 3  # the prompt, quantized at prefill
+    assert sink.status == "unavailable"
+    assert "sliding_attention" in sink.message and "every layer to be full attention" in sink.message
 
 
 def test_the_planner_reads_the_bundled_gemma(gemma):

@@ -101,13 +101,20 @@ def test_a_chat_past_the_window_rebuilds_instead_of_cropping_a_sliding_cache(hyb
     assert done and done[0].action == "rebuild" and "sliding layers" in done[0].note
 
 
-def test_quantized_and_sink_are_refused_on_sliding_layers_with_the_reason(hybrid):
-    done = collect(run_compare(hybrid, torch.tensor([[1, 400, 401]]),
-                               [{"strategy": "quantized"}, {"strategy": "sink"}, {"strategy": "dynamic"}], SETTINGS))
-    quantized, sink, dynamic = done.results
-    assert quantized.status == "unavailable" and "sliding_attention" in quantized.message
+def test_quantized_runs_on_the_full_layers_and_sink_is_refused_on_sliding_layers(hybrid):
+    """transformers refuses QuantizedCache here; kvlab quantizes the full-attention layers and keeps the sliding
+    layers' window, so after a prompt longer than the window the sliding layers hold what dynamic's do."""
+    prompt = torch.randint(5, 1000, (1, 2 * WINDOW), generator=torch.Generator().manual_seed(6))
+    columns = [{"strategy": "quantized", "q_group_size": 32, "residual_length": 4},
+               {"strategy": "rotation_quantized", "residual_length": 4}, {"strategy": "sink"}, {"strategy": "dynamic"}]
+    quantized, rotation, sink, dynamic = collect(run_compare(hybrid, prompt, columns, SETTINGS)).results
+    assert [quantized.status, rotation.status, dynamic.status] == ["ok"] * 3, [quantized.message, rotation.message]
     assert sink.status == "unavailable" and "sliding_attention" in sink.message
-    assert dynamic.status == "ok"
+    for result in (quantized, rotation):
+        by_type = result.cache_bytes_by_layer_type
+        assert by_type["sliding_attention"] == dynamic.cache_bytes_by_layer_type["sliding_attention"]
+        assert by_type["full_attention"][-1] < dynamic.cache_bytes_by_layer_type["full_attention"][-1] / 2
+        assert "2 sliding layers keep their last 15 tokens" in result.keeps
 
 
 def test_the_summary_and_csv_split_the_cache_by_layer_type(hybrid):

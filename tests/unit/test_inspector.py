@@ -90,6 +90,18 @@ def test_a_quantized_cache_splits_packed_data_scales_and_residual(tiny):
     assert records[0].kl_nats is not None and records[0].reference_top[0].prob > 0
 
 
+def test_a_rotation_quantized_cache_shows_codes_norms_tables_and_the_shape_they_stand_for(tiny):
+    records = list(session(tiny, {"strategy": "rotation_quantized", "key_bits": 4, "value_bits": 2,
+                                  "residual_length": 4}).steps(3))
+    first, second = records[-1].layers[0], records[-1].layers[1]
+    assert first.class_name == "RotationQuantizedLayer" and first.quantized_shape == (1, 1, 10, 64)
+    assert first.strip == (("quantized", 0, 10), ("residual", 10, 12))
+    assert first.parts["packed"] == 10 * (32 + 16) and first.parts["scales"] == 10 * 2 * 2
+    assert first.parts["residual"] == 2 * PER_TOKEN and first.parts["other"] == 4 * (64 * 64 + 31 + 7)
+    assert second.parts["other"] == 0 and sum(first.parts.values()) == first.bytes  # the tables once per cache
+    assert records[0].kl_nats is not None
+
+
 def test_a_static_cache_shows_its_unused_slots_and_collapses_identical_layers(tiny):
     record = list(session(tiny, {"strategy": "static"}, max_shown=1).steps(2))[-1]
     (row,) = record.layers
@@ -112,7 +124,7 @@ def test_reset_starts_over_with_the_same_tokens(tiny):
 
 @pytest.mark.parametrize("spec", [{"strategy": "dynamic"}, QUANTIZED, SINK, {"strategy": "static"},
                                   {"strategy": "quantized", "backend": "quanto"},
-                                  {"strategy": "quantized", "backend": "fp8"}])
+                                  {"strategy": "quantized", "backend": "fp8"}, {"strategy": "rotation_quantized"}])
 def test_layer_parts_add_up_to_the_layer_bytes(tiny, spec):
     strategy = make_strategy(spec)
     cache = strategy.build_cache(tiny, 40)

@@ -109,12 +109,19 @@ def test_multi_head_latent_attention_caches_the_latent_and_says_how_it_compares(
     assert "exactly the latent" in strategy.explanation and "8.9x more" in strategy.explanation
 
 
-def test_hybrid_models_refuse_quantized_and_sink_with_compares_reasons():
-    specs = ({"strategy": "quantized"}, {"strategy": "sink"})
+def test_hybrid_models_quantize_their_full_layers_and_refuse_sink_with_compares_reason():
+    specs = ({"strategy": "dynamic"}, {"strategy": "quantized"}, {"strategy": "rotation_quantized"},
+             {"strategy": "sink"})
     for hub_id in HYBRID:
-        quantized, sink = plan(PlanRequest(model=hub_id, contexts=(1024,), strategies=specs)).strategies
-        assert quantized.status == sink.status == "unavailable"
-        assert "full-attention models only" in quantized.message and "sliding_attention" in quantized.message
+        dynamic, quantized, rotation, sink = plan(PlanRequest(model=hub_id, contexts=(32768,),
+                                                              strategies=specs)).strategies
+        assert quantized.status == rotation.status == "ok", (quantized.message, rotation.message)
+        for planned in (quantized, rotation):
+            sliding = [label for label in planned.cells[0].cache_bytes_by_layer_type if label.startswith("sliding")]
+            assert sliding and all(planned.cells[0].cache_bytes_by_layer_type[label]
+                                   == dynamic.cells[0].cache_bytes_by_layer_type[label] for label in sliding)
+            assert planned.cells[0].cache_bytes < dynamic.cells[0].cache_bytes
+        assert sink.status == "unavailable"
         assert "sliding_attention" in sink.message and "every layer to be full attention" in sink.message
 
 
@@ -142,7 +149,8 @@ def test_phi_3_5_is_all_sliding_for_transformers_so_compare_and_plan_say_so():
     specs = ({"strategy": "quantized", "q_group_size": 32}, {"strategy": "sliding_window"})
     quantized, sliding = plan(PlanRequest(model="microsoft/Phi-3.5-mini-instruct", contexts=(131072, 300000),
                                           strategies=specs)).strategies
-    assert quantized.status == "unavailable" and "sliding_attention" in quantized.message
+    assert quantized.status == "unavailable" and "no full-attention layers to quantize" in quantized.message
+    assert "sliding_attention" in quantized.message
     label = "sliding_attention (window 262144)"
     kept = [cell.cache_bytes_by_layer_type[label] for cell in sliding.cells]
     assert kept == [32 * (2 * 32 * 96 * 2 * n + 8) for n in (131072, 262143)]

@@ -60,10 +60,12 @@ def test_an_unknown_hub_id_without_network_says_so(monkeypatch):
 
 def test_unusable_strategies_report_the_reason_compare_gives():
     result = plan(PlanRequest(model="google/gemma-3-27b-it", contexts=(1024,),
-                              strategies=({"strategy": "quantized"}, {"strategy": "sink"}, {"strategy": "offloaded"})))
+                              strategies=({"strategy": "quantized", "q_group_size": 96}, {"strategy": "sink"},
+                                          {"strategy": "offloaded"})))
     quantized, sink, offloaded = result.strategies
     stand_in = SimpleNamespace(config=load_catalog()["google/gemma-3-27b-it"].build_config())
-    assert quantized.message == make_strategy({"strategy": "quantized"}).unavailable_reason(stand_in)
+    assert quantized.status == "unavailable" and "must divide this model's head_dim (128)" in quantized.message
+    assert quantized.message == make_strategy({"strategy": "quantized", "q_group_size": 96}).unavailable_reason(stand_in)
     assert sink.message == make_strategy({"strategy": "sink"}).unavailable_reason(stand_in)
     assert offloaded.status == "ok"  # planned for a CUDA machine, whatever this one has
 

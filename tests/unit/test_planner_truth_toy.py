@@ -1,6 +1,7 @@
 """The plan equals the bytes a real run holds, step by step, on tiny random models built in-process.
 
-Each toy model (random weights, float32, CPU; Llama, a Gemma 3 with sliding layers,
+Each toy model (random weights, float32, CPU; Llama, a Gemma 3 with sliding layers (quantized caches on its
+full-attention layers only),
 LFM2 with convolution layers, Mamba2 with state-space layers) is run through kvlab's engine
 (`Decoder`, what Compare runs) for a prompt and some decode steps; the planner,
 given only the toy's config.json, must give the same bytes at every step. Also:
@@ -40,6 +41,12 @@ CASES = [
     ("llama", {"strategy": "quantized", "backend": "fp8"}),
     ("gemma3_text", {"strategy": "sliding_window"}), ("gemma3_text", {"strategy": "dynamic"}),
     ("gemma3_text", {"strategy": "static"}),
+    ("llama", {"strategy": "rotation_quantized", "key_bits": 4, "value_bits": 2, "residual_length": 6}),
+    ("llama", {"strategy": "rotation_quantized", "key_bits": 3, "value_bits": 1, "residual_length": 0}),
+    ("gemma3_text", {"strategy": "rotation_quantized", "residual_length": 6}),
+    ("gemma3_text", {"strategy": "rotation_quantized", "residual_length": 6, "sliding": "quantize"}),
+    ("gemma3_text", {"strategy": "quantized", "backend": "quanto", "nbits": 4, "residual_length": 6}),
+    ("gemma3_text", {"strategy": "quantized", "backend": "fp8"}),
     ("lfm2", {"strategy": "sliding_window"}), ("lfm2", {"strategy": "static"}),
     ("mamba2", {"strategy": "sliding_window"}), ("mamba2", {"strategy": "static"}),
 ]

@@ -226,9 +226,17 @@ def test_cache_knobs_are_checked(knobs, message):
         RotationQuantizedCache(small_config(), **knobs)
 
 
-def test_a_model_with_sliding_layers_is_refused(tiny_hybrid):
-    with pytest.raises(ValueError, match="full-attention layers only"):
-        RotationQuantizedCache(tiny_hybrid.model.config)
+def test_on_a_hybrid_model_only_the_full_attention_layers_are_quantized(tiny_hybrid):
+    cache = RotationQuantizedCache(tiny_hybrid.model.config, key_bits=4, value_bits=2, residual_length=4)
+    assert [type(layer).__name__ for layer in cache.layers] == ["DynamicSlidingWindowLayer",
+                                                                 "RotationQuantizedLayer"] * 2
+    ids = torch.randint(4, 900, (1, 40), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        tiny_hybrid.model(input_ids=ids, cache=cache, use_cache=True)
+    window, dim, element = 16, 32, 4
+    sliding = 2 * (2 * (window - 1) * dim * element + 8)
+    quantized = 2 * 40 * ((4 + 2) * dim // 8 + 2 * 2) + 4 * (dim * dim + 31 + 7)
+    assert cache_bytes(cache) == cache.stored_nbytes() == sliding + quantized
 
 
 def teacher_forced_log_probs(model, ids, cache, prefill=16):
@@ -260,3 +268,25 @@ def test_tiny_llama_generates_and_stays_close_to_the_dense_cache_at_4_bits(tiny)
     # log-probability moves by a tenth of a nat (10 % in probability). It is not zero: the cache is lossy.
     assert 0 < kl4.mean() < kl1.mean() / 10
     assert shift4 < 0.1
+
+
+def test_sliding_layers_quantized_too_keep_their_window_and_stay_close_to_dense(tiny_hybrid):
+    """`sliding="quantize"`: a sliding layer keeps the last window - 1 tokens, packed then residual, and the model
+    reads them through the same masks as transformers' sliding layer (a wrong window would move the logits by
+    far more than 4-bit codes do)."""
+    model, window, dim = tiny_hybrid.model, 16, 32
+    ids = torch.randint(4, 900, (1, 3 * window), generator=torch.Generator().manual_seed(3))
+    dense = teacher_forced_log_probs(model, ids, DynamicCache(config=model.config), prefill=window + 4)
+    cache = RotationQuantizedCache(model.config, residual_length=3, sliding="quantize")
+    quantized = teacher_forced_log_probs(model, ids, cache, prefill=window + 4)
+    assert [type(layer).__name__ for layer in cache.layers] == ["RotationSlidingLayer", "RotationQuantizedLayer"] * 2
+    sliding = cache.layers[0]
+    residual = sliding.keys.shape[-2]
+    assert sliding._quantized_keys.tokens + residual == window - 1 and residual == (3 * window - window - 4) % 3
+    assert cache_bytes(cache) == cache.stored_nbytes()
+    assert sliding.stored_nbytes() == 2 * (window - 1 - residual) * (4 * dim // 8 + 2) + 2 * residual * dim * 4 + (
+        4 * (dim * dim + 62))
+    kl = (dense.exp() * (dense - quantized)).sum(-1)
+    assert 0 < kl.mean() < 0.01 and (dense - quantized).abs().max() < 0.25  # 4 bits: mean KL about 3e-4
+    with pytest.raises(ValueError, match=r"sliding must be one of \['keep', 'quantize'\]"):
+        RotationQuantizedCache(model.config, sliding="all")

@@ -13,6 +13,7 @@ MATRIX = {
     "offloaded": {},
     "offloaded_static": {"max_cache_len": 64},
     "quantized": {"backend": "quanto", "nbits": 2, "residual_length": 4},
+    "rotation_quantized": {"key_bits": 4, "value_bits": 2, "residual_length": 4},
     "sliding_window": {},
     "sink": {"window_length": 32, "num_sink_tokens": 4},
     "snapkv": {"window_size": 8},
@@ -118,13 +119,19 @@ def test_sliding_window_explains_models_without_sliding_layers(tiny):
     assert "no sliding-window layers" in reason and "sink" in reason
 
 
-def test_quantized_refuses_models_with_sliding_layers(tiny):
+@pytest.mark.parametrize("name", ["quantized", "rotation_quantized"])
+def test_quantization_serves_hybrid_models_and_refuses_models_without_full_layers(name, tiny_hybrid):
     from types import SimpleNamespace
 
-    cfg = tiny.config.__class__(**{**tiny.config.to_dict(), "layer_types": ["sliding_attention", "full_attention"]})
-    fake = SimpleNamespace(config=cfg)
-    reason = make_strategy({"strategy": "quantized"}).unavailable_reason(fake)
-    assert "full-attention models only" in reason and "sliding_attention" in reason
+    from transformers import Gemma3TextConfig
+
+    strategy = make_strategy({"strategy": name, **({"q_group_size": 32} if name == "quantized" else {})})
+    assert strategy.unavailable_reason(tiny_hybrid) is None and strategy.follows_layer_types
+    kinds = [type(layer).__name__ for layer in strategy.build_cache(tiny_hybrid, 40).layers]
+    assert kinds[0::2] == ["DynamicSlidingWindowLayer"] * 2 and "Quantized" in kinds[1] and kinds[1] == kinds[3]
+    all_sliding = Gemma3TextConfig(num_hidden_layers=2, sliding_window=16, layer_types=["sliding_attention"] * 2)
+    reason = strategy.unavailable_reason(SimpleNamespace(config=all_sliding))
+    assert "no full-attention layers to quantize" in reason and "sliding_attention" in reason
 
 
 def test_fresh_cache_per_build_keeps_each_backend(tiny):
