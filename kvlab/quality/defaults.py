@@ -25,9 +25,14 @@ DEFAULT_COLUMNS = ",".join([*_window_columns(), *QUANTIZED,
                             *(f"{m}:compression_ratio=0.5" for m in EVICTION_METHODS)])
 """`kvlab report`'s default columns (16): sink and window at 256 and 1,024 tokens, quanto and hqq at 2 and 4
 bits, fp8, and the seven eviction methods at compression ratio 0.5."""
-LEADERBOARD_COLUMNS = ",".join([*_window_columns(), *QUANTIZED,
+ROTATION = ("rotation_quantized:key_bits=4:value_bits=4", "rotation_quantized:key_bits=4:value_bits=2")
+"""Rotation quantization (TurboQuant-MSE) at k4/v4 and k4/v2, beside quanto int4 and int2."""
+COMPOSED = ("snapkv:compression_ratio=0.5:quantize=quanto4",)
+"""An eviction method composed with quantization: SnapKV 0.5, then quanto int4 on what it kept."""
+LEADERBOARD_COLUMNS = ",".join([*_window_columns(), *QUANTIZED, *ROTATION, *COMPOSED,
                                 *(f"{m}:compression_ratio={r}" for r in (0.5, 0.75) for m in EVICTION_METHODS)])
-"""The reference leaderboard's columns (23): the default set and the eviction methods at 0.75 as well."""
+"""The reference leaderboard's columns (26): the default set, rotation quantization at k4/v4 and k4/v2, SnapKV
+0.5 composed with quanto int4, and the eviction methods at 0.75 as well."""
 LEADERBOARD_MODELS = ("bundled", "bundled:gemma-3-270m")
 """The two bundled models: SmolLM2-135M-Instruct (`bundled`) and Gemma 3 270M."""
 SHIPPED_TEXT = "python_reference.txt"
