@@ -52,6 +52,32 @@ def test_exact_strategies_agree_and_events_come_in_order(tiny, mode):
     assert results[2].top1_agreement == 1.0 and results[2].mean_kl < 1e-6
 
 
+def test_the_summary_comes_before_the_fidelity_pass_and_a_stop_in_it_keeps_the_summary(tiny):
+    columns = [{"strategy": "dynamic"}, {"strategy": "quantized", "backend": "fp8"}, {"strategy": "static"}]
+    events = events_of(tiny, columns)
+    kinds = [type(e).__name__ for e in events]
+    ready = kinds.index("SummaryReady")
+    assert ready > max(i for i, k in enumerate(kinds) if k == "ColumnDone")
+    assert ready < min(i for i, k in enumerate(kinds) if k == "FidelityScored")
+    assert events[ready].to_score == 3 and events[ready].results[1].agreement is not None
+    assert [(e.scored, e.to_score) for e in events if isinstance(e, FidelityScored)] == [(1, 3), (2, 3), (3, 3)]
+    assert events[-1].fidelity == {"state": "scored", "scored": 3, "to_score": 3}
+    assert {r.fidelity_status for r in events[-1].results} == {"scored"}
+
+    stop = threading.Event()
+    kept = []
+    for event in run_compare(tiny, PROMPT, columns, GREEDY, stop=stop):
+        if isinstance(event, FidelityScored):
+            stop.set()  # Stop during the fidelity pass, after its first column
+        kept.append(event)
+    done = kept[-1]
+    assert isinstance(done, RunDone) and done.stopped and done.summary_s is not None
+    assert done.fidelity["state"] == "stopped" and done.fidelity["scored"] == 1
+    assert [r.status for r in done.results] == ["ok"] * 3 and all(r.token_ids for r in done.results)
+    assert done.results[0].fidelity_status == "scored"
+    assert done.results[1].fidelity_status == "not scored: stopped" and done.results[1].top1_agreement is None
+
+
 def test_token_texts_add_up_to_the_column_text(tiny):
     events = events_of(tiny, [{"strategy": "dynamic"}])
     streamed = "".join(e.text for e in events if isinstance(e, TokenEvent))
