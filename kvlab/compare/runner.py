@@ -5,9 +5,11 @@ then one forward per token through its strategy) from a worker thread against
 the one shared model. Modes:
 
 - `fair` (default): every column's steps (forward, token choice, cache bytes)
-  run on kvlab's one compute thread (`kvlab.compute`), one at a time in the
-  order the columns asked, so each column's measured step time is what it would
-  be alone while all columns stream together.
+  run on kvlab's one compute thread (`kvlab.compute`), one at a time, the turn
+  going to the column that has used the least compute so far
+  (`kvlab.compare.turns.ComputeTurns`), so each column's measured step time is
+  what it would be alone while all columns stream together, and a costly column
+  (no_cache) never holds the cheap ones to its pace.
 - `parallel`: free threads, for throughput; per-token times then include
   contention. While parallel runs go, each column thread and kvlab's compute
   thread (so every other tab's work too) use an even share of torch's intra-op

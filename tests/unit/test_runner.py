@@ -231,6 +231,28 @@ def test_compute_runs_steps_one_at_a_time_in_arrival_order_on_one_thread():
     assert seen == [True]
 
 
+def test_compute_turns_go_to_the_column_that_used_the_least_compute():
+    from kvlab.compare.turns import ComputeTurns
+
+    turns, order, lock = ComputeTurns(), [], threading.Lock()
+
+    def column(name, cost_s, steps):
+        def step():
+            with lock:
+                order.append(name)
+            time.sleep(cost_s)
+        for _ in range(steps):
+            turns.turn(step)
+
+    workers = [threading.Thread(target=column, args=args) for args in (("slow", 0.05, 3), ("fast", 0.005, 12))]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    # Round-robin would alternate slow, fast, slow, ...; least compute first lets the cheap column run ahead.
+    assert order.index("slow", 1) > 4 and order[-1] == "slow" and order.count("fast") == 12
+
+
 def test_compute_raises_in_the_caller_nests_inline_and_iterates():
     with pytest.raises(ZeroDivisionError):
         compute(lambda: 1 / 0)
