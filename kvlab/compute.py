@@ -12,7 +12,8 @@ waiting threads spin, so other busy processes on the same cores slow each
 step down. kvlab's columns, chat turns, perplexity
 runs and warm-up therefore submit their torch work here, in arrival order
 (first in, first out), which is also what makes fair mode fair: one forward at
-a time, in the order the columns asked.
+a time (a Compare run's columns take their turns least-used first:
+`kvlab.compare.turns.ComputeTurns`).
 
 Calls made on the compute thread itself run inline, so nested calls cannot
 deadlock. What runs here must not wait for another call to `compute`.
@@ -52,14 +53,15 @@ def _next_or_done(iterator: Iterator[T]):
     return next(iterator, _DONE)
 
 
-def compute_iter(iterable: Iterable[T]) -> Iterator[T]:
+def compute_iter(iterable: Iterable[T], run: Callable = compute) -> Iterator[T]:
     """Iterate `iterable` with each step (each `next`) run on the compute thread; items are yielded in the
     caller's thread. Other callers' work can run between two steps, so a step must not leave thread-local
-    torch state (such as an open `torch.inference_mode()` block) behind when it yields."""
+    torch state (such as an open `torch.inference_mode()` block) behind when it yields. `run(fn, *args)`
+    submits each step (default `compute`; `kvlab.compare.turns.ComputeTurns` passes its own turn-taking)."""
     iterator = iter(iterable)
     try:
         while True:
-            item = compute(_next_or_done, iterator)
+            item = run(_next_or_done, iterator)
             if item is _DONE:
                 return
             yield item

@@ -138,7 +138,14 @@ def e2e_lines(s: dict) -> list[str]:
              f"Run to summary / bare transformers):",
              f"  {'bare':<{VARIANT_WIDTH}} {_spread(s['bare_s'], 's')}"]
     for name, cond in s["conditions"].items():
-        lines.append(f"  {name:<{VARIANT_WIDTH}} {_spread(cond['seconds'], 's')}  ratio {_spread(cond['ratio'])}")
+        line = f"  {name:<{VARIANT_WIDTH}} {_spread(cond['seconds'], 's')}  ratio {_spread(cond['ratio'])}"
+        if "done_seconds" in cond and name != "no fidelity":
+            line += f"  · fidelity filled in {_spread(cond['done_seconds'], 's')}  ratio {_spread(cond['done_ratio'])}"
+        lines.append(line)
+    if "first_run" in s:
+        first = s["first_run"]
+        lines.append(f"  {'first Run':<{VARIANT_WIDTH}} {_num(first['seconds'], 's')}  ratio "
+                     f"{_num(first['ratio'], '')} (one-time warm-up included, against the warm bare median)")
     return lines
 
 

@@ -16,7 +16,14 @@ import json
 import sys
 import threading
 
-from ..compare.summary import format_table, run_record, summary_rows
+from ..compare.summary import (
+    FIDELITY_COLUMNS,
+    SUMMARY_COLUMNS,
+    TEACHER_FORCED,
+    format_table,
+    run_record,
+    summary_rows,
+)
 from ..generation import encode_prompt
 from ..measure import POLICIES
 from ..strategies.base import split_strategy_list
@@ -143,10 +150,33 @@ def cmd_replay(args) -> int:
     return 0
 
 
+def summary_first(events, out=None):
+    """Pass a run's events through, printing the summary table to `out` (stdout) as soon as every column
+    finished (`SummaryReady`), before the fidelity pass; without the teacher-forced columns when that pass
+    follows (`fidelity_table` prints them after it)."""
+    from ..compare.events import SummaryReady
+
+    for event in events:
+        if isinstance(event, SummaryReady):
+            keys = [k for k in SUMMARY_COLUMNS if k not in TEACHER_FORCED] if event.to_score else None
+            print(format_table(summary_rows(event.results), keys), file=out or sys.stdout, flush=True)
+        yield event
+
+
+def fidelity_table(done) -> str | None:
+    """After the fidelity pass: each column's agreement, first divergence, top-1 agreement, KL and whether it
+    was scored; None when the pass scored nothing."""
+    if not done.fidelity.get("to_score"):
+        return None
+    rows = [row for row in summary_rows(done.results) if row["fidelity_status"]]
+    return "fidelity against the baseline (teacher-forced):\n" + format_table(rows, FIDELITY_COLUMNS)
+
+
 def progress(events, out=None):
-    """Pass a run's events through, writing one progress line per column start and end and per phase to
-    `out` (stderr): `[column 2] quantized hqq int4: done, 64 tokens`. The summary table stays on stdout."""
-    from ..compare.events import ColumnDone, ColumnError, ColumnStarted, RunPhase
+    """Pass a run's events through, writing one progress line per column start and end, per phase and per
+    scored column to `out` (stderr): `[column 2] quantized hqq int4: done, 64 tokens`,
+    `[fidelity] 2 of 5 columns scored: quantized quanto int4, top-1 96.9%, KL 0.0123`. Tables go to stdout."""
+    from ..compare.events import ColumnDone, ColumnError, ColumnStarted, FidelityScored, RunPhase, SummaryReady
 
     out = out or sys.stderr
     for event in events:
@@ -159,9 +189,21 @@ def progress(events, out=None):
             line = f"[column {event.column + 1}] {event.result.name}: {event.status}: {event.message}"
         elif isinstance(event, RunPhase):
             line = f"[run] {event.phase.replace('_', ' ')}" + (f": {event.detail}" if event.detail else "")
+        elif isinstance(event, SummaryReady):
+            line = f"[run] summary ready after {event.wall_s:.1f} s" + (
+                f"; fidelity: scoring {event.to_score} columns" if event.to_score else "")
+        elif isinstance(event, FidelityScored):
+            line = f"[fidelity] {event.scored} of {event.to_score} columns scored: {_scored(event.result)}"
         if line:
             print(line, file=out, flush=True)
         yield event
+
+
+def _scored(result) -> str:
+    """`quantized quanto int4, top-1 96.9%, KL 0.0123` (or the reason it was not scored)."""
+    if result.fidelity_status != "scored":
+        return f"{result.name}, {result.fidelity_status}"
+    return f"{result.name}, top-1 {100 * result.top1_agreement:.1f}%, KL {result.mean_kl:.4f}"
 
 
 def cmd_compare(args) -> int:
@@ -184,15 +226,20 @@ def cmd_compare(args) -> int:
         loaded = load_model(plan["model"], progress=lambda f, m: print(f"[model] {m}", file=sys.stderr))
         prompt_ids = encode_prompt(loaded.tokenizer, preset.prompt.text, preset.prompt.system, preset.prompt.chat)
         with StopOnInterrupt(stop, "kvlab compare"):
-            done = collect(progress(run_compare(loaded, prompt_ids, plan["columns"], plan["settings"],
-                                                preset.mode, stop, preset.baseline)))
+            events = run_compare(loaded, prompt_ids, plan["columns"], plan["settings"], preset.mode, stop,
+                                 preset.baseline)
+            done = collect(summary_first(progress(events)))
     except (ModelLoadError, ValueError) as err:
         print(f"kvlab compare: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("kvlab compare: interrupted; nothing was written", file=sys.stderr)
         return 130
-    print(format_table(summary_rows(done.results)))
+    if done.summary_s is None:  # the run ended before its summary: show what there is
+        print(format_table(summary_rows(done.results)))
+    scored = fidelity_table(done)
+    if scored:
+        print(scored)
     if done.timing.get("note"):
         print(f"kvlab compare: {done.timing['note']}", file=sys.stderr)
     for result in done.results:

@@ -38,6 +38,11 @@ class ColumnResult:
 
     status: `ok` (finished or stopped), `error` (bad settings or a failure while
     running) or `unavailable` (cannot run here; `message` says why).
+
+    fidelity_status: whether the teacher-forced figures (top1_agreement, mean_kl over fidelity_tokens) were
+    filled: `scored`, `not scored: <why>` (fidelity off, stopped, no baseline, a failure) or '' (a column that did
+    not finish, or a record that predates the field). `agreement` and `first_divergence` need no model work and
+    are filled with the summary.
     """
 
     index: int
@@ -74,6 +79,7 @@ class ColumnResult:
     top1_agreement: float | None = None
     mean_kl: float | None = None
     fidelity_tokens: int = 0
+    fidelity_status: str = ""
     is_baseline: bool = False
     budget_bytes: int | None = None
     fallbacks: list[dict] = field(default_factory=list)
@@ -200,9 +206,27 @@ class ColumnError:
 
 
 @dataclass(frozen=True)
+class SummaryReady:
+    """Every column finished (and the timing policy's own pass ran): the summary can be shown now, before the
+    teacher-forced fidelity pass. results: every column's result (text agreement and first divergence filled;
+    top-1 agreement and KL follow in `FidelityScored` events); wall_s: seconds from the run's start; timing: as
+    `RunDone.timing`; to_score: how many columns the fidelity pass will score (0: none)."""
+
+    results: list[ColumnResult]
+    wall_s: float
+    timing: dict = field(default_factory=dict)
+    to_score: int = 0
+
+
+@dataclass(frozen=True)
 class FidelityScored:
+    """Column `column`'s teacher-forced fidelity was scored (or failed: its `fidelity_status` says so);
+    scored: columns scored so far in this pass, of `to_score`."""
+
     column: int
     result: ColumnResult
+    scored: int = 0
+    to_score: int = 0
 
 
 @dataclass(frozen=True)
@@ -219,13 +243,17 @@ class RunPhase:
 class RunDone:
     """The run ended. wall_s: seconds from start to end. timing: how the figures were taken
     (`kvlab.measure.noise.run_timing`: policy, load average, cores, noise, busy and its note; {} for records
-    that predate it)."""
+    that predate it). fidelity: the fidelity pass (`state`: `scored`, `stopped`, `off` or `none` (nothing to
+    score), `scored` and `to_score` column counts; {} for records that predate it). summary_s: seconds from the
+    start to `SummaryReady` (None when the run stopped before it)."""
 
     results: list[ColumnResult]
     wall_s: float
     stopped: bool
     timing: dict = field(default_factory=dict)
+    fidelity: dict = field(default_factory=dict)
+    summary_s: float | None = None
 
 
 Event = (ColumnStarted | TokenEvent | StepMetrics | FallbackSwitched | MemorySample | ColumnDone | ColumnError
-         | FidelityScored | RunPhase | RunDone)
+         | SummaryReady | FidelityScored | RunPhase | RunDone)

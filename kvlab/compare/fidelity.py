@@ -11,7 +11,9 @@ Two views, because a lossy cache can keep the text and still change the model:
 
 Scoring covers at most FIDELITY_MAX_TOKENS continuation tokens. A budgeted
 column that fell back to smaller caches is scored with the same switches at the
-same tokens, so its score covers the whole run. The model work is
+same tokens, so its score covers the whole run. The text view needs no model
+and is filled with the summary (`prepare_fidelity`); the teacher-forced pass
+(`score_fidelity`) runs after it, one column per step. The model work is
 `kvlab.engine.score_continuation`; this module picks the baseline and compares.
 """
 
@@ -64,25 +66,44 @@ def switches_of(result: ColumnResult) -> list[tuple[int, object]]:
     return [(switch["at_token"], make_strategy(switch["to_spec"])) for switch in result.fallbacks]
 
 
-def score_fidelity(loaded, prompt_ids, columns, results: list[ColumnResult], baseline: int | None,
-                   stop: threading.Event) -> Iterator[FidelityScored]:
-    """Fill agreement, first_divergence, top1_agreement and mean_kl on every ok column, one column per step
-    (`kvlab.engine.score_continuation` under each column's strategy)."""
+def prepare_fidelity(columns, results: list[ColumnResult], baseline: int | None) -> tuple[int | None, list[int]]:
+    """Before any model work: pick the baseline (marked `is_baseline`), fill every ok column's text `agreement`
+    and `first_divergence`, and return (baseline index or None, the columns the teacher-forced pass will score:
+    the baseline first, then the other ok columns in order). A column told to make fewer tokens than the
+    baseline (its own `max_new_tokens` override) is compared with that many of the baseline's tokens."""
     base_index = pick_baseline(columns, results, baseline)
     if base_index is None:
-        return
+        return None, []
     base = results[base_index]
     base.is_baseline = True
-    continuation = base.token_ids[:FIDELITY_MAX_TOKENS]
-    try:
-        reference = score_continuation(loaded, columns[base_index].strategy, prompt_ids, continuation, stop,
-                                       switches_of(base))
-    except RunStopped:
+    order = [base_index] + [i for i, r in enumerate(results) if i != base_index and r.status == "ok" and r.token_ids]
+    for i in order:
+        limit = (columns[i].overrides or {}).get("max_new_tokens")
+        reference = base.token_ids[:limit] if isinstance(limit, int) else base.token_ids
+        results[i].agreement, results[i].first_divergence = text_agreement(reference, results[i].token_ids)
+    return base_index, order
+
+
+def mark_unscored(results: list[ColumnResult], order: list[int], why: str) -> None:
+    """`fidelity_status = "not scored: <why>"` on each column of `order` that has no status yet."""
+    for i in order:
+        if not results[i].fidelity_status:
+            results[i].fidelity_status = f"not scored: {why}"
+
+
+def score_fidelity(loaded, prompt_ids, columns, results: list[ColumnResult], order: list[int],
+                   stop: threading.Event) -> Iterator[FidelityScored]:
+    """Fill top1_agreement, mean_kl and fidelity_tokens on each column of `order` (from `prepare_fidelity`, the
+    baseline first), one column per step (`kvlab.engine.score_continuation` under each column's strategy),
+    yielding a `FidelityScored` after each. Stopped: returns, leaving the rest unscored. A column whose scoring
+    fails keeps the error in its message and `fidelity_status`; the others go on."""
+    if not order:
         return
-    for i, result in enumerate(results):
-        if result.status != "ok" or not result.token_ids:
-            continue
-        result.agreement, result.first_divergence = text_agreement(base.token_ids, result.token_ids)
+    base_index, base = order[0], results[order[0]]
+    continuation = base.token_ids[:FIDELITY_MAX_TOKENS]
+    reference = None
+    for done, i in enumerate(order, 1):
+        result = results[i]
         try:
             scored = score_continuation(loaded, columns[i].strategy, prompt_ids, continuation, stop,
                                         switches_of(result))
@@ -90,8 +111,13 @@ def score_fidelity(loaded, prompt_ids, columns, results: list[ColumnResult], bas
             return
         except Exception as err:  # noqa: BLE001 - scoring failure is reported in the column, the run goes on
             result.message = (result.message + "; " if result.message else "") + f"fidelity not scored: {err}"
-            yield FidelityScored(i, result)
+            result.fidelity_status = f"not scored: {err}"
+            yield FidelityScored(i, result, done, len(order))
+            if i == base_index:
+                mark_unscored(results, order, "the baseline could not be scored")
+                return
             continue
+        reference = scored if i == base_index else reference
         result.top1_agreement, result.mean_kl = compare_distributions(reference, scored)
-        result.fidelity_tokens = len(continuation)
-        yield FidelityScored(i, result)
+        result.fidelity_tokens, result.fidelity_status = len(continuation), "scored"
+        yield FidelityScored(i, result, done, len(order))

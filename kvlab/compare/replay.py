@@ -115,5 +115,7 @@ def load_record(source: str | Path | bytes) -> Replayed:
     check_record(record)
     if record["format_version"] == UPGRADED_VERSION:
         record = {**upgrade_v2(record), "format_version": RECORD_FORMAT_VERSION}
-    done = RunDone(results_of(record), float(record.get("wall_s") or 0.0), bool(record.get("stopped")))
+    done = RunDone(results_of(record), float(record.get("wall_s") or 0.0), bool(record.get("stopped")),
+                   fidelity=record.get("fidelity") if isinstance(record.get("fidelity"), dict) else {},
+                   summary_s=record.get("summary_s") if isinstance(record.get("summary_s"), (int, float)) else None)
     return Replayed(record, done, replay_label(record))

@@ -5,9 +5,11 @@ then one forward per token through its strategy) from a worker thread against
 the one shared model. Modes:
 
 - `fair` (default): every column's steps (forward, token choice, cache bytes)
-  run on kvlab's one compute thread (`kvlab.compute`), one at a time in the
-  order the columns asked, so each column's measured step time is what it would
-  be alone while all columns stream together.
+  run on kvlab's one compute thread (`kvlab.compute`), one at a time, the turn
+  going to the column that has used the least compute so far
+  (`kvlab.compare.turns.ComputeTurns`), so each column's measured step time is
+  what it would be alone while all columns stream together, and a costly column
+  (no_cache) never holds the cheap ones to its pace.
 - `parallel`: free threads, for throughput; per-token times then include
   contention. While parallel runs go, each column thread and kvlab's compute
   thread (so every other tab's work too) use an even share of torch's intra-op
@@ -27,9 +29,11 @@ any column starts, each column's strategy pays its one-time set-up once per proc
 (a `RunPhase("warm_up")` event when any is due; its seconds are
 `ColumnResult.timing.warm_up_s`, never in TTFT). After the columns finish, the
 policy may replace the live figures (the `quiet` policy re-times the columns in
-fair mode, with nothing relayed meanwhile). Then fidelity against the baseline
-column is scored (see `kvlab.compare.fidelity`). `RunDone.timing` says how the figures were
-taken and whether the machine was too busy. This module runs; it does not render.
+fair mode, with nothing relayed meanwhile). Then `SummaryReady` carries every result (text agreement against
+the baseline filled), so the summary shows before the teacher-forced fidelity pass (see
+`kvlab.compare.fidelity`), whose `FidelityScored` events fill top-1 agreement and KL in column by column. A
+stop during that pass keeps the summary and what was scored. `RunDone.timing` says how the figures were
+taken and whether the machine was too busy; `RunDone.fidelity` how far the fidelity pass got. This module runs; it does not render.
 """
 
 from __future__ import annotations
@@ -61,9 +65,10 @@ from .events import (
     RunDone,
     RunPhase,
     StepMetrics,
+    SummaryReady,
     TokenEvent,
 )
-from .fidelity import score_fidelity
+from .fidelity import mark_unscored, prepare_fidelity, score_fidelity
 from .memory import MemoryTracker
 from .timing import for_policy
 from .turns import ComputeTurns, FreeTurns, parallel_threads, shared_threads  # noqa: F401 (re-exported)
@@ -243,18 +248,47 @@ def run_compare(loaded, prompt_ids: torch.Tensor, columns: list, settings: Gener
         # 3. The timing policy's own pass, if any (nothing is relayed meanwhile), and every column's noise.
         used = yield from measurement.finish(loaded, columns, results, prompt_ids, settings, mode, stop)
         loads.append(sample_load())
-        # 4. Fidelity, one compute step per scored column, so other tabs' work can run in between.
-        if settings.fidelity and not stop.is_set():
-            yield RunPhase("fidelity")
-            fidelity = compute_iter(score_fidelity(loaded, prompt_ids, columns, results, baseline, stop))
-            workers.append(_start_thread(_drain_into, "kvlab-fidelity", fidelity, events))
-            yield from _relay(workers[-1:], events, sampler)
-        yield sampler.sample()
         threads = compute(torch.get_num_threads) if mode != "parallel" else torch.get_num_threads()
-        yield RunDone(list(results), time.perf_counter() - started, stop.is_set(),
-                      measurement.run_record(results, used, loads, threads))
+        timing = measurement.run_record(results, used, loads, threads)
+        # 4. The summary, then the teacher-forced fidelity pass filling its figures in.
+        order, summary_s = yield from _summary_then_fidelity(loaded, prompt_ids, columns, results, settings,
+                                                             baseline, stop, (events, sampler, workers), timing)
+        yield sampler.sample()
+        yield RunDone(list(results), time.perf_counter() - started, stop.is_set(), timing,
+                      _fidelity_record(settings, results, order, stop), summary_s)
     finally:
         _end_workers(workers, stop)
+
+
+def _summary_then_fidelity(loaded, prompt_ids, columns, results, settings, baseline, stop, relay, timing):
+    """Generator: `SummaryReady` (text agreement needs no model work, so it is in the summary), then the
+    teacher-forced fidelity pass, one compute step per scored column (so other tabs' work can run between),
+    its `FidelityScored` events relayed from a worker thread added to `relay`'s workers. Returns (the columns
+    to score, seconds from the run's start to the summary)."""
+    events, sampler, workers = relay
+    _, order = prepare_fidelity(columns, results, baseline) if settings.fidelity else (None, [])
+    scoring = order if not stop.is_set() else []
+    summary_s = time.perf_counter() - sampler.started
+    yield SummaryReady(list(results), summary_s, timing, len(scoring))
+    if scoring:
+        yield RunPhase("fidelity", f"0 of {len(scoring)} columns scored")
+        fidelity = compute_iter(score_fidelity(loaded, prompt_ids, columns, results, scoring, stop))
+        workers.append(_start_thread(_drain_into, "kvlab-fidelity", fidelity, events))
+        yield from _relay(workers[-1:], events, sampler)
+    return order, summary_s
+
+
+def _fidelity_record(settings, results: list, order: list[int], stop: threading.Event) -> dict:
+    """`RunDone.fidelity`: the pass's state and column counts; columns left unscored are marked why."""
+    if not settings.fidelity:
+        mark_unscored(results, [i for i, r in enumerate(results) if r.status == "ok" and r.token_ids],
+                      "fidelity off")
+        return {"state": "off", "scored": 0, "to_score": 0}
+    scored = sum(results[i].fidelity_status == "scored" for i in order)
+    if stop.is_set():
+        mark_unscored(results, order, "stopped")
+    state = "none" if not order else "stopped" if stop.is_set() and scored < len(order) else "scored"
+    return {"state": state, "scored": scored, "to_score": len(order)}
 
 
 def _fill_missing(results: list, columns: list, input_tokens: int, warm_up_s: list[float]):

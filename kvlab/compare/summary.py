@@ -28,7 +28,7 @@ LABELS = {
     "predicted_cache_bytes": "predicted dense (bytes)",
     "cache_bytes_by_layer_type": "cache by layer type at the end (bytes)", "agreement": "agreement",
     "first_divergence": "first divergence", "top1_agreement": "top-1 agreement", "mean_kl": "mean KL (nats)",
-    "note": "note",
+    "note": "note", "fidelity_status": "fidelity",
 }
 """Quantity -> the header a text table shows (units in brackets)."""
 
@@ -48,7 +48,9 @@ def _round(value, digits):
 
 
 def _note(r: ColumnResult) -> str:
-    note = "; ".join(filter(None, [r.message, r.keeps, r.caveat if r.status == "ok" else ""]))
+    unscored = (f"fidelity {r.fidelity_status}" if r.fidelity_status.startswith("not scored")
+                and r.fidelity_status != "not scored: fidelity off" and "fidelity not scored" not in r.message else "")
+    note = "; ".join(filter(None, [r.message, r.keeps, r.caveat if r.status == "ok" else "", unscored]))
     if r.is_baseline:
         return ("baseline; " + note) if note else "baseline"
     if r.lossy and r.status == "ok":
@@ -82,6 +84,7 @@ def summary_rows(results: list[ColumnResult]) -> list[dict]:
             "first_divergence": r.first_divergence,
             "top1_agreement": _round(r.top1_agreement, 4),
             "mean_kl": _round(r.mean_kl, 6),
+            "fidelity_status": r.fidelity_status or None,
             "note": _note(r),
             "use_cache": r.use_cache,
             "timing": r.timing.policy,
@@ -148,12 +151,19 @@ def several_layer_types(rows: list[dict]) -> bool:
     return any(len(row.get("cache_bytes_by_layer_type") or {}) > 1 for row in rows)
 
 
-def format_table(rows: list[dict]) -> str:
-    """A plain-text table with LABELS as headers, one line per column (for the CLI); the by-layer-type column
-    only for a model with more than one layer type."""
+FIDELITY_COLUMNS = ["column", "agreement", "first_divergence", "top1_agreement", "mean_kl", "fidelity_status"]
+"""The CLI's fidelity table (printed after the pass, below the summary that came before it)."""
+TEACHER_FORCED = ("top1_agreement", "mean_kl")
+"""The summary's quantities that only the teacher-forced fidelity pass fills."""
+
+
+def format_table(rows: list[dict], keys: list[str] | None = None) -> str:
+    """A plain-text table with LABELS as headers, one line per column (for the CLI): the quantities `keys`
+    (default SUMMARY_COLUMNS); the by-layer-type column only for a model with more than one layer type."""
     import pandas as pd
 
-    columns = [c for c in SUMMARY_COLUMNS if c != "cache_bytes_by_layer_type" or several_layer_types(rows)]
+    columns = [c for c in keys or SUMMARY_COLUMNS
+               if c != "cache_bytes_by_layer_type" or several_layer_types(rows)]
     rows = [{**row, "cache_bytes_by_layer_type": by_layer_type_text(row.get("cache_bytes_by_layer_type"))}
             for row in rows]
     frame = pd.DataFrame(rows, columns=columns, dtype=object).fillna("-").rename(columns=LABELS)
@@ -177,14 +187,17 @@ RECORD_FORMAT_VERSION = 3
 """Version of the run record's layout (1: records before `format_version` existed; 2: adds `format_version`,
 `environment`, `measured_at` and the ITL figures per column; 3: each column's timing fields nested in one
 `timing` record, `kvlab.measure.ColumnTiming`, and the run's `timing.policy`; version 2 is upgraded on
-load by `kvlab.measure.record.upgrade_v2`)."""
+load by `kvlab.measure.record.upgrade_v2`). Version 3 records may also hold `summary_s`, `fidelity` (the fidelity
+pass's state and counts, `RunDone.fidelity`) and each column's `fidelity_status`; records without them load
+with none."""
 
 
 def run_record(loaded, preset, settings, done: RunDone) -> dict:
     """The JSON record of a run: its format, where and when it was measured (`kvlab.measure.environment`), model
-    info, settings, mode, every column's result and how the run was timed (`timing`,
-    `kvlab.measure.noise.run_timing`: the policy, load average, noise, whether the machine was too busy, and its
-    note)."""
+    info, settings, mode, every column's result (each with its `fidelity_status`), how the run was timed
+    (`timing`, `kvlab.measure.noise.run_timing`: the policy, load average, noise, whether the machine was too
+    busy, and its note), `summary_s` (seconds from the start to the summary) and `fidelity` (the fidelity
+    pass: state, scored and to_score)."""
     from dataclasses import asdict
     from datetime import datetime, timezone
 
@@ -201,7 +214,9 @@ def run_record(loaded, preset, settings, done: RunDone) -> dict:
         "mode": preset.mode if preset is not None else None,
         "settings": asdict(settings),
         "wall_s": done.wall_s,
+        "summary_s": done.summary_s,
         "stopped": done.stopped,
+        "fidelity": done.fidelity,
         "columns": [r.to_json() for r in done.results],
         "timing": done.timing,
     }

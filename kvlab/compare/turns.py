@@ -1,5 +1,5 @@
-"""How the runner's columns take turns with the model: kvlab's compute thread (fair, sequential) or free threads
-(parallel), and the share of torch's intra-op threads parallel columns use.
+"""How the runner's columns take turns with the model: kvlab's compute thread (fair, sequential; the least-used
+column's turn first) or free threads (parallel), and the share of torch's intra-op threads parallel columns use.
 
 Moved out of `kvlab.compare.runner` (which re-exports these names); it schedules, it does not measure.
 """
@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 
 import torch
 
@@ -50,14 +51,47 @@ def shared_threads(columns: int):
 
 
 class ComputeTurns:
-    """Fair and sequential modes: each step runs on kvlab's compute thread (`kvlab.compute`), one at a time, in
-    the order the columns asked."""
+    """Fair and sequential modes: each step runs on kvlab's compute thread (`kvlab.compute`), one of this run's
+    steps at a time, the next turn going to the waiting column that has used the least compute so far (ties:
+    the column that asked first), as a fair-queuing scheduler shares a processor (Linux CFS, or SGLang's and
+    vLLM's fair scheduling of requests). So a column whose steps cost more (`no_cache` recomputes the whole
+    sequence every token) takes fewer turns instead of holding every other column to its pace: the cheap
+    columns stream at their own speed and finish first. A step's measured time is still its own compute."""
+
+    def __init__(self):
+        self._turns = threading.Condition()
+        self._used: dict[int, float] = {}  # thread id -> compute seconds this run; dict order = who asked first
+        self._waiting: set[int] = set()
+        self._busy = False
+
+    def _next(self) -> int:
+        rank = {ident: n for n, ident in enumerate(self._used)}
+        return min(self._waiting, key=lambda ident: (self._used[ident], rank[ident]))
+
+    def turn(self, work, *args):
+        """Run `work(*args)` on the compute thread once this column's turn comes; return its result."""
+        me = threading.get_ident()
+        with self._turns:
+            self._used.setdefault(me, 0.0)
+            self._waiting.add(me)
+            while self._busy or self._next() != me:
+                self._turns.wait()
+            self._waiting.discard(me)
+            self._busy = True
+        started = time.perf_counter()
+        try:
+            return compute(work, *args)
+        finally:
+            with self._turns:
+                self._used[me] += time.perf_counter() - started
+                self._busy = False
+                self._turns.notify_all()
 
     def run(self, work):
-        return compute(work)
+        return self.turn(work)
 
     def iterate(self, steps):
-        return compute_iter(steps)
+        return compute_iter(steps, self.turn)
 
 
 class FreeTurns:

@@ -16,13 +16,14 @@ from kvlab.compare.events import (
     MemorySample,
     RunDone,
     StepMetrics,
+    SummaryReady,
     TokenEvent,
 )
 from kvlab.compare.summary import SUMMARY_COLUMNS
 from kvlab.generation import GenerationSettings
 from kvlab.strategies import STRATEGIES, make_strategy
 from kvlab.ui.shared.code import code_snippet
-from kvlab.ui.compare.view import BEST_MARK, DISPLAY_COLUMNS, HEADERS, MISSING, RunView, format_value
+from kvlab.ui.compare.view import BEST_MARK, DISPLAY_COLUMNS, HEADERS, MISSING, PENDING, RunView, format_value
 from kvlab.ui.shared.figures import MIB, figure_png, render_figure
 from kvlab.ui.shared.knobs import NO_STRATEGY, column_spec, knob_defaults, knob_text, max_knobs, parse_knob, plan_columns
 
@@ -92,13 +93,42 @@ def test_phases_and_progress_text():
     results = [result(0, "dynamic", "dynamic"), result(1, "static", "static")]
     view.apply(ColumnDone(0, results[0]))
     view.apply(ColumnDone(1, results[1]))
+    assert view.phase() == "finishing" and view.summary() == ([], {})
+    assert view.apply(SummaryReady(results, 3.25, {}, to_score=2)) == {0, 1}
     assert view.phase() == "scoring"
-    assert "scoring fidelity" in view.progress_text()
+    assert view.progress_text().startswith("summary ready after 3.2 s (2 tokens); fidelity: 0 of 2 columns scored")
+    view.apply(FidelityScored(0, results[0], 1, 2))
+    assert "fidelity: 1 of 2 columns scored" in view.progress_text()
     view.stop_requested = True
     assert view.phase() == "stopping"
-    assert view.apply(RunDone(results, wall_s=12.5, stopped=True)) == {0, 1}
+    fidelity = {"state": "stopped", "scored": 1, "to_score": 2}
+    assert view.apply(RunDone(results, wall_s=12.5, stopped=True, fidelity=fidelity, summary_s=3.25)) == {0, 1}
     assert view.phase() == "stopped"
-    assert view.progress_text() == "stopped in 12.5 s: 2 tokens (2 done)"
+    assert view.progress_text() == ("stopped in 12.5 s: 2 tokens (2 done) · summary after 3.2 s · "
+                                    "fidelity: 1 of 2 columns scored (stopped)")
+
+
+def test_the_summary_shows_before_fidelity_and_fills_in_as_columns_are_scored():
+    view = RunView(["dynamic", "quantized"])
+    results = [result(0, "dynamic", "dynamic", token_ids=[1, 2], agreement=1.0, is_baseline=True),
+               result(1, "quantized", "quantized", token_ids=[1, 3], agreement=0.5, first_divergence=1, lossy=True)]
+    for i in range(2):
+        view.apply(ColumnStarted(i, results[i].name, 5))
+        view.apply(ColumnDone(i, results[i]))
+    view.apply(SummaryReady(results, 2.0, {}, to_score=2))
+    headers, table = view.summary_table()
+    cell = {name: headers.index(HEADERS[name]) for name in ("agreement", "top1_agreement", "mean_kl")}
+    assert [row[cell["agreement"]] for row in table] == ["100.0%" + BEST_MARK, "50.0%"]  # text: with the summary
+    assert {row[cell["top1_agreement"]] for row in table} == {PENDING}
+    results[0].top1_agreement, results[0].mean_kl, results[0].fidelity_status = 1.0, 0.0, "scored"
+    view.apply(FidelityScored(0, results[0], 1, 2))
+    _, table = view.summary_table()
+    assert table[0][cell["top1_agreement"]].startswith("100.0%") and table[1][cell["mean_kl"]] == PENDING
+    results[1].fidelity_status = "not scored: stopped"
+    view.apply(RunDone(results, 9.0, True, fidelity={"state": "stopped", "scored": 1, "to_score": 2}, summary_s=2.0))
+    _, table = view.summary_table()
+    assert len(table) == 2 and table[1][cell["mean_kl"]] == MISSING  # the stop kept the summary
+    assert "fidelity not scored: stopped" in view.summary()[0][1]["note"]
 
 
 def test_fidelity_scores_reach_the_readout():

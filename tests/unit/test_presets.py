@@ -26,8 +26,10 @@ def test_quickstart_has_the_promised_columns(tiny):
     assert preset.model.source == "bundled" and preset.generation.max_new_tokens == 64
     assert not preset.generation.do_sample
     names = [(c["strategy"], c.get("backend")) for c in preset.columns]
-    assert names == [("no_cache", None), ("dynamic", None), ("static", None), ("quantized", "quanto"),
-                     ("quantized", "hqq"), ("sink", None)]
+    assert names == [("dynamic", None), ("static", None), ("quantized", "quanto"), ("quantized", "hqq"),
+                     ("sink", None), ("no_cache", None)]
+    # no_cache (a full forward per token) comes last and makes fewer tokens, so the first comparison finishes soon
+    assert preset.columns[-1]["generation"] == {"max_new_tokens": 16}
     # every column runs where there is no GPU (a first visitor on a CPU machine sees no "unavailable" column)
     assert [column.strategy.unavailable_reason(tiny) for column in preset.build_columns()] == [None] * 6
 

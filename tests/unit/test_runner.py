@@ -52,6 +52,32 @@ def test_exact_strategies_agree_and_events_come_in_order(tiny, mode):
     assert results[2].top1_agreement == 1.0 and results[2].mean_kl < 1e-6
 
 
+def test_the_summary_comes_before_the_fidelity_pass_and_a_stop_in_it_keeps_the_summary(tiny):
+    columns = [{"strategy": "dynamic"}, {"strategy": "quantized", "backend": "fp8"}, {"strategy": "static"}]
+    events = events_of(tiny, columns)
+    kinds = [type(e).__name__ for e in events]
+    ready = kinds.index("SummaryReady")
+    assert ready > max(i for i, k in enumerate(kinds) if k == "ColumnDone")
+    assert ready < min(i for i, k in enumerate(kinds) if k == "FidelityScored")
+    assert events[ready].to_score == 3 and events[ready].results[1].agreement is not None
+    assert [(e.scored, e.to_score) for e in events if isinstance(e, FidelityScored)] == [(1, 3), (2, 3), (3, 3)]
+    assert events[-1].fidelity == {"state": "scored", "scored": 3, "to_score": 3}
+    assert {r.fidelity_status for r in events[-1].results} == {"scored"}
+
+    stop = threading.Event()
+    kept = []
+    for event in run_compare(tiny, PROMPT, columns, GREEDY, stop=stop):
+        if isinstance(event, FidelityScored):
+            stop.set()  # Stop during the fidelity pass, after its first column
+        kept.append(event)
+    done = kept[-1]
+    assert isinstance(done, RunDone) and done.stopped and done.summary_s is not None
+    assert done.fidelity["state"] == "stopped" and done.fidelity["scored"] == 1
+    assert [r.status for r in done.results] == ["ok"] * 3 and all(r.token_ids for r in done.results)
+    assert done.results[0].fidelity_status == "scored"
+    assert done.results[1].fidelity_status == "not scored: stopped" and done.results[1].top1_agreement is None
+
+
 def test_token_texts_add_up_to_the_column_text(tiny):
     events = events_of(tiny, [{"strategy": "dynamic"}])
     streamed = "".join(e.text for e in events if isinstance(e, TokenEvent))
@@ -203,6 +229,28 @@ def test_compute_runs_steps_one_at_a_time_in_arrival_order_on_one_thread():
     first.join()
     second.join()
     assert seen == [True]
+
+
+def test_compute_turns_go_to_the_column_that_used_the_least_compute():
+    from kvlab.compare.turns import ComputeTurns
+
+    turns, order, lock = ComputeTurns(), [], threading.Lock()
+
+    def column(name, cost_s, steps):
+        def step():
+            with lock:
+                order.append(name)
+            time.sleep(cost_s)
+        for _ in range(steps):
+            turns.turn(step)
+
+    workers = [threading.Thread(target=column, args=args) for args in (("slow", 0.05, 3), ("fast", 0.005, 12))]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    # Round-robin would alternate slow, fast, slow, ...; least compute first lets the cheap column run ahead.
+    assert order.index("slow", 1) > 4 and order[-1] == "slow" and order.count("fast") == 12
 
 
 def test_compute_raises_in_the_caller_nests_inline_and_iterates():

@@ -4,7 +4,8 @@
 - `start`: results cleared, each card's status (invalid settings, unused, waiting), strategy choices for the
   run's model.
 - `columns`: the changed columns' status line and text from the `RunView`; `throttled`: the runner's events
-  folded into the view, yielding column updates at most every TEXT_EVERY_S and plots less often.
+  folded into the view, yielding column updates at most every TEXT_EVERY_S and plots less often, and the
+  summary (`summary_live`) as soon as every column finished, again as each column's fidelity is scored.
 - `final`, `summary`: the last column updates, plots, summary table, exports and code.
 - `card`, `recorded_cards`: a card set to a strategy and its knobs; every card set to a replayed record's
   columns.
@@ -21,7 +22,7 @@ from dataclasses import dataclass, field
 
 import gradio as gr
 
-from kvlab.compare.events import RunPhase
+from kvlab.compare.events import FidelityScored, RunPhase, SummaryReady
 from kvlab.strategies import StrategyError
 
 from ..shared.cards import StrategyCard
@@ -104,10 +105,13 @@ class CompareUpdater:
             changed |= view.apply(event)
             view.stop_requested = stop.is_set()
             now = time.monotonic()
-            if view.done is not None or (now - last_text < TEXT_EVERY_S and not isinstance(event, RunPhase)):
-                continue  # a new phase is shown at once: a timing policy's own pass sends nothing
+            at_once = isinstance(event, (RunPhase, SummaryReady, FidelityScored))
+            if view.done is not None or (now - last_text < TEXT_EVERY_S and not at_once):
+                continue  # a new phase, the summary and each fidelity score are shown at once
             updates = self.columns(view, changed)
             updates[self.run_status] = line_html(view.progress_text(), "busy")
+            if view.ready is not None:
+                updates.update(self.summary_live(view))
             plotted = now >= plot_due
             if plotted:
                 updates.update(self.plots.updates(view))
@@ -130,6 +134,13 @@ class CompareUpdater:
         status = view.progress_text() + (" — not run: " + "; ".join(errors) if errors else "")
         updates[self.run_status] = line_html(status, "error" if errors else "ok")
         return updates
+
+    def summary_live(self, view: RunView) -> dict:
+        """The summary table shown as soon as every column finished, its teacher-forced figures filling in as the
+        fidelity pass scores them (the exports follow with `final`)."""
+        headers, table = view.summary_table()
+        return {self.summary: gr.update(value=table, headers=headers), self.results: gr.update(visible=True),
+                self.summary_notes: view.summary_notes()}
 
     def summary_updates(self, view: RunView, record: dict, exports: list[str] | None = None) -> dict:
         """The summary table shown, the record and CSV offered for download (`exports`: files already written

@@ -29,6 +29,7 @@ from kvlab.compare.events import (
     RunDone,
     RunPhase,
     StepMetrics,
+    SummaryReady,
     TokenEvent,
 )
 from kvlab.compare.summary import LABELS, best_marks, best_sets, by_layer_type_text, candidates, summary_rows
@@ -38,6 +39,9 @@ from .timing_text import TIMING_HELP, phase_text, policy_readout, timing_line
 
 BEST_MARK = " ★"
 MISSING = "–"
+PENDING = "scoring…"
+"""A teacher-forced figure the fidelity pass has not reached yet (the summary shows before it)."""
+FIDELITY_KEYS = ("top1_agreement", "mean_kl")
 SUMMARY_HELP = (
     "★ marks the best value per metric among finished columns; timing figures closer than their measured noise "
     "are marked as ties (all or none). **TTFT**: prefill + first token. "
@@ -196,8 +200,12 @@ class RunView:
         self.done: RunDone | None = None
         self.stop_requested = False
         self.run_phase: RunPhase | None = None
+        self.ready: SummaryReady | None = None
+        """The summary's results once every column finished (before the fidelity pass)."""
         self.scored = 0
         """Columns whose fidelity has been scored so far (`FidelityScored` events)."""
+        self.to_score = 0
+        """Columns the fidelity pass scores (`SummaryReady.to_score`)."""
         self.plot_series: dict[str, list[str]] = {}
         """Per native plot, the series the page was last sent (`kvlab.ui.shared.live_plots.LivePlots.updates`)."""
         self.divergence_links: dict[int, str] = {}
@@ -215,6 +223,11 @@ class RunView:
         if isinstance(event, RunPhase):
             self.run_phase = event
             return set()
+        if isinstance(event, SummaryReady):
+            self.ready, self.to_score = event, event.to_score
+            for column, result in zip(self.columns, event.results):
+                column.result = result
+            return set(range(len(self.columns)))
         if isinstance(event, RunDone):
             self.done = event
             for column, result in zip(self.columns, event.results):
@@ -223,7 +236,8 @@ class RunView:
         if not isinstance(event, (ColumnStarted, TokenEvent, StepMetrics, FallbackSwitched, ColumnDone, ColumnError,
                                   FidelityScored)):
             raise TypeError(f"not a runner event: {event!r}")
-        self.scored += isinstance(event, FidelityScored)
+        if isinstance(event, FidelityScored):
+            self.scored = max(self.scored, event.scored)
         self._apply_to_column(self.columns[event.column], event)
         return {event.column}
 
@@ -261,12 +275,24 @@ class RunView:
         return all(c.status in FINISHED for c in self.columns)
 
     def phase(self) -> str:
-        """`running`, `scoring` (columns finished, fidelity being scored), `stopping`, `stopped` or `done`."""
+        """`running`, `finishing` (columns finished, the timing policy's pass), `scoring` (the summary is shown,
+        fidelity being scored), `stopping`, `stopped` or `done`."""
         if self.done is not None:
             return "stopped" if self.done.stopped else "done"
         if self.stop_requested:
             return "stopping"
-        return "scoring" if self.columns_finished else "running"
+        if self.ready is not None:
+            return "scoring"
+        return "finishing" if self.columns_finished else "running"
+
+    def fidelity_text(self) -> str:
+        """`fidelity: 2 of 5 columns scored` while (and after) the pass runs; '' when it scores nothing."""
+        to_score = self.done.fidelity.get("to_score", 0) if self.done is not None else self.to_score
+        if not to_score:
+            return ""
+        scored = self.done.fidelity.get("scored", self.scored) if self.done is not None else self.scored
+        stopped = " (stopped)" if self.done is not None and self.done.fidelity.get("state") == "stopped" else ""
+        return f"fidelity: {scored} of {to_score} columns scored{stopped}"
 
     def progress_text(self) -> str:
         """One line for the run status, e.g. `running: 3 of 5 columns, 120 tokens so far`."""
@@ -277,11 +303,11 @@ class RunView:
         if phase == "running":
             active = sum(c.status == "running" for c in self.columns)
             return f"running: {active} of {len(self.columns)} columns generating, {tokens} tokens so far"
+        if phase == "finishing":
+            return phase_text(self.run_phase, tokens) or f"columns finished ({tokens} tokens)…"
         if phase == "scoring":
-            scoring = sum(c.status == "done" and c.tokens > 0 for c in self.columns)
-            return phase_text(self.run_phase, tokens) or (
-                f"columns finished ({tokens} tokens); scoring fidelity against the baseline (teacher-forced): "
-                f"{min(self.scored, scoring)} of {scoring} columns…")
+            return (f"summary ready after {self.ready.wall_s:.1f} s ({tokens} tokens); "
+                    f"{self.fidelity_text() or 'fidelity: nothing to score'}, teacher-forced against the baseline…")
         if phase == "stopping":
             return "stopping every column…"
         wall = f" in {self.done.wall_s:.1f} s" if self.done else ""
@@ -291,15 +317,26 @@ class RunView:
         detail = ", ".join(f"{n} {status}" for status, n in counts.items())
         timing = {key: value for key, value in (self.done.timing if self.done else {}).items() if key != "note"}
         busy = BUSY_MARK if timing.get("busy") else ""  # one line: the timing note goes under the summary
+        summary = f" · summary after {self.done.summary_s:.1f} s" if self.done and self.done.summary_s else ""
+        fidelity = f" · {self.fidelity_text()}" if self.fidelity_text() else ""
         return f"{'stopped' if phase == 'stopped' else 'finished'}{wall}: {tokens} tokens ({detail})" + \
-            timing_line(timing) + busy
+            summary + fidelity + timing_line(timing) + busy
 
     def summary(self) -> tuple[list[dict], dict[str, int]]:
-        """(report.summary_rows of the final results, metric -> index of the best row); empty before RunDone."""
-        if self.done is None:
+        """(report.summary_rows of the results, metric -> index of the best row) from `SummaryReady` on (the
+        fidelity figures fill in as they are scored); empty before it."""
+        results = self.done.results if self.done is not None else self.ready.results if self.ready else None
+        if results is None:
             return [], {}
-        rows = summary_rows(self.done.results)
+        rows = summary_rows(results)
         return rows, best_marks(rows)
+
+    def pending(self, row: int) -> bool:
+        """Whether row `row`'s teacher-forced figures are still to come (the fidelity pass is running)."""
+        if self.done is not None or self.ready is None or not self.to_score:
+            return False
+        result = self.ready.results[row]
+        return result.status == "ok" and bool(result.token_ids) and not result.fidelity_status
 
     def summary_table(self) -> tuple[list[str], list[list[str]]]:
         """(headers, rows of display strings) with `BEST_MARK` after the best value of each metric.
@@ -310,10 +347,16 @@ class RunView:
         rows, _ = self.summary()
         marked = best_sets(rows)
         headers = [HEADERS[key] for key, _ in DISPLAY_COLUMNS]
-        table = [[self._cell(i, key, (short_note(row[key]) if key == "note" else format_value(row[key], kind))
+        table = [[self._cell(i, key, (short_note(row[key]) if key == "note" else self._value(i, key, row[key], kind))
                              + (BEST_MARK if i in marked.get(key, ()) else ""))
                   for key, kind in DISPLAY_COLUMNS] for i, row in enumerate(rows)]
         return headers, table
+
+    def _value(self, row: int, key: str, value, kind: str) -> str:
+        """A cell's text: PENDING for a teacher-forced figure still being scored."""
+        if value is None and key in FIDELITY_KEYS and self.pending(row):
+            return PENDING
+        return format_value(value, kind)
 
     def summary_notes(self) -> str:
         """Markdown: every column's note in full, each distinct note once with the columns it belongs to, and the
