@@ -50,6 +50,13 @@ def shared_threads(columns: int):
                 _threads_before = None
 
 
+def least_used(used: dict, waiting: set):
+    """The waiting column whose turn is next: the one that used the least compute so far (`used`: column ->
+    seconds, in the order the columns first asked), ties to the one that asked first."""
+    rank = {ident: n for n, ident in enumerate(used)}
+    return min(waiting, key=lambda ident: (used[ident], rank[ident]))
+
+
 class ComputeTurns:
     """Fair and sequential modes: each step runs on kvlab's compute thread (`kvlab.compute`), one of this run's
     steps at a time, the next turn going to the waiting column that has used the least compute so far (ties:
@@ -65,8 +72,7 @@ class ComputeTurns:
         self._busy = False
 
     def _next(self) -> int:
-        rank = {ident: n for n, ident in enumerate(self._used)}
-        return min(self._waiting, key=lambda ident: (self._used[ident], rank[ident]))
+        return least_used(self._used, self._waiting)
 
     def turn(self, work, *args):
         """Run `work(*args)` on the compute thread once this column's turn comes; return its result."""

@@ -231,26 +231,40 @@ def test_compute_runs_steps_one_at_a_time_in_arrival_order_on_one_thread():
     assert seen == [True]
 
 
-def test_compute_turns_go_to_the_column_that_used_the_least_compute():
+def test_the_next_turn_goes_to_the_column_that_used_the_least_compute():
+    from kvlab.compare.turns import least_used
+
+    used = {"no_cache": 0.0, "dynamic": 0.0, "sink": 0.0}  # in the order they first asked
+    assert least_used(used, {"sink", "dynamic", "no_cache"}) == "no_cache"  # a tie goes to who asked first
+    used.update(no_cache=0.9, dynamic=0.05, sink=0.04)
+    assert least_used(used, {"no_cache", "dynamic", "sink"}) == "sink"
+    assert least_used(used, {"no_cache", "dynamic"}) == "dynamic"  # round-robin would give no_cache its turn
+    assert least_used(used, {"no_cache"}) == "no_cache"  # work-conserving: a lone waiter always runs
+
+
+def test_compute_turns_run_every_step_of_every_column_one_at_a_time():
     from kvlab.compare.turns import ComputeTurns
 
-    turns, order, lock = ComputeTurns(), [], threading.Lock()
+    turns, order, lock, running, overlaps = ComputeTurns(), [], threading.Lock(), [], []
 
     def column(name, cost_s, steps):
         def step():
             with lock:
                 order.append(name)
+                running.append(1)
+                overlaps.append(len(running) > 1)  # never two steps at once
             time.sleep(cost_s)
+            with lock:
+                running.pop()
         for _ in range(steps):
             turns.turn(step)
 
-    workers = [threading.Thread(target=column, args=args) for args in (("slow", 0.05, 3), ("fast", 0.005, 12))]
+    workers = [threading.Thread(target=column, args=args) for args in (("slow", 0.02, 3), ("fast", 0.002, 12))]
     for worker in workers:
         worker.start()
     for worker in workers:
         worker.join()
-    # Round-robin would alternate slow, fast, slow, ...; least compute first lets the cheap column run ahead.
-    assert order.index("slow", 1) > 4 and order[-1] == "slow" and order.count("fast") == 12
+    assert order.count("fast") == 12 and order.count("slow") == 3 and not any(overlaps)
 
 
 def test_compute_raises_in_the_caller_nests_inline_and_iterates():
