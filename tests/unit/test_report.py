@@ -165,3 +165,36 @@ def test_recall_runs_the_needle_grid_per_column_with_a_dense_gate(tiny):
     assert needle["grid"]["seeds"] == [0, 1, 2]
     assert [row["strategy"] for row in needle["summary"]] == ["dynamic", "sink 4+28", "knorm 0.5"]
     assert all(row["cells"] == 6 and row["hits"] + row["gated"] <= 6 for row in needle["summary"])
+
+
+def test_a_stopped_command_line_run_keeps_what_was_scored_and_exits_130(tiny, tmp_path, capsys, monkeypatch):
+    import kvlab.cli.outputs as outputs
+    import kvlab.cli.report as cli_report
+    import kvlab.models.loading as loading
+    from kvlab.cli import main
+
+    held = []
+    follow = cli_report._progress
+
+    class Interrupted(outputs.StopOnInterrupt):
+        def __init__(self, stop, prog):
+            super().__init__(stop, prog)
+            held.append(stop)
+
+    def progress(event):  # the first Ctrl-C, as StopOnInterrupt turns it into a stop request
+        follow(event)
+        if isinstance(event, ReportProgress) and event.scored == 4:
+            held[0].set()
+
+    monkeypatch.setattr(loading, "load_model", lambda spec, progress=None: tiny)
+    monkeypatch.setattr(cli_report, "_progress", progress)
+    monkeypatch.setattr(outputs, "StopOnInterrupt", Interrupted)
+    text = tmp_path / "t.txt"
+    text.write_text(" ".join(f"word{i}" for i in range(200)))
+    saved = tmp_path / "r.json"
+    code = main(["report", "--text", str(text), "--columns", "dynamic", "--max-tokens", "60", "--scored-tokens", "20",
+                 "--progress-every", "4", "--json", str(saved)])
+    assert code == 130
+    record = json.loads(saved.read_text())
+    assert record["stopped"] and record["columns"][0]["split"]["scored_tokens"] == 4
+    assert "stopped: kept 4" in capsys.readouterr().err
