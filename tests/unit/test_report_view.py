@@ -88,7 +88,7 @@ def test_the_delta_ppl_plot_takes_its_front_on_the_distance_from_dense():
                                   ("b", "ok", "", 8, figures(8, 0.2, 2.0, ppl_diff=0.2))]), 1.0))
     assert list(plot_frame(rows.rows(), "ppl_diff")["front"]) == ["yes", "yes"]
     assert list(plot_frame(rows.rows(), "kld_mean")["front"]) == ["yes", "no"]
-    assert "front" in plot_caption(rows.rows(), "kld_mean") and ": a." in plot_caption(rows.rows(), "kld_mean")
+    assert "front" in plot_caption(rows.rows(), "kld_mean") and ": `a`." in plot_caption(rows.rows(), "kld_mean")
 
 
 def test_saved_records_merge_and_an_unreadable_one_is_one_line(tmp_path):

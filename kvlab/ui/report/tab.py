@@ -80,6 +80,7 @@ class ReportTab:
                                    x_title="KV cache MiB (mean over the scored tokens)", y_title=Y_TITLES["kld_mean"],
                                    color_title="", tooltip=HOVER_FIELDS, height=PLOT_HEIGHT_PX,
                                    buttons=["fullscreen", "export"], elem_id="report-plot")
+        self.front = gr.Markdown("", elem_classes=["kv-small"], elem_id="report-front")
         with gr.Row(equal_height=True):
             self.download = gr.File(label="record (JSON) and table (CSV)", file_count="multiple", interactive=False,
                                     elem_id="report-download", scale=1)
@@ -94,10 +95,10 @@ class ReportTab:
         self.run_inputs = [self.session, self.source, self.text_choice, self.pasted, self.columns, self.context,
                            self.scored, self.y_choice]
         wire_run(self.run_button, self.stop_button, self.session, self.status, zerogpu.gpu(self._on_run, self.gpu_s),
-                 self.run_inputs, [self.status, self.table, self.plot, self.download])
-        self.y_choice.change(self.switch_y, [self.session, self.y_choice], [self.plot], **PRIVATE)
+                 self.run_inputs, [self.status, self.table, self.plot, self.front, self.download])
+        self.y_choice.change(self.switch_y, [self.session, self.y_choice], [self.plot, self.front], **PRIVATE)
         self.saved.upload(self.replay, [self.session, self.saved, self.y_choice],
-                          [self.status, self.table, self.plot, self.download], **PRIVATE)
+                          [self.status, self.table, self.plot, self.front, self.download], **PRIVATE)
 
     def gpu_s(self, session, source, text_choice, pasted, columns, context, scored, y_label) -> int:
         """ZeroGPU seconds a run asks for: its columns (and the reference) × scored tokens."""
@@ -109,7 +110,8 @@ class ReportTab:
         yield from self.stream(request, session_stop(session), session, Y_CHOICES.get(y_label, "kld_mean"))
 
     def redraw(self, rows: list[dict], roster: list[str], y: str, primer: bool = False, blank: bool = False) -> dict:
-        """The plot from `rows`, every series of `roster` in its colour from the first frame on.
+        """The plot from `rows`, every series of `roster` in its colour from the first frame on, and the line
+        under it naming the Pareto front.
 
         A native plot fixes its colour domain to the series of the frame it builds its vega spec from, and
         rebuilds that spec only when a prop (the colour map) changes, from the value it held before; so every
@@ -117,11 +119,11 @@ class ReportTab:
         (a run's updates before its first point, and its last frame once more) and upper case otherwise, as the
         Needle tab's do (`kvlab.ui.shared.live_plots.roster_update`); `blank` draws no point (a replay's primer)."""
         if not roster:
-            return {self.plot: plot_update(None, {})}
+            return {self.plot: plot_update(None, {}), self.front: ""}
         colors = roster_colors(dict(zip(roster, COLORS * (len(roster) // len(COLORS) + 1))), roster, primer)
         frame = plot_frame([] if blank else rows, y, roster)
-        return {self.plot: gr.update(value=frame, color_map=colors, x_lim=plot_limits(frame),
-                                     y_title=Y_TITLES[y], caption=plot_caption(rows, y))}
+        return {self.plot: gr.update(value=frame, color_map=colors, x_lim=plot_limits(frame), y_title=Y_TITLES[y]),
+                self.front: plot_caption(rows, y)}
 
     def show(self, view: ReportView, y: str, primer: bool = False) -> dict:
         """Status, table and plot from the run's `view`."""
@@ -180,8 +182,8 @@ class ReportTab:
         if rows:
             second[self.plot]["color_map"] = {name: color.lower() for name, color in
                                               second[self.plot]["color_map"].items()}
-        yield first[self.plot]
-        yield second[self.plot]
+        yield first
+        yield second
 
     def replay(self, session: dict, paths, y_label: str):
         """Saved records in: the merged table and plot, and the merged table as CSV. A file that cannot be read

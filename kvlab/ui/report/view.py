@@ -224,7 +224,8 @@ def series_names(rows: list[dict]) -> list[str]:
 def table_frame(rows: list[dict]) -> pd.DataFrame:
     """The page's table: per row its column (and model when several), status, context and scored tokens, the
     figures as `kvlab.quality.table.cells` writes them (the needle column only when a row has one), the Pareto
-    mark (mean bytes against mean KL, per model) and the row's message."""
+    mark (mean bytes against mean KL, per model) and the row's message (the note column only when a row has
+    one)."""
     marks = pareto_marks(rows)
     needle = any(row.get("needle_cells") is not None for row in rows)
     several = len(_models(rows)) > 1
@@ -238,7 +239,8 @@ def table_frame(rows: list[dict]) -> pd.DataFrame:
                         "★" if mark else "", row.get("message") or ""])
     headers = [*(["model"] if several else []), "column", "status", "context", "scored", *figure_headers, "front",
                "note"]
-    return pd.DataFrame(records, columns=headers)
+    frame = pd.DataFrame(records, columns=headers)
+    return frame if frame["note"].astype(bool).any() else frame.drop(columns="note")
 
 
 def _count(value) -> str:
@@ -294,8 +296,9 @@ def plot_limits(frame: pd.DataFrame) -> list[float]:
 
 
 def plot_caption(rows: list[dict], y: str) -> str:
-    """Names the columns on the plot's Pareto front, and what the axes are."""
+    """The line under the plot: the columns on its Pareto front (Markdown)."""
     front = [name for name, on in zip(series_names(rows), plot_front(rows, y)) if on]
     what = "mean KL" if y == "kld_mean" else "|ΔPPL|"
-    text = f"Pareto front (no other column holds fewer bytes with a smaller {what}): "
-    return text + (", ".join(front) if front else "none yet") + ". Hover a point for every figure."
+    text = f"**Pareto front** (no other column holds fewer bytes with a smaller {what}): "
+    return text + (", ".join(f"`{name}`" for name in front) if front else "none yet") + \
+        ". Hover a point for every figure."
