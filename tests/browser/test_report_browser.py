@@ -28,8 +28,17 @@ def open_report(page, scored: int = SCORED) -> None:
     set_slider(page, "report-scored", scored)
 
 
-def scored_now(status_text: str) -> int:
-    return int(re.search(r"(\d+) of \d+ tokens", status_text).group(1))
+def scored_now(status_text: str) -> tuple[int, int]:
+    """The tokens scored per column the status line gives: (least, most)."""
+    found = re.search(r"(\d+)(?:–(\d+))? of \d+ tokens", status_text)
+    return int(found.group(1)), int(found.group(2) or found.group(1))
+
+
+def table_cells(page, name: str) -> list[str]:
+    """The cells of column `name`'s row of the table (its name first)."""
+    lines = [line.strip() for line in page.locator("#report-table").inner_text().splitlines() if line.strip()]
+    start = lines.index(name)
+    return lines[start:start + 5]
 
 
 def test_report_fills_live_replays_from_its_record_and_stop_keeps_what_was_scored(page, other_page, tmp_path):
@@ -41,7 +50,7 @@ def test_report_fills_live_replays_from_its_record_and_stop_keeps_what_was_score
     page.wait_for_function(f"document.querySelectorAll('{LEGEND}').length === {len(COLUMNS)}")
     # 2. Live: the table's figures and the plot's points appear and grow while the run goes on.
     status.filter(has_text=re.compile(rf"\b[1-9]\d* of {SCORED} tokens scored")).wait_for(timeout=600_000)
-    first = scored_now(status.inner_text())
+    first = scored_now(status.inner_text())[1]
     assert "done in" not in status.inner_text() and "scoring" in page.locator("#report-table").inner_text()
     page.wait_for_function(f"document.querySelectorAll('{MARKS}').length === {len(COLUMNS)}")
     assert page.evaluate(COUNTS_JS)[0] == len(COLUMNS)
@@ -70,8 +79,9 @@ def test_report_fills_live_replays_from_its_record_and_stop_keeps_what_was_score
     status.filter(has_text=re.compile(rf"\b[1-9]\d* of {SCORED} tokens scored")).wait_for(timeout=600_000)
     page.locator("#report-stop").click()
     status.filter(has_text="stopped after").wait_for(timeout=120_000)
-    kept = scored_now(status.inner_text())
-    assert 1 <= kept < SCORED
-    table = page.locator("#report-table").inner_text()
-    assert table.count("stopped") == len(COLUMNS) and f"\t{kept}\t" in table.replace(" ", "\t")
+    least, most = scored_now(status.inner_text())
+    assert 1 <= least <= most < SCORED
+    for name in COLUMNS:
+        cells = table_cells(page, name)  # column, status, context, scored, PPL ratio
+        assert cells[1] == "stopped" and least <= int(cells[3]) <= most and cells[4] != "-"
     page.wait_for_function(f"document.querySelectorAll('{MARKS}').length === {len(COLUMNS)}")

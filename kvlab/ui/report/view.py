@@ -180,12 +180,14 @@ class ReportView:
         return series_names(self.rows())
 
     def status_text(self) -> str:
-        """Progress (tokens scored of the split, per column), errors, and how the run ended."""
+        """Progress (tokens scored of the split; a range when the columns differ, as a Stop that lands inside a
+        round leaves them), errors, and how the run ended."""
         if self.split is None:
             return "starting…"
         rows = self.rows()
         errors = sum(row["status"] == "error" for row in rows)
-        scored = max((row.get("scored_tokens") or 0 for row in rows if row["status"] != "error"), default=0)
+        counts = [row.get("scored_tokens") or 0 for row in rows if row["status"] != "error"] or [0]
+        scored = f"{min(counts)}" if min(counts) == max(counts) else f"{min(counts)}–{max(counts)}"
         head = (f"{len(rows)} column(s) against {REFERENCE} on {self.split.context_tokens} context tokens + "
                 f"{self.split.scored_tokens} scored")
         if self.done is None:
