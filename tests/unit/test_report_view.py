@@ -170,4 +170,5 @@ def test_stop_keeps_what_was_scored_and_bad_input_leaves_the_page_as_it_was(tab)
     assert 4 <= int(final[tab.table]["scored"][0]) < 64 and final[tab.download]
     bad = list(tab.stream(ReportRequest(columns="", context_tokens=16, scored_tokens=8), threading.Event(), {}))
     assert bad[-1] == {tab.status: "⚠️ pick at least one column, e.g. quantized:backend=quanto:nbits=4"}
-    assert list(tab.replay({}, [], "mean KL")) == [{tab.status: "⚠️ no rows: pick report, Compare or Needle records"}]
+    nothing = list(tab.replay({}, [], "mean KL"))
+    assert nothing == [{tab.status: "⚠️ no rows: pick report, Compare or Needle records"}]

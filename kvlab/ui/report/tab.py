@@ -1,6 +1,6 @@
 """The Report tab: the field's quality figures for every picked cache, streamed in as the text is scored.
 
-Inputs: the model, the text (the built-in long text or the user's own), the columns in compare syntax and the
+Inputs: the model, the text (the shipped long text or the user's own), the columns in compare syntax and the
 split (context tokens prefilled through each cache as Compare does it, then scored tokens fed one per forward
 beside the dense reference). Outputs: the table (llama.cpp's `--kl-divergence` figures per column: PPL ratio,
 ΔPPL ± SE, mean / p99 / max KL, top-1 agreement with its 95 % interval, exact cache bytes and relative to
@@ -31,9 +31,10 @@ from ..shared.live_plots import plot_update, roster_colors
 from ..shared.model_picker import model_dropdown
 from ..shared.runs import PRIVATE, session_stop, wire_run
 from ..shared.theme import COLORS
-from .view import (BUILT_IN, DEFAULT_COLUMNS, DEFAULT_CONTEXT_TOKENS, DEFAULT_SCORED_TOKENS, HOVER_FIELDS,
-                   MAX_CONTEXT_TOKENS, MAX_SCORED_TOKENS, PASTED, Y_CHOICES, Y_TITLES, ReportRequest, ReportView,
-                   plan_report, plot_caption, plot_frame, plot_limits, rows_from_files, series_names, table_frame)
+from .view import (BUILT_IN, CLI_COLUMN_COUNT, DEFAULT_COLUMNS, DEFAULT_CONTEXT_TOKENS, DEFAULT_SCORED_TOKENS,
+                   HOVER_FIELDS, MAX_CONTEXT_TOKENS, MAX_SCORED_TOKENS, PASTED, Y_CHOICES, Y_TITLES, ReportRequest,
+                   ReportView, plan_report, plot_caption, plot_frame, plot_limits, rows_from_files, series_names,
+                   table_frame)
 
 logger = logging.getLogger(__name__)
 EXPLAIN = (
@@ -44,8 +45,8 @@ EXPLAIN = (
     "± SE, mean / p99 / max KL(dense ‖ column), top-1 agreement with its Wilson 95 % interval, the cache's exact "
     "bytes (mean over the scored tokens) and relative to dense, decode tok/s.")
 COLUMNS_INFO = ("compare syntax, comma-separated; this tab starts with three. `kvlab report` (the command line) "
-                "runs the full default set: sink and window at two sizes, quanto and hqq int2/int4, fp8 and the "
-                "eviction methods")
+                f"runs the full default set of {CLI_COLUMN_COUNT}: sink and window at two sizes, quanto and hqq "
+                "int2/int4, fp8 and the seven eviction methods (docs/report.md)")
 PLOT_HEIGHT_PX = 340
 
 
@@ -67,7 +68,7 @@ class ReportTab:
                                      label="context tokens (prefilled)", elem_id="report-context")
             self.scored = gr.Slider(1, MAX_SCORED_TOKENS, value=DEFAULT_SCORED_TOKENS, step=1,
                                     label="scored tokens (one per forward)", elem_id="report-scored")
-        self.pasted = gr.Textbox(label="your text (used when 'your own text' is picked)", lines=3,
+        self.pasted = gr.Textbox(label="your text: at least context + scored tokens long", lines=3, visible=False,
                                  elem_id="report-pasted")
         with gr.Row():
             self.run_button = gr.Button("Run report", variant="primary", elem_id="report-run")
@@ -96,6 +97,8 @@ class ReportTab:
                            self.scored, self.y_choice]
         wire_run(self.run_button, self.stop_button, self.session, self.status, zerogpu.gpu(self._on_run, self.gpu_s),
                  self.run_inputs, [self.status, self.table, self.plot, self.front, self.download])
+        self.text_choice.change(lambda choice: gr.update(visible=choice == PASTED), self.text_choice, self.pasted,
+                                **PRIVATE)
         self.y_choice.change(self.switch_y, [self.session, self.y_choice], [self.plot, self.front], **PRIVATE)
         self.saved.upload(self.replay, [self.session, self.saved, self.y_choice],
                           [self.status, self.table, self.plot, self.front, self.download], **PRIVATE)
@@ -198,8 +201,9 @@ class ReportTab:
         folder = fresh_export_folder("report-merged-")
         (folder / "report-merged.csv").write_text(rows_to_csv(rows))
         status = f"{len(rows)} row(s) from {len(paths) - len(problems)} saved record(s){note}"
-        yield {self.status: status, self.table: table_frame(rows),
-               **self.redraw(rows, roster, y, primer=True, blank=True), self.download: [str(folder / "report-merged.csv")]}
+        primer = self.redraw(rows, roster, y, primer=True, blank=True)
+        yield {self.status: status, self.table: table_frame(rows), **primer,
+               self.download: [str(folder / "report-merged.csv")]}
         yield self.redraw(rows, roster, y, blank=True)
         yield self.redraw(rows, roster, y)
         yield self.redraw(rows, roster, y, primer=True)

@@ -1,7 +1,7 @@
 """The Report tab's pure part: the form -> a checked plan, the report's events (or saved records) -> table rows,
 the page's table, the quality-vs-bytes plot's frame and the status line.
 
-- `plan_report(request, loaded)` tokenizes the text (the built-in long text or the user's own), takes its first
+- `plan_report(request, loaded)` tokenizes the text (the shipped long text or the user's own), takes its first
   `context_tokens + scored_tokens` tokens and checks the split and the columns before any compute
   (`kvlab.quality.report.check_split`, `parse_columns`).
 - `ReportView.apply(event)` folds in `kvlab.quality.report` events; its `rows()` are
@@ -24,7 +24,8 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from kvlab.quality.perplexity import default_text
+from kvlab.quality.defaults import DEFAULT_COLUMNS as CLI_COLUMNS
+from kvlab.quality.defaults import SHIPPED_TEXT_INFO, shipped_text
 from kvlab.quality.record import TABLE_FIELDS, load_record, merge_rows, rows_from_record
 from kvlab.quality.report import (REFERENCE, ReportColumnError, ReportDone, ReportProgress, ReportStarted, Split,
                                   check_split, parse_columns)
@@ -38,10 +39,10 @@ DEFAULT_SCORED_TOKENS = 64
 """A first run's split: small enough to finish in well under a minute on 2 CPU cores with SmolLM2-135M."""
 MAX_CONTEXT_TOKENS = 8192
 MAX_SCORED_TOKENS = 4096
-BUILT_IN = "Python's help topics (pydoc_data.topics, PSF-2.0)"
+CLI_COLUMN_COUNT = len([item for item in CLI_COLUMNS.split(",") if item.strip()])
+"""Columns `kvlab report` runs by default (`kvlab.quality.defaults.DEFAULT_COLUMNS`), named in the form's note."""
+BUILT_IN = "the shipped text: The Python Language Reference (PSF-2.0)"
 PASTED = "your own text (pasted below)"
-BUILT_IN_INFO = {"name": "pydoc_data.topics", "title": "Python's help topics, shipped with every Python",
-                 "licence": "PSF-2.0 (Python Software Foundation License Version 2)"}
 CHARS_PER_TOKEN = 12
 """Characters of the text tokenized per token wanted (more than any tokenizer's average: prose and code run at
 3-5 characters per token), so a long text is not tokenized whole for a short run."""
@@ -59,7 +60,8 @@ NAN = float("nan")
 
 @dataclass
 class ReportRequest:
-    """The tab's inputs as the page sends them (not yet checked); columns in compare syntax."""
+    """The tab's inputs as the page sends them (not yet checked); columns in compare syntax; the text is the
+    shipped one (`kvlab.quality.defaults.shipped_text`, about 8,500 SmolLM2 tokens) unless PASTED is picked."""
 
     source: str = "bundled"
     text_choice: str = BUILT_IN
@@ -69,15 +71,17 @@ class ReportRequest:
     scored_tokens: float | int = DEFAULT_SCORED_TOKENS
 
     def text(self) -> str:
-        """The text to score: the pasted one or the built-in long text. Raises ValueError when it is empty."""
-        text = self.pasted if self.text_choice == PASTED else default_text()
+        """The text to score: the pasted one or the shipped long text. Raises ValueError when it is empty."""
+        text = self.pasted if self.text_choice == PASTED else shipped_text()
         if not text or not text.strip():
-            raise ValueError("the text is empty: paste a long text or pick the built-in one")
+            raise ValueError("the text is empty: paste a long text or pick the shipped one")
         return text
 
     def text_info(self) -> dict:
         """What the record says about the text."""
-        return dict(BUILT_IN_INFO) if self.text_choice != PASTED else {"name": "pasted", "title": "the user's own text"}
+        if self.text_choice == PASTED:
+            return {"name": "pasted", "title": "the user's own text"}
+        return dict(SHIPPED_TEXT_INFO)
 
 
 @dataclass
@@ -111,9 +115,9 @@ def plan_report(request: ReportRequest, loaded) -> ReportPlan:
     """Check the form against `loaded` (a `kvlab.models.LoadedModel`) and tokenize the text.
 
     Raises:
-        ValueError: the text is empty or has fewer tokens than the split needs, a split below 1 token, no
-            column or more than the report takes (`parse_columns`). Bad single columns are not raised: each
-            becomes its own error row when the run starts.
+        ValueError: the text is empty or has fewer tokens than the split needs (the message gives its count), a
+            split below 1 token, no column or more than the report takes (`parse_columns`). Bad single columns
+            are not raised: each becomes its own error row when the run starts.
     """
     context, scored = whole(request.context_tokens, "context tokens"), whole(request.scored_tokens, "scored tokens")
     text = request.text()

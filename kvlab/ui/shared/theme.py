@@ -50,6 +50,7 @@ CSS = """
   overflow-wrap: normal !important; hyphens: none; }
 /* the summary's 15 columns in a smaller type, so more header words fit the widths gradio gives them at 1400 px */
 #kv-summary th *, #kv-summary td * { font-size: 12px !important; }
+#report-table th *, #report-table td * { font-size: 12px !important; }
 .kv-more summary { cursor: pointer; }
 /* the chatbot's label and icons sit in a bar of their own above the scrolling messages, never over a bubble */
 #kvlab-chatbot .wrapper { padding-top: 28px; }
