@@ -153,6 +153,13 @@ def test_the_tab_streams_figures_every_column_plotted_from_the_first_frame_and_t
     assert saved.endswith("report.json") and csv.endswith("report.csv")
     assert "kld_mean" in Path(csv).read_text().splitlines()[0]
     assert [row["column"] for row in session["rows"]] == ["static", "sink 2+6", "nope"]
+    switched = list(tab.switch_y(session, "ΔPPL"))  # the radio: the same points against ΔPPL, spec rebuilt
+    kept = final[tab.table]
+    assert [round(v, 4) for v in switched[1][tab.plot]["value"]["y"][:2]] == [float(v.split(" ± ")[0])
+                                                                                for v in kept["ΔPPL"][:2]]
+    colors = [u[tab.plot]["color_map"] for u in switched]
+    assert [c.lower() for c in colors[0].values()] == list(colors[1].values()) != list(colors[0].values())
+    assert "|ΔPPL|" in switched[1][tab.front]
     replayed = list(tab.replay({}, [saved], "ΔPPL"))
     assert replayed[0][tab.table].equals(final[tab.table])
     assert plot_values(tab, replayed)[-1]["y"].notna().sum() == 2
@@ -170,5 +177,10 @@ def test_stop_keeps_what_was_scored_and_bad_input_leaves_the_page_as_it_was(tab)
     assert 4 <= int(final[tab.table]["scored"][0]) < 64 and final[tab.download]
     bad = list(tab.stream(ReportRequest(columns="", context_tokens=16, scored_tokens=8), threading.Event(), {}))
     assert bad[-1] == {tab.status: "⚠️ pick at least one column, e.g. quantized:backend=quanto:nbits=4"}
+    broken = Path(final[tab.download][0]).with_name("broken.json")
+    broken.write_text("{")
+    assert list(tab.replay({}, [broken], "mean KL")) == [{tab.status: f"⚠️ broken.json: cannot read record {broken}: "
+                                                          "Expecting property name enclosed in double quotes: line 1 "
+                                                          "column 2 (char 1)"}]
     nothing = list(tab.replay({}, [], "mean KL"))
     assert nothing == [{tab.status: "⚠️ no rows: pick report, Compare or Needle records"}]

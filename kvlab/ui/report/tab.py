@@ -110,7 +110,8 @@ class ReportTab:
     def _on_run(self, session, source, text_choice, pasted, columns, context, scored, y_label):
         request = ReportRequest(source=source, text_choice=text_choice, pasted=pasted, columns=columns,
                                 context_tokens=context, scored_tokens=scored)
-        yield from self.stream(request, session_stop(session), session, Y_CHOICES.get(y_label, "kld_mean"))
+        session["y"] = Y_CHOICES.get(y_label, "kld_mean")
+        yield from self.stream(request, session_stop(session), session)
 
     def redraw(self, rows: list[dict], roster: list[str], y: str, primer: bool = False, blank: bool = False) -> dict:
         """The plot from `rows`, every series of `roster` in its colour from the first frame on, and the line
@@ -141,10 +142,10 @@ class ReportTab:
         (folder / "report.csv").write_text(rows_to_csv(rows))
         return [str(folder / "report.json"), str(folder / "report.csv")]
 
-    def stream(self, request: ReportRequest, stop: threading.Event, session: dict | None = None,
-               y: str = "kld_mean"):
+    def stream(self, request: ReportRequest, stop: threading.Event, session: dict | None = None):
         """Load, check and run the report, yielding {component: update}; bad input ends with one status line and
-        leaves the table and plot as they were."""
+        leaves the table and plot as they were. The plot's figure is the session's `y` (the radio's, which may
+        change while the run goes on; mean KL by default)."""
         session = session if session is not None else {}
         yield {self.status: "loading the model…"}
         try:
@@ -153,7 +154,7 @@ class ReportTab:
         except (ValueError, ModelLoadError, StrategyError) as err:
             yield {self.status: f"⚠️ {err}"}
             return
-        view = ReportView(loaded.info()["name"])
+        view, y = ReportView(loaded.info()["name"]), session.get("y", "kld_mean")
         yield {self.status: "warming up the caches and prefilling the context…", self.download: None}
         try:
             for event in run_report(loaded, plan.input_ids, request.columns, scored_tokens=plan.split.scored_tokens,
@@ -162,7 +163,7 @@ class ReportTab:
                 if isinstance(event, (ReportProgress, ReportDone)) and not view.has_points():
                     yield self.show(view, y)  # no point yet, upper case: the spec is rebuilt from the primer
                 view.apply(event)
-                session["rows"] = view.rows()
+                session["rows"], y = view.rows(), session.get("y", "kld_mean")
                 if isinstance(event, ReportStarted):
                     yield self.show(view, y, primer=True)
                 elif isinstance(event, ReportDone):
@@ -179,7 +180,7 @@ class ReportTab:
         """The radio: the plot redrawn from the rows shown against the other figure (twice, the second time
         with the colours' case flipped, so the spec is rebuilt from the new frame)."""
         rows = session.get("rows") or []
-        y = Y_CHOICES.get(y_label, "kld_mean")
+        y = session["y"] = Y_CHOICES.get(y_label, "kld_mean")
         roster = series_names(rows)
         first, second = self.redraw(rows, roster, y), self.redraw(rows, roster, y)
         if rows:
@@ -198,6 +199,7 @@ class ReportTab:
             return
         session["rows"] = rows
         y, roster = Y_CHOICES.get(y_label, "kld_mean"), series_names(rows)
+        session["y"] = y
         folder = fresh_export_folder("report-merged-")
         (folder / "report-merged.csv").write_text(rows_to_csv(rows))
         status = f"{len(rows)} row(s) from {len(paths) - len(problems)} saved record(s){note}"
