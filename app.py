@@ -116,6 +116,7 @@ try:
     from kvlab.ui.needle.tab import build_needle_tab
     from kvlab.ui.perplexity.tab import build_perplexity_tab
     from kvlab.ui.plan.tab import build_plan_tab
+    from kvlab.ui.report.tab import build_report_tab
     from kvlab.ui.shared.serving import calm_queue_polling
     from kvlab.ui.shared.theme import CSS
 except ImportError as missing:
@@ -160,6 +161,8 @@ def create_app(pool: ModelPool | None = None, preload: bool = True, loader=None)
                 inspect = build_inspect_tab(pool)
             with gr.Tab("Needle"):
                 build_needle_tab(pool)
+            with gr.Tab("Report"):
+                build_report_tab(pool)
         compare.wire_page_load(demo)
         inspect.wire_link(demo, tabs, INSPECT_TAB)
         demo.unload(compare.unload)

@@ -1,6 +1,6 @@
 """kvlab's browser UI: the only package (besides `app.py`) that imports gradio.
 
-One package per tab (`compare`, `chat`, `perplexity`, `plan`, `inspect`, `needle`), each a `tab` module that
+One package per tab (`compare`, `chat`, `perplexity`, `plan`, `inspect`, `needle`, `report`), each a `tab` module that
 only lays out components and wires their events beside pure modules (`view`, `form`, ...) that turn the form
 into a validated plan and the backend's typed events into a view model, tables and figures (importable and
 tested without gradio); `shared` holds what every tab uses. A tab's package imports `shared`, never another

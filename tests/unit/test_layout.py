@@ -61,7 +61,7 @@ def offenders(modules, imported: tuple[str, ...]) -> dict[str, list[str]]:
 
 CORE = {"engine", "generation", "accounting", "compute", "budget", "presets"}
 """The modules at the top of kvlab/ (beside __init__ and __main__): what every wing reads."""
-TABS = {"compare", "chat", "perplexity", "plan", "inspect", "needle"}
+TABS = {"compare", "chat", "perplexity", "plan", "inspect", "needle", "report"}
 """kvlab/ui/'s tab packages; `shared` is the one package beside them."""
 
 

@@ -45,10 +45,12 @@ def share_html(run_id: str, param: str = "run") -> str:
 CSS = """
 .kv-header h1 { margin-bottom: 0; }
 /* table headers wrap between words, never inside one ("agreeme|nt") */
-#kv-summary th, #kv-summary th *, #plan-table th, #plan-table th * { word-break: normal !important;
+#kv-summary th, #kv-summary th *, #plan-table th, #plan-table th *, #report-table th, #report-table th * {
+  word-break: normal !important;
   overflow-wrap: normal !important; hyphens: none; }
 /* the summary's 15 columns in a smaller type, so more header words fit the widths gradio gives them at 1400 px */
 #kv-summary th *, #kv-summary td * { font-size: 12px !important; }
+#report-table th *, #report-table td * { font-size: 12px !important; }
 .kv-more summary { cursor: pointer; }
 /* the chatbot's label and icons sit in a bar of their own above the scrolling messages, never over a bubble */
 #kvlab-chatbot .wrapper { padding-top: 28px; }
