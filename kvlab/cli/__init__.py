@@ -6,6 +6,10 @@ subparser(s) and sets `func` to its run function; `parents` holds the shared
 `--model/--dtype/--device` parent (`kvlab.cli.common`) for subcommands that load
 a model. Registering a new subcommand is one line in `SUBCOMMANDS`. This module
 builds and dispatches the parser; the work is each subcommand module's.
+
+Ctrl-C: a subcommand keeps what it finished in its own handler (compare's partial record, chat's finished
+turns, needle's finished cells); any Ctrl-C that reaches `main` (a model load, a warm-up, a run without its
+own handler, a write) ends the command with one line on stderr and exit status 130 (`INTERRUPTED`).
 """
 
 from __future__ import annotations
@@ -14,6 +18,9 @@ import argparse
 import importlib
 
 from .common import fill_model_defaults, model_parent
+
+INTERRUPTED = 130
+"""Exit status of a command ended by Ctrl-C (128 + SIGINT, as a shell reports it)."""
 
 SUBCOMMANDS = (
     "kvlab.cli.compare",
@@ -42,4 +49,15 @@ def build_parser(prog: str = "kvlab") -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None, prog: str = "kvlab") -> int:
     """Run one subcommand; `prog` is the name usage lines show (`kvlab` or `python -m kvlab`)."""
     args = fill_model_defaults(build_parser(prog).parse_args(argv))
-    return args.func(args)
+    try:
+        return args.func(args)
+    except KeyboardInterrupt:
+        interrupted(f"kvlab {args.command}")
+        return INTERRUPTED
+
+
+def interrupted(prog: str) -> None:
+    """The one line a Ctrl-C that reached the top leaves on stderr (the subcommand kept nothing more)."""
+    import sys
+
+    print(f"{prog}: interrupted; nothing more was written", file=sys.stderr, flush=True)
