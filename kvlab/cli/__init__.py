@@ -5,7 +5,9 @@ One parser with one subparser per subcommand. Each subcommand module in
 subparser(s) and sets `func` to its run function; `parents` holds the shared
 `--model/--dtype/--device` parent (`kvlab.cli.common`) for subcommands that load
 a model. Registering a new subcommand is one line in `SUBCOMMANDS`. This module
-builds and dispatches the parser; the work is each subcommand module's.
+builds and dispatches the parser; the work is each subcommand module's. Before argparse, a negative value
+after a flag is joined to it and a removed flag is dropped with a note; after it, an empty comma list is
+refused in one line (exit 2); see `kvlab.cli.common`.
 
 Ctrl-C: a subcommand keeps what it finished in its own handler (compare's partial record, chat's finished
 turns, needle's finished cells); any Ctrl-C that reaches `main` (a model load, a warm-up, a run without its
@@ -17,7 +19,7 @@ from __future__ import annotations
 import argparse
 import importlib
 
-from .common import fill_model_defaults, model_parent
+from .common import check_lists, fill_model_defaults, model_parent, prepare_argv
 
 INTERRUPTED = 130
 """Exit status of a command ended by Ctrl-C (128 + SIGINT, as a shell reports it)."""
@@ -48,7 +50,16 @@ def build_parser(prog: str = "kvlab") -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None, prog: str = "kvlab") -> int:
     """Run one subcommand; `prog` is the name usage lines show (`kvlab` or `python -m kvlab`)."""
+    import sys
+
+    argv, notes = prepare_argv(sys.argv[1:] if argv is None else list(argv))
+    for note in notes:
+        print(note, file=sys.stderr)
     args = fill_model_defaults(build_parser(prog).parse_args(argv))
+    problem = check_lists(args)
+    if problem:
+        print(problem, file=sys.stderr)
+        return 2
     try:
         return args.func(args)
     except KeyboardInterrupt:
