@@ -2,7 +2,7 @@
 
 `entry` runs the command line so that a package missing from the environment
 (a set-up that did not run) is reported in one line naming it and the set-up
-command, not as a traceback.
+command, not as a traceback, and a Ctrl-C during the imports ends with one line and exit status 130.
 """
 
 import sys
@@ -16,6 +16,9 @@ def entry(prog: str = "kvlab") -> int:
         from kvlab.cli import main
 
         return main(prog=prog)
+    except KeyboardInterrupt:  # during the imports, before a subcommand runs
+        print(f"{prog}: interrupted; nothing was written", file=sys.stderr)
+        return 130
     except ModuleNotFoundError as err:
         print(f"kvlab: the package {err.name or err} is not installed here: {SETUP_HINT}", file=sys.stderr)
         return 2

@@ -208,7 +208,8 @@ def _scored(result) -> str:
 
 def cmd_compare(args) -> int:
     """Run the comparison; 2 when it cannot start (the --json path is checked before the model loads), 130
-    when interrupted before a record exists (one line says nothing was written), else 0 or 1 (see above)."""
+    when interrupted (the first Ctrl-C keeps the partial record; before a record exists one line says nothing
+    was written), else 0 or 1 (see above)."""
     from ..compare.runner import collect, run_compare
     from ..models.loading import ModelLoadError, load_model
     from .outputs import OutputError, StopOnInterrupt, check_writable, write_text
@@ -253,5 +254,7 @@ def cmd_compare(args) -> int:
             print(f"kvlab compare: {err}", file=sys.stderr)
             return 2
         print(f"wrote {args.json}" + (" (stopped: a partial record)" if done.stopped else ""), file=sys.stderr)
+    if done.stopped:
+        return 130
     return 0 if any(result.status == "ok" for result in done.results) else 1
 

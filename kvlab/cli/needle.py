@@ -138,4 +138,6 @@ def run(args) -> int:
     except OutputError as err:
         print(f"{PROG}: {err}", file=sys.stderr)
         return 2
+    if done.stopped:
+        return 130
     return 0 if any(r.status == "ok" for r in done.records) else 1

@@ -55,7 +55,8 @@ def _prepare(args):
     parse_perplexity_strategies(args.strategies, args.window, args.sinks)
     check_writable(args.json)
     text = Path(args.text).read_text(encoding="utf-8") if args.text else default_text()
-    loaded = load_model(ModelSpec(args.model, args.dtype, args.device))
+    loaded = load_model(ModelSpec(args.model, args.dtype, args.device),
+                        progress=lambda f, m: print(f"[model] {m}", file=sys.stderr))
     ids = loaded.tokenizer(text, return_tensors="pt")["input_ids"][:, :args.max_tokens]
     if ids.shape[1] < 2:
         raise ValueError("the text has fewer than 2 tokens")
@@ -63,8 +64,12 @@ def _prepare(args):
 
 
 def cmd_perplexity(args) -> int:
+    """Stream the text; 2 when it cannot start, 130 after a Ctrl-C (the first one stops the stream and keeps
+    the tokens scored so far, printed and written as usual with `stopped: true`), else 0."""
+    import threading
+
     from ..models.loading import ModelLoadError
-    from .outputs import OutputError, write_text
+    from .outputs import OutputError, StopOnInterrupt, write_text
 
     try:
         loaded, ids, strategies, segment = _prepare(args)
@@ -73,25 +78,38 @@ def cmd_perplexity(args) -> int:
         return 2
     results = {label: {"strategy": s.name, "knobs": s.knobs(), "nll": [], "cache_bytes": []}
                for label, s in strategies.items()}
-    for step in stream_many(loaded, ids, strategies):
-        results[step.name]["nll"].append(step.nll)
-        results[step.name]["cache_bytes"].append(step.cache_bytes)
-    print(f"{ids.shape[1]} tokens; perplexity per {segment}-token segment")
-    for label, data in results.items():
-        data["ppl_by_segment"] = ppl_by_segment(data["nll"], segment)
-        late = data["nll"][2 * args.window:]
-        data["late_ppl"] = math.exp(sum(late) / len(late)) if late else None
-        data["peak_cache_bytes"] = max(data["cache_bytes"], default=0)
-        print(f"{label:>24}: " + " ".join(f"{s['ppl']:.1f}" for s in data["ppl_by_segment"])
-              + (f" | after 2x window: {data['late_ppl']:.2f}" if late else "")
-              + f" | peak cache {data['peak_cache_bytes']:,} B")
+    stop = threading.Event()
+    print(f"[run] streaming {ids.shape[1]} tokens through {len(strategies)} caches", file=sys.stderr, flush=True)
+    with StopOnInterrupt(stop, "kvlab perplexity"):
+        for step in stream_many(loaded, ids, strategies, stop):
+            results[step.name]["nll"].append(step.nll)
+            results[step.name]["cache_bytes"].append(step.cache_bytes)
+    _print_results(results, ids.shape[1], segment, args.window)
     if args.json:
         record = {"model": loaded.info(), "tokens": ids.shape[1], "window": args.window, "sinks": args.sinks,
-                  "segment": segment, "strategies": results}
+                  "segment": segment, "strategies": results, "stopped": stop.is_set()}
         try:
             write_text(args.json, json.dumps(record))
         except OutputError as err:
             print(f"kvlab perplexity: {err}", file=sys.stderr)
             return 2
         print(f"wrote {args.json}", file=sys.stderr)
+    if stop.is_set():
+        scored = min(len(data["nll"]) for data in results.values())
+        print(f"kvlab perplexity: stopped after {scored} of {ids.shape[1] - 1} scored tokens; they are kept",
+              file=sys.stderr)
+        return 130
     return 0
+
+
+def _print_results(results: dict, tokens: int, segment: int, window: int) -> None:
+    """Fill in each strategy's segments, late perplexity and peak bytes (in place) and print one line each."""
+    print(f"{tokens} tokens; perplexity per {segment}-token segment")
+    for label, data in results.items():
+        data["ppl_by_segment"] = ppl_by_segment(data["nll"], segment)
+        late = data["nll"][2 * window:]
+        data["late_ppl"] = math.exp(sum(late) / len(late)) if late else None
+        data["peak_cache_bytes"] = max(data["cache_bytes"], default=0)
+        print(f"{label:>24}: " + " ".join(f"{s['ppl']:.1f}" for s in data["ppl_by_segment"])
+              + (f" | after 2x window: {data['late_ppl']:.2f}" if late else "")
+              + f" | peak cache {data['peak_cache_bytes']:,} B")

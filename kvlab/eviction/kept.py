@@ -87,7 +87,10 @@ class EvictionRecord:
 def prune_layer(layer, scores: torch.Tensor, kept: int) -> torch.Tensor:
     """Keep the `kept` best-scored positions of every KV head in a cache layer's `keys`/`values`
     (batch, kv_heads, seq, head_dim), in score order as kvpress's gather leaves them. Returns the kept
-    positions, (batch, kv_heads, kept).
+    positions, (batch, kv_heads, kept). When `kept == seq` nothing is dropped and the layer is left untouched,
+    in position order, as kvpress leaves a prefill it does not compress (`ScorerPress.compress` returns the
+    keys and values as they are at compression ratio 0): a later compression that scores neighbouring slots
+    together (SnapKV's pooling) or one draw per slot (random) then sees the slots kvpress sees.
 
     Raises:
         ValueError: scores not (batch, kv_heads, seq) of the layer's keys, or `kept` outside 1..seq.
@@ -97,6 +100,8 @@ def prune_layer(layer, scores: torch.Tensor, kept: int) -> torch.Tensor:
         raise ValueError(f"scores must have shape {(batch, heads, seq)}, got {tuple(scores.shape)}")
     if not 1 <= kept <= seq:
         raise ValueError(f"kept must be in 1..{seq}, got {kept}")
+    if kept == seq:
+        return torch.arange(seq, device=scores.device).expand(batch, heads, seq)
     indices = scores.topk(kept, dim=-1).indices
     gather = indices.unsqueeze(-1).expand(-1, -1, -1, head_dim)
     layer.keys = layer.keys.gather(2, gather).contiguous()

@@ -91,7 +91,57 @@ def test_ctrl_c_during_a_needle_grid_keeps_the_finished_cells(tmp_path):
         _, err = proc.communicate(timeout=WAIT_S)
     finally:
         proc.kill()
-    assert proc.returncode == 0 and "Traceback" not in err, err[-3000:]
+    assert proc.returncode == 130 and "Traceback" not in err, err[-3000:]
     assert "kvlab needle: stopping after the current step" in err and "(stopped: the finished cells are kept)" in err
     record = json.loads(out.read_text())
     assert record["stopped"] is True and 1 <= len(record["cells"]) < 5
+
+
+# Every subcommand that loads a model, interrupted while the model loads and once it is loaded (its run).
+# Small inputs: each run-phase process loads the cached bundled model once (about 2 s) and stops at once.
+def _inputs(tmp_path: Path) -> dict[str, list[str]]:
+    (tmp_path / "turns.yaml").write_text("- Hello\n- Count to twenty in words.\n")
+    (tmp_path / "prefix.txt").write_text("You are a terse assistant. " * 20)
+    (tmp_path / "prompts.yaml").write_text("- Say one word.\n- Count to twenty in words.\n")
+    (tmp_path / "text.txt").write_text("The quick brown fox jumps over the lazy dog. " * 60)
+    return {
+        "compare": COMPARE[2:],
+        "needle": NEEDLE[2:],
+        "chat": ["chat", "--turns", "turns.yaml", "--max-new-tokens", "200"],
+        "prefix": ["prefix", "--prefix", "prefix.txt", "--prompts", "prompts.yaml", "--max-new-tokens", "200"],
+        "perplexity": ["perplexity", "--text", "text.txt", "--max-tokens", "500"],
+        "inspect": ["inspect", "--prompt", "Count to fifty in words.", "--steps", "200", "--ignore-eos"],
+        "diverge": ["diverge", "--strategy", "sink:window_length=16", "--prompt", "Count to fifty in words.",
+                    "--steps", "200", "--ignore-eos"],
+        "report": ["report", "--text", "text.txt", "--columns", "dynamic", "--scored-tokens", "200",
+                   "--context-tokens", "64"],
+        "bench": ["bench", "--size", "smoke", "--only", "overhead"],
+    }
+
+
+def _interrupt_at(tmp_path, name: str, marker: str) -> tuple[subprocess.Popen, str]:
+    """Start subcommand `name`, send SIGINT once a stderr line holds `marker`; (process, all of stderr)."""
+    args = _inputs(tmp_path)[name]
+    env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "kvlab", *args, "--json", str(tmp_path / "r.json")],
+                            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        seen = wait_for_line(proc, marker)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=WAIT_S)
+    finally:
+        proc.kill()
+    return proc, "".join(seen) + err
+
+
+@pytest.mark.parametrize("name", ["compare", "needle", "chat", "prefix", "perplexity", "inspect", "diverge",
+                                  "report", "bench"])
+@pytest.mark.parametrize("marker", [pytest.param("[model] loading", id="load"), pytest.param(" ready", id="run")])
+def test_ctrl_c_in_every_phase_ends_in_one_line_and_130(tmp_path, name, marker):
+    proc, err = _interrupt_at(tmp_path, name, marker)
+    last = err.strip().splitlines()[-1]
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-3000:]
+    assert proc.returncode in (130, -signal.SIGINT), err[-3000:]
+    assert last.startswith((f"kvlab {name}:", "wrote ")), err[-3000:]
+    assert not (tmp_path / "r.json.partial").exists()
