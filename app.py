@@ -119,6 +119,7 @@ try:
     from kvlab.ui.report.tab import build_report_tab
     from kvlab.ui.shared.serving import calm_queue_polling
     from kvlab.ui.shared.theme import CSS
+    from kvlab.ui.shared.tools import mcp_enabled, register_tools
 except ImportError as missing:
     sys.exit(f"kvlab: the package {missing.name or missing} is not installed here: {SETUP_HINT}")
 
@@ -163,6 +164,7 @@ def create_app(pool: ModelPool | None = None, preload: bool = True, loader=None)
                 build_needle_tab(pool)
             with gr.Tab("Report"):
                 build_report_tab(pool)
+        register_tools(pool)  # compare_strategies, plan, needle, diverge: API endpoints and MCP tools
         compare.wire_page_load(demo)
         inspect.wire_link(demo, tabs, INSPECT_TAB)
         demo.unload(compare.unload)
@@ -174,17 +176,26 @@ def create_app(pool: ModelPool | None = None, preload: bool = True, loader=None)
     return demo
 
 
+def mcp_flag(argv: list[str]) -> bool | None:
+    """`--mcp` / `--no-mcp` on the command line (the last one wins), else None (KVLAB_MCP or the Space default
+    decides, `kvlab.ui.shared.tools.mcp_enabled`)."""
+    flags = [arg for arg in argv if arg in ("--mcp", "--no-mcp")]
+    return None if not flags else flags[-1] == "--mcp"
+
+
 def launch() -> None:
-    """Serve the app; a port that cannot be opened, or a bad KVLAB_QUEUE_MAX_SIZE, is reported in one line
-    naming the setting to change."""
+    """Serve the app; a port that cannot be opened, or a bad KVLAB_QUEUE_MAX_SIZE or KVLAB_MCP, is reported in
+    one line naming the setting to change. With the MCP switch on (`--mcp`, KVLAB_MCP=1, or on a Space), gradio's
+    MCP server answers at /gradio_api/mcp/ (streamable HTTP) and /gradio_api/mcp/sse (docs/mcp.md)."""
     log_to_stderr()
     port = server_port()
     try:
+        mcp = mcp_enabled(mcp_flag(sys.argv[1:]))
         demo = create_app(loader=EARLY_LOADER)
     except ValueError as err:
         sys.exit(f"kvlab: {err}")
     try:
-        demo.launch(server_name="0.0.0.0", server_port=port, css=CSS, show_error=True)
+        demo.launch(server_name="0.0.0.0", server_port=port, css=CSS, show_error=True, mcp_server=mcp)
     except OSError as err:
         sys.exit(f"kvlab: cannot serve on port {port} ({str(err).splitlines()[0]}): set GRADIO_SERVER_PORT "
                  "(or PORT) to a free port")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 
 from kvlab.models.loading import BUNDLED_HUB_ID
+from kvlab.strategies.serving import serving_comment
 
 
 def _model_reference(source: str) -> tuple[str, str]:
@@ -76,7 +77,8 @@ def _preamble(strategy, model_source: str, dtype: str, extra_imports: list[str] 
 
 def code_snippet(strategy, settings, prompt_text: str, system: str = "", chat: bool = True,
                  model_source: str = "bundled", dtype: str = "float32") -> str:
-    """Plain transformers code that reproduces one column with `model.generate(..., cache=...)`.
+    """Plain transformers code that reproduces one column with `model.generate(..., cache=...)`, followed by the
+    nearest setting in vLLM, SGLang, TensorRT-LLM and llama.cpp as comments (`kvlab.strategies.serving`).
 
     Args:
         strategy: a `kvlab.strategies.Strategy` (its `cache_code()` and `generate_kwargs_code()`).
@@ -99,6 +101,7 @@ def code_snippet(strategy, settings, prompt_text: str, system: str = "", chat: b
         *([context] if context else []),
         f"{indent}out = model.generate(\n{indent}    {call},\n{indent})",
         "print(tokenizer.decode(out[0, inputs[\"input_ids\"].shape[1]:], skip_special_tokens=True))",
+        *serving_comment(strategy),  # 3. The nearest vLLM / SGLang / TensorRT-LLM / llama.cpp setting.
     ]
     return "\n".join(lines) + "\n"
 
