@@ -26,7 +26,8 @@ from .loader import CONCURRENCY, MODEL_CONCURRENCY_ID
 
 MCP_ENV = "KVLAB_MCP"
 TOOL_NAMES = ("compare_strategies", "plan", "needle", "diverge")
-"""The MCP tools kvlab adds (gradio also lists the preset-based `compare` API)."""
+"""The MCP tools kvlab adds, named after their functions (gradio also lists the preset-based `compare` API and
+the tabs' public event handlers). Their HTTP API names are the same except `plan`, served as `/plan_memory`."""
 
 
 def mcp_enabled(flag: bool | None = None) -> bool:
@@ -225,7 +226,8 @@ def register_tools(pool) -> AgentTools:
     tools = AgentTools(pool)
     model_queue = {"concurrency_limit": CONCURRENCY, "concurrency_id": MODEL_CONCURRENCY_ID}
     gr.api(tools.compare_strategies, api_name="compare_strategies", **model_queue)
-    gr.api(tools.plan, api_name="plan", concurrency_limit=None)
+    # "plan" is already the Plan tab's (private) handler's name; the MCP tool keeps the function's name, `plan`.
+    gr.api(tools.plan, api_name="plan_memory", concurrency_limit=None)
     gr.api(tools.needle, api_name="needle", **model_queue)
     gr.api(tools.diverge, api_name="diverge", **model_queue)
     return tools
