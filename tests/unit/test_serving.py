@@ -36,3 +36,14 @@ def test_a_queue_without_the_intervals_is_left_alone_with_a_warning(caplog):
     assert calm_queue_polling(types.SimpleNamespace()) is False
 
 
+
+
+def test_the_api_and_the_mcp_tools_are_kvlab_s_tools_only():
+    """gradio serves every public event as an API endpoint and, with `mcp_server`, as an MCP tool: the tabs'
+    own events (send, clear, undo, stop, ...) are private, so an agent sees only kvlab's typed tools and the
+    preset `compare` API."""
+    import app
+
+    demo = app.create_app(preload=False)
+    assert sorted(demo.get_api_info()["named_endpoints"]) == [
+        "/compare", "/compare_strategies", "/diverge", "/needle", "/plan_memory"]

@@ -152,20 +152,22 @@ class ChatTab:
                             self.card.fallback, self.system, self.max_new_tokens, self.measure, self.verify}
         self.turn_outputs = [self.chatbot, self.message, self.notice, self.capacity_row, self.turn_info,
                              self.turn_table, self.ttft_plot, self.tokens_plot, self.state]
-        model_bound = {"concurrency_limit": CHAT_CONCURRENCY, "concurrency_id": CHAT_CONCURRENCY_ID}
+        model_bound = {"concurrency_limit": CHAT_CONCURRENCY, "concurrency_id": CHAT_CONCURRENCY_ID,
+                       "api_visibility": "private"}  # the page's own events: not API endpoints nor MCP tools
+        private = {"api_visibility": "private"}
         for trigger in (self.send_button.click, self.message.submit):
             trigger(zerogpu.gpu(self._on_send, self.gpu_s), {self.message, self.state, *self.form_inputs}, self.turn_outputs, **model_bound)
         self.regenerate_button.click(zerogpu.gpu(self._on_regenerate, self.gpu_s), {self.state, *self.form_inputs}, self.turn_outputs,
                                      **model_bound)
-        self.undo_button.click(self.undo, [self.state], self.turn_outputs)
-        self.clear_button.click(self.clear, [self.state], self.turn_outputs)
-        self.chatbot.clear(self.clear, [self.state], self.turn_outputs)  # the chatbot's own trash icon: same as Clear
-        self.stop_button.click(self.stop, [self.state], None, queue=False)
-        self.grow_button.click(self.grow, [self.state], self.turn_outputs + self.card.knobs)
+        self.undo_button.click(self.undo, [self.state], self.turn_outputs, **private)
+        self.clear_button.click(self.clear, [self.state], self.turn_outputs, **private)
+        self.chatbot.clear(self.clear, [self.state], self.turn_outputs, **private)  # the trash icon: same as Clear
+        self.stop_button.click(self.stop, [self.state], None, queue=False, **private)
+        self.grow_button.click(self.grow, [self.state], self.turn_outputs + self.card.knobs, **private)
         self.to_dynamic_button.click(self.to_dynamic, [self.state],
-                                     self.turn_outputs + [self.card.strategy, *self.card.form_outputs])
+                                     self.turn_outputs + [self.card.strategy, *self.card.form_outputs], **private)
         self.card.strategy.input(self.pick_strategy, [self.card.strategy, self.model_source], self.card.form_outputs,
-                                 show_progress="hidden")
+                                 show_progress="hidden", **private)
         self.prefix_button.click(zerogpu.gpu(self._on_prefix, self.prefix_gpu_s),
                                  {self.prefix_text, self.prefix_prompts, *self.form_inputs},
                                  [self.prefix_info, self.prefix_table], **model_bound)

@@ -132,10 +132,11 @@ class InspectTab:
             button.click(zerogpu.gpu(handler, self.gpu_s_for(count)), {self.state, *self.form_inputs}, self.outputs,
                          trigger_mode=mode, **model_bound)
         # Reset first stops the run in hand (at once, unqueued) and says so; the new run waits for that step.
-        self.reset_button.click(self.stop_for_reset, self.state, self.status, queue=False).then(
+        self.reset_button.click(self.stop_for_reset, self.state, self.status, queue=False,
+                                api_visibility="private").then(
             zerogpu.gpu(self.on_reset, self.gpu_s_for(1)), {self.state, *self.form_inputs}, self.outputs,
             **model_bound)
-        self.stop_button.click(self.stop, self.state, None, queue=False)
+        self.stop_button.click(self.stop, self.state, None, queue=False, api_visibility="private")
         self.model_source.change(lambda source: gr.update(**chat_box(source, None, True)), self.model_source,
                                  self.chat, show_progress="hidden", **PRIVATE)
         self.card.strategy.input(lambda name: self.card.updates(card_form(name, start_knobs(name), None,
