@@ -48,7 +48,7 @@ def _round(value, digits):
 
 
 def _note(r: ColumnResult) -> str:
-    note = "; ".join(filter(None, [r.message, r.keeps, r.caveat if r.status == "ok" else ""]))
+    note = "; ".join(filter(None, [r.warning, r.message, r.keeps, r.caveat if r.status == "ok" else ""]))
     if r.is_baseline:
         return ("baseline; " + note) if note else "baseline"
     if r.lossy and r.status == "ok":

@@ -82,7 +82,7 @@ word and value ("unavailable", "divergence", "0.0000 ★") whole, with the table
 SUMMARY_DATATYPES = ["markdown" if key == "first_divergence" else "str" for key, _ in DISPLAY_COLUMNS]
 """The summary's cell types: the first divergence is a link into Inspect (`RunView.divergence_links`)."""
 
-FINISHED = ("done", "stopped", "error", "unavailable")
+FINISHED = ("done", "warning", "stopped", "error", "unavailable")
 
 
 # ----- the view model -----
@@ -249,8 +249,8 @@ class RunView:
             column.message = "; ".join(filter(None, [column.message, sentence]))
         elif isinstance(event, ColumnDone):
             column.result, column.text = event.result, event.result.text
-            column.status = "stopped" if event.result.stopped else "done"
-            column.message = event.result.message
+            column.status = "stopped" if event.result.stopped else ("warning" if event.result.warning else "done")
+            column.message = "; ".join(filter(None, [event.result.warning, event.result.message]))
         elif isinstance(event, ColumnError):
             column.result, column.status, column.message = event.result, event.status, event.message
         else:
@@ -278,7 +278,7 @@ class RunView:
             active = sum(c.status == "running" for c in self.columns)
             return f"running: {active} of {len(self.columns)} columns generating, {tokens} tokens so far"
         if phase == "scoring":
-            scoring = sum(c.status == "done" and c.tokens > 0 for c in self.columns)
+            scoring = sum(c.status in ("done", "warning") and c.tokens > 0 for c in self.columns)
             return phase_text(self.run_phase, tokens) or (
                 f"columns finished ({tokens} tokens); scoring fidelity against the baseline (teacher-forced): "
                 f"{min(self.scored, scoring)} of {scoring} columns…")
