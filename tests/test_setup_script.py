@@ -128,6 +128,22 @@ def test_setup_installs_everything_into_a_venv(installed_venv) -> None:
     assert again.returncode == 0, again.stderr
     assert "skipping pip" in again.stdout and "kvlab already installed" in again.stdout
     assert "installing" not in again.stdout
+    if (installed_venv / "kvlab-quanto-kernel.stamp").exists():  # the kernel was built: no torch import again
+        assert "quanto C++ kernel built (" in again.stdout and "kvlab.caches.backends" not in again.stdout
+
+
+def test_the_kernel_stamp_names_the_built_kernel_or_nothing(tmp_path: Path) -> None:
+    """`python -m kvlab.caches.backends --stamp FILE` writes the built kernel's path (set-up skips the check
+    while it exists) or, on the pure-PyTorch fallback, leaves no stamp (the next set-up checks again)."""
+    stamp = tmp_path / "kernel"
+    stamp.write_text("stale\n")
+    done = subprocess.run([sys.executable, "-m", "kvlab.caches.backends", "--stamp", str(stamp)], cwd=REPO_ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    if "quanto C++ kernel ready" in done.stdout:
+        assert Path(stamp.read_text().strip()).is_file()
+    else:
+        assert not stamp.exists()
 
 
 def test_a_regular_install_finds_its_presets_under_its_prefix(tmp_path: Path) -> None:

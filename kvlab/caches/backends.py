@@ -215,10 +215,31 @@ def _unbuilt_reason(ext) -> str:
     return "its C++ kernel is not built (`python -m kvlab.caches.backends` builds it)"
 
 
-def main() -> int:
-    """`python -m kvlab.caches.backends`: build what the backends need, once (set-up time); prints what was done."""
+def built_quanto_library() -> str | None:
+    """Path of quanto's built CPU kernel for the installed torch, or None (not built, or quanto not installed)."""
+    if importlib.util.find_spec("optimum.quanto") is None:
+        return None
+    from optimum.quanto.library.extensions.cpp import ext
+
+    return _built_library(ext)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m kvlab.caches.backends [--stamp FILE]`: build what the backends need, once (set-up time);
+    prints what was done. With `--stamp FILE`, writes the built kernel's path there when it is ready (nothing
+    when the pure-PyTorch unpack is used), so `scripts/setup.sh` can skip this import of torch and quanto on
+    its next run while that file exists."""
+    argv = sys.argv[1:] if argv is None else argv
     note = prepare_quanto(build=True)
     print(f"kvlab.caches.backends: {note}" if note else "kvlab.caches.backends: quanto C++ kernel ready")
+    if len(argv) == 2 and argv[0] == "--stamp":
+        library = None if note else built_quanto_library()
+        with contextlib.suppress(OSError):
+            if library:
+                with open(argv[1], "w") as handle:
+                    handle.write(library + "\n")
+            else:
+                os.remove(argv[1])
     return 0
 
 

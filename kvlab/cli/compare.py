@@ -244,6 +244,8 @@ def cmd_compare(args) -> int:
     if done.timing.get("note"):
         print(f"kvlab compare: {done.timing['note']}", file=sys.stderr)
     for result in done.results:
+        if result.warning:
+            print(f"kvlab compare: column {result.index + 1} ({result.name}): {result.warning}", file=sys.stderr)
         if result.status == "error":
             print(f"kvlab compare: column {result.index + 1} ({result.name}): {result.message}", file=sys.stderr)
     if args.json:

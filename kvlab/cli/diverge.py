@@ -45,9 +45,17 @@ def parse_strategy(text: str):
     from ..strategies.base import parse_strategy_item
     from ..inspect.loops import LOOP_VARIANTS
 
+    from ..strategies import StrategyError
+
     text = text.strip()
     if text in LOOP_VARIANTS:
         return LOOP_VARIANTS[text]()
+    loop = next((name for name in LOOP_VARIANTS if text.startswith(name + ":")), None)
+    if loop is not None:
+        raise StrategyError(f"{loop} takes no knobs (got {text[len(loop) + 1:]!r}): a loop mistake always runs on "
+                            f"a dynamic cache; write {loop} alone")
+    if text.startswith("loop:"):
+        raise StrategyError(f"unknown loop mistake {text!r}: choose {' or '.join(LOOP_VARIANTS)}")
     return make_strategy(parse_strategy_item(text))
 
 

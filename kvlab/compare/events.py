@@ -36,6 +36,8 @@ class ColumnResult:
     (`kvlab.measure.ColumnTiming`: the policy, each figure's relative noise, the warm-up seconds, and the live
     figures when the policy replaced them). `per_token_s` is always the live run's steps (what the plots drew).
 
+    warning: a one-line warning about the column's settings on this prompt (`Strategy.warning_on`), '' none.
+
     status: `ok` (finished or stopped), `error` (bad settings or a failure while
     running) or `unavailable` (cannot run here; `message` says why).
 
@@ -71,6 +73,7 @@ class ColumnResult:
     predicted_cache_bytes_by_layer_type: dict[str, list[int]] = field(default_factory=dict)
     cache_bytes_by_device: dict[str, int] = field(default_factory=dict)
     keeps: str = ""
+    warning: str = ""
     keeps_everything: bool = False
     peak_cache_bytes: int = 0
     stopped: bool = False

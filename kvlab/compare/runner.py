@@ -121,6 +121,7 @@ def run_column(
     prompt_tokens = prompt_ids.shape[1]
     result = new_result(index, column, prompt_tokens)
     result.keeps, result.keeps_everything = strategy.keeps_on(loaded), strategy.keeps_everything_on(loaded)
+    result.warning = strategy.warning_on(loaded, prompt_tokens)
     reason = strategy.unavailable_reason(loaded)
     usable = usable_chain(loaded, strategy, column.budget) if column.budget is not None and not reason else None
     emit(ColumnStarted(index, result.name, prompt_tokens, result.keeps, "; ".join(usable[1]) if usable else ""))

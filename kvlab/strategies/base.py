@@ -99,6 +99,11 @@ class Strategy:
         transformers' `DynamicSlidingWindowLayer` (the token being fed makes the window)."""
         return window - 1
 
+    def warning_on(self, loaded, prompt_tokens: int) -> str:
+        """A one-line warning shown as the column's status when its settings make the run misleading on this
+        prompt (a budget that keeps almost none of the prompt); '' when none."""
+        return ""
+
     def keeps_on(self, loaded) -> str:
         """What its cache keeps on `loaded`'s model, in one line, when the model has sliding layers ('' when all
         its layers are full attention, where the strategy's summary says it)."""

@@ -49,6 +49,10 @@ def pruned_cache(config, quantized_layer=None):
     return PrunedCache(config, quantized_layer)
 
 
+FEW_KEPT = 0.1
+"""A budget keeping at most this fraction of the prunable prompt positions gets a warning (`warning_on`)."""
+
+
 @dataclass
 class ScoredEviction(Strategy):
     """Base of the scored-eviction strategies; a subclass sets `name`, `scorer_name` and `score`; its module
@@ -130,6 +134,23 @@ class ScoredEviction(Strategy):
             return (f"nothing was pruned at prefill: {why}; every {self.compress_every} tokens fed after the prompt, "
                     "each layer was compressed back to its budget (kvpress's DecodingPress)")
         return f"nothing was pruned: {why} (the cache is dynamic's)"
+
+    def warning_on(self, loaded, prompt_tokens: int) -> str:
+        """'⚠ kept K of N prompt positions ...' when the budget keeps under `FEW_KEPT` of the positions it could
+        prune on some layer (`target_mib=0.0001` keeps 1 of 154), else ''."""
+        config = getattr(loaded, "config", None)
+        model = getattr(loaded, "model", None)
+        if config is None or model is None:
+            return ""
+        compressed = prompt_tokens - (0 if self.query_aware else self.question_tokens)
+        if compressed < 2:
+            return ""
+        layers = range(getattr(config, "num_hidden_layers", 1) or 1)
+        kept = min(self.kept_tokens(compressed, layer, config, model.dtype) for layer in layers)
+        if kept >= compressed or kept > FEW_KEPT * compressed:
+            return ""
+        return (f"⚠ kept {kept} of {compressed} prompt positions per KV head ({kept / compressed:.0%}): the budget "
+                "throws almost the whole prompt away")
 
     def growth_text(self) -> str:
         """How a pruned layer's cache grows, in words (Plan's explanation)."""

@@ -137,7 +137,7 @@ def _interrupt_at(tmp_path, name: str, marker: str) -> tuple[subprocess.Popen, s
 
 @pytest.mark.parametrize("name", ["compare", "needle", "chat", "prefix", "perplexity", "inspect", "diverge",
                                   "report", "bench"])
-@pytest.mark.parametrize("marker", [pytest.param("[model] loading", id="load"), pytest.param(" ready", id="run")])
+@pytest.mark.parametrize("marker", [pytest.param("] loading ", id="load"), pytest.param(" ready", id="run")])
 def test_ctrl_c_in_every_phase_ends_in_one_line_and_130(tmp_path, name, marker):
     proc, err = _interrupt_at(tmp_path, name, marker)
     last = err.strip().splitlines()[-1]

@@ -28,7 +28,8 @@ STATUS = {"unavailable": "unavailable", "error": "error"}
 def _column_view(column: ColumnView, result: ColumnResult) -> None:
     """Fill `column` from its recorded result."""
     column.title, column.text, column.message, column.result = result.name, result.text, result.message, result
-    column.status = STATUS.get(result.status) or ("stopped" if result.stopped else "done")
+    column.status = STATUS.get(result.status) or ("stopped" if result.stopped else
+                                                  ("warning" if result.warning else "done"))
     column.prompt_tokens, column.keeps, column.switches = result.prompt_tokens, result.keeps, list(result.fallbacks)
     column.per_token_s = list(result.per_token_s)
     column.cache_bytes = list(result.cache_bytes)

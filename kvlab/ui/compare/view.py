@@ -86,7 +86,7 @@ word and value ("unavailable", "divergence", "0.0000 ★") whole, with the table
 SUMMARY_DATATYPES = ["markdown" if key == "first_divergence" else "str" for key, _ in DISPLAY_COLUMNS]
 """The summary's cell types: the first divergence is a link into Inspect (`RunView.divergence_links`)."""
 
-FINISHED = ("done", "stopped", "error", "unavailable")
+FINISHED = ("done", "warning", "stopped", "error", "unavailable")
 
 
 # ----- the view model -----
@@ -263,8 +263,8 @@ class RunView:
             column.message = "; ".join(filter(None, [column.message, sentence]))
         elif isinstance(event, ColumnDone):
             column.result, column.text = event.result, event.result.text
-            column.status = "stopped" if event.result.stopped else "done"
-            column.message = event.result.message
+            column.status = "stopped" if event.result.stopped else ("warning" if event.result.warning else "done")
+            column.message = "; ".join(filter(None, [event.result.warning, event.result.message]))
         elif isinstance(event, ColumnError):
             column.result, column.status, column.message = event.result, event.status, event.message
         else:
