@@ -48,13 +48,9 @@ def _round(value, digits):
 
 
 def _note(r: ColumnResult) -> str:
-<<<<<<< HEAD
     unscored = (f"fidelity {r.fidelity_status}" if r.fidelity_status.startswith("not scored")
                 and r.fidelity_status != "not scored: fidelity off" and "fidelity not scored" not in r.message else "")
-    note = "; ".join(filter(None, [r.message, r.keeps, r.caveat if r.status == "ok" else "", unscored]))
-=======
-    note = "; ".join(filter(None, [r.warning, r.message, r.keeps, r.caveat if r.status == "ok" else ""]))
->>>>>>> breakit
+    note = "; ".join(filter(None, [r.warning, r.message, r.keeps, r.caveat if r.status == "ok" else "", unscored]))
     if r.is_baseline:
         return ("baseline; " + note) if note else "baseline"
     if r.lossy and r.status == "ok":
