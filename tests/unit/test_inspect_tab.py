@@ -198,3 +198,17 @@ def test_run_to_end_says_it_is_working_before_the_first_step(tab):
     assert list(first) == [tab.status] and "working: up to" in first[tab.status]
     assert "ready" not in first[tab.status]
     last(tab, stream)
+
+
+def test_a_loop_mistake_greys_the_card_says_so_and_the_status_stays_true_at_every_step(tab):
+    from kvlab.ui.inspect.tab import CORRECT_LOOP
+
+    greyed = tab.loop_card("loop:full_sequence")
+    assert all(update["interactive"] is False for update in greyed[:-1]) and "not used" in greyed[-1]
+    assert all(update["interactive"] is True for update in tab.loop_card(CORRECT_LOOP)[:-1])
+    state = last(tab, tab.on_step(data(tab), Request()))[tab.state]  # sink, kvlab's loop
+    mistake = last(tab, tab.on_step10(data(tab, state, loop="loop:full_sequence"), Request()))
+    status = mistake[tab.status]
+    assert "the settings changed: started a new run" in status and "runs on a dynamic cache" in status
+    assert "10 of 12 steps taken" in status  # the note sits beside the steps taken, not instead of them
+    assert "sink" not in state.session.strategy.describe()

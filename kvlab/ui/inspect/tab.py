@@ -142,6 +142,16 @@ class InspectTab:
         self.card.strategy.input(lambda name: self.card.updates(card_form(name, start_knobs(name), None,
                                                                           self.knob_count)),
                                  self.card.strategy, self.card.form_outputs, show_progress="hidden", **PRIVATE)
+        self.loop.change(self.loop_card, self.loop, [self.card.strategy, *self.card.knobs, self.card.about],
+                         show_progress="hidden", **PRIVATE)
+
+    def loop_card(self, loop: str) -> list:
+        """The strategy card greyed while a loop mistake is picked (the mistake runs on a dynamic cache, so the
+        card is not used), with a line saying so; usable again with kvlab's loop."""
+        mistake = loop in LOOP_VARIANTS
+        about = (f"**not used:** `{loop}` runs on a dynamic cache (the mistake is the loop, not the cache); pick "
+                 f"{CORRECT_LOOP!r} to step this strategy" if mistake else gr.update())
+        return [gr.update(interactive=not mistake)] * (1 + len(self.card.knobs)) + [about]
 
     def gpu_s_for(self, count: int):
         """The ZeroGPU duration of a button that runs up to `count` steps: called with the handler's arguments,
@@ -205,13 +215,16 @@ class InspectTab:
             InspectRejected, InspectError, StrategyError, ModelLoadError, ValueError: the reason to show.
         """
         plan = plan_inspect(self.request_from(data))
-        if data.get(self.loop) in LOOP_VARIANTS:
+        mistake = data.get(self.loop) in LOOP_VARIANTS
+        if mistake:
             plan = dataclasses.replace(plan, strategy=LOOP_VARIANTS[data[self.loop]]())
         compare_with = data.get(self.compare_with) or "none"
         state = state or InspectTabState()
         self.live[key] = state
         if restart or state.session is None or state.key != (plan.key(), compare_with):
             note = "" if restart or state.session is None else "the settings changed: started a new run"
+            if mistake:
+                note = "; ".join(filter(None, [note, f"{data[self.loop]} runs on a dynamic cache (the card is not used)"]))
             loaded = self.pool.get(plan.spec)
             r = plan.request
             prompt_ids = encode_prompt(loaded.tokenizer, r.prompt, r.system or "", bool(r.chat))
@@ -228,16 +241,19 @@ class InspectTab:
         return state, ""
 
     def steps(self, data: dict, count: int, key: str = "local"):
-        """Step, Step ×10, Run to end: run up to `count` steps, updating the page as they go."""
+        """Step, Step ×10, Run to end: run up to `count` steps, updating the page as they go; a note about how the
+        run started (the settings changed, a loop mistake on a dynamic cache) stays beside the steps taken, so
+        the status is true at every step."""
         state = data[self.state]
         yield {self.status: line_html(f"working: {'1 step' if count == 1 else f'up to {count} steps'} (the first "
                                       "one loads the model and prefills the prompt)…", "info")}
         try:
-            state, note = self._ready(state, data, False, key)
+            state, started = self._ready(state, data, False, key)
         except (InspectRejected, InspectError, StrategyError, ModelLoadError, ValueError) as err:
             yield self.view(state, f"✖ {err}", "error")
             return
         session = state.session
+        note = (lambda: f"{started} · {status_text(session)}") if started else (lambda: "")
         if session.finished:
             yield self.view(state, status_text(session), "info")
             return
@@ -248,13 +264,13 @@ class InspectTab:
                 if state.stop.is_set():
                     break
                 if time.monotonic() - shown >= STREAM_EVERY_S:
-                    yield self.view(state, note)
+                    yield self.view(state, note())
                     shown = time.monotonic()
         except Exception as err:  # noqa: BLE001 - a failed step is shown; the steps before it stay
             yield self.view(state, f"✖ the step failed: {type(err).__name__}: {err} (the steps before it stay; "
                                    "Step tries it again, Reset starts over)", "error")
             return
-        yield self.view(state, note)
+        yield self.view(state, note())
 
     def reset(self, data: dict, key: str = "local") -> dict:
         """Reset: a new run from the form, no step taken yet."""
