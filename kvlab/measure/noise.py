@@ -17,9 +17,8 @@ NOISE_FLOOR = 0.01
 BUSY_EXCESS_PER_CORE = 0.5
 """Busy: the 1-minute load average exceeds this run's own torch threads by more than this many per core."""
 BUSY_STEP_NOISE = 0.15
-"""Busy: the median column's decode steps vary by more than this fraction (`robust_step_noise`). On a quiet
-2-core machine a column's steps vary by a few per cent; another process competing for the cores makes them
-vary by tens of per cent (docs/timing.md gives the calibration)."""
+"""Busy: the median column's decode steps vary by more than this fraction (`robust_step_noise`); other
+processes competing for the cores make the steps vary (docs/timing.md gives the readings behind it)."""
 MIN_JUDGED_STEPS = 8
 """A column with fewer decode steps than this is not judged for noise (too few to tell a hiccup from a trend)."""
 
