@@ -177,9 +177,10 @@ def take_inspect_snapkv(browser, url: str) -> None:
     wait_for_token(page, 0)
     strip = page.locator("#kvi-strip")
     strip.scroll_into_view_if_needed()
-    box = strip.bounding_box()
+    box = strip.bounding_box()  # in the viewport; a full-page clip counts from the page's top
+    top = box["y"] + page.evaluate("window.scrollY")
     page.screenshot(path=str(DOCS / "inspect-snapkv.png"), full_page=True,
-                    clip={"x": box["x"], "y": box["y"], "width": box["width"], "height": min(box["height"], 420)})
+                    clip={"x": box["x"], "y": top, "width": box["width"], "height": min(box["height"], 420)})
     page.context.close()
 
 
