@@ -1,0 +1,263 @@
+"""Retake the README's pictures from the current app: `python scripts/readme_pictures.py [--only NAME]`.
+
+Starts `python app.py` from this repository on a free localhost port (the environment the browser tests
+use, tests/browser/conftest.py), drives Debian's chromium (`/usr/bin/chromium`, never a downloaded browser)
+with Playwright, and writes each PNG into docs/. NAME is a picture's file name without `.png`:
+
+- screenshot: the Compare tab after a run of the default quickstart preset, as it ships;
+- native-plots: the same run's plots, hovering the cache plot (taken from the same run as `screenshot`);
+- plan-tab: the Plan tab, gemma-3-27b-it at 1k-128k tokens with a 24 GB budget;
+- inspect: Inspect stepping a sink cache past its 32-token window (step 20);
+- inspect-snapkv: Inspect's token strip for a SnapKV cache after the prefill, per layer and KV head;
+- diverge: Inspect opened from a greedy sampling-preset run's first-divergence link;
+- needle: the Needle tab, three columns at 160 and 256 tokens, three depths.
+
+Runs are kept small where the picture allows; the quickstart run is the preset's own (64 tokens) and takes
+minutes on a CPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from urllib.parse import urlencode, urljoin
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+DOCS = REPO_ROOT / "docs"
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
+VIEWPORT = {"width": 1600, "height": 1000}
+LONG_MS = 1_800_000
+APP_START_S = 300
+DONE = ("finished", "stopped", "✖")
+SNAPKV_PROMPT = (
+    "Read the notes below and answer the question at the end.\n"
+    "The lighthouse on Gull Rock was built in 1871 from granite quarried on the mainland. Its first keeper, "
+    "Martha Hale, kept a log of every ship that passed, the weather at dawn and dusk, and the oil she burned. "
+    "In 1903 the lamp was replaced by a lens made in Paris, which could be seen from twenty miles away. "
+    "The station was automated in 1968, and the keeper's cottage became a small museum that opens each summer. "
+    "Visitors can climb the 112 steps to the lantern room, where the old lens still turns on calm evenings.\n"
+    "Question: who was the first keeper of the lighthouse, and when was the lens replaced?")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def start_app(log_path: Path) -> tuple[subprocess.Popen, str]:
+    """`python app.py` on a free port, as tests/browser/conftest.py starts it; returns (process, url) once it answers."""
+    port = free_port()
+    env = {**os.environ, "GRADIO_SERVER_PORT": str(port), "GRADIO_ANALYTICS_ENABLED": "False", "PYTHONUNBUFFERED": "1"}
+    log_path.parent.mkdir(exist_ok=True)
+    with open(log_path, "w") as log:
+        process = subprocess.Popen([sys.executable, "app.py"], cwd=REPO_ROOT, env=env, stdout=log,
+                                   stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}/"
+    deadline = time.monotonic() + APP_START_S
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise SystemExit(f"the app exited with {process.returncode}; see {log_path}")
+        try:
+            with urllib.request.urlopen(url, timeout=5) as response:
+                if response.status == 200:
+                    return process, url
+        except (urllib.error.URLError, OSError):
+            pass
+        time.sleep(0.5)
+    process.terminate()
+    raise SystemExit(f"the app did not answer at {url} within {APP_START_S} s; see {log_path}")
+
+
+def open_page(browser, url: str):
+    context = browser.new_context(viewport=VIEWPORT)
+    page = context.new_page()
+    page.set_default_timeout(LONG_MS)
+    page.goto(url)
+    return page
+
+
+def wait_for_run(page, prefixes=DONE) -> str:
+    """Wait until Compare's status line starts with one of `prefixes`; returns it."""
+    page.wait_for_function("(ps) => { const t = (document.querySelector('#kv-run-status') || {}).innerText || '';"
+                           " return ps.some(p => t.startsWith(p)); }", arg=list(prefixes), timeout=LONG_MS)
+    return page.locator("#kv-run-status").inner_text()
+
+
+def wait_for_model(page) -> None:
+    page.wait_for_selector("#kv-run")
+    page.wait_for_function("document.querySelector('#kv-model-status').innerText.includes('ready')", timeout=LONG_MS)
+
+
+def pick(page, elem_id: str, option: str) -> None:
+    page.locator(f"#{elem_id} input").click()
+    page.get_by_role("option", name=option, exact=True).click()
+
+
+def hover_cache_plot(page) -> None:
+    """Move over the cache plot's data area until vega's tooltip shows (a value with its unit)."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    box = page.locator("#kv-plot-cache svg.marks").bounding_box()
+    tooltip = page.locator("#vg-tooltip-element.visible")
+    for fx, fy in ((0.8, 0.45), (0.7, 0.3), (0.5, 0.5), (0.9, 0.6), (0.3, 0.7)):
+        page.mouse.move(box["x"] + box["width"] * fx, box["y"] + box["height"] * fy, steps=8)
+        try:
+            tooltip.wait_for(state="visible", timeout=3000)
+        except PlaywrightTimeout:  # no point near this spot: try the next one
+            continue
+        return
+    print("native-plots: no tooltip appeared; the picture shows none", file=sys.stderr)
+
+
+def take_compare(browser, url: str, names: set[str]) -> None:
+    """One run of the default quickstart preset (the page opens on it): the whole page, then its plots hovered."""
+    page = open_page(browser, url)
+    wait_for_model(page)
+    page.click("#kv-run")
+    status = wait_for_run(page)
+    print("compare:", status.splitlines()[0])
+    page.locator("#kv-plot-cache svg.marks").wait_for(state="visible")
+    page.wait_for_timeout(1000)
+    if "screenshot" in names:
+        page.screenshot(path=str(DOCS / "screenshot.png"), full_page=True)
+    if "native-plots" in names:
+        page.locator("#kv-plots").scroll_into_view_if_needed()
+        hover_cache_plot(page)
+        page.locator("#kv-plots").screenshot(path=str(DOCS / "native-plots.png"))
+    page.context.close()
+
+
+def take_plan(browser, url: str) -> None:
+    page = open_page(browser, url)
+    page.get_by_role("tab", name="Plan").click()
+    page.locator("#plan-run").wait_for(state="visible")
+    pick(page, "plan-model", "google/gemma-3-27b-it")
+    page.locator("#plan-contexts textarea").fill(", ".join(str(1024 << i) for i in range(8)))
+    pick(page, "plan-budget", "24 GB (RTX 3090/4090, L4, A10)")
+    page.click("#plan-run")
+    page.wait_for_function("/planned|✖/.test(document.querySelector('#plan-status .kv-line').innerText)")
+    page.locator("#plan-plot img").wait_for(state="visible")
+    page.screenshot(path=str(DOCS / "plan-tab.png"), full_page=True)
+    page.context.close()
+
+
+def wait_for_token(page, index: int) -> None:
+    page.wait_for_function(f"(document.querySelector('#kvi-step-info') || {{}}).innerText?.includes('Token {index} ')",
+                           timeout=LONG_MS)
+
+
+def take_inspect(browser, url: str) -> None:
+    """Inspect opens on a sink cache with a 32-token window: Step, then Step ×10 twice (past the window)."""
+    page = open_page(browser, url)
+    page.get_by_role("tab", name="Inspect").click()
+    page.locator("#kvi-step").wait_for(state="visible")
+    page.click("#kvi-step")
+    wait_for_token(page, 0)
+    for index in (10, 20):
+        page.click("#kvi-step10")
+        wait_for_token(page, index)
+    page.screenshot(path=str(DOCS / "inspect.png"), full_page=True)
+    page.context.close()
+
+
+def take_inspect_snapkv(browser, url: str) -> None:
+    """A link into Inspect on snapkv at token 0 (the prefill compressed the prompt); the strip's first rows."""
+    query = {"inspect": 1, "strategy": "snapkv", "compare": "dynamic", "prompt": SNAPKV_PROMPT, "system": "",
+             "chat": 1, "steps": 4, "model": "bundled", "step": 0}
+    page = open_page(browser, urljoin(url, "?" + urlencode(query)))
+    wait_for_token(page, 0)
+    strip = page.locator("#kvi-strip")
+    strip.scroll_into_view_if_needed()
+    box = strip.bounding_box()  # in the viewport; a full-page clip counts from the page's top
+    top = box["y"] + page.evaluate("window.scrollY")
+    page.screenshot(path=str(DOCS / "inspect-snapkv.png"), full_page=True,
+                    clip={"x": box["x"], "y": top, "width": box["width"], "height": min(box["height"], 420)})
+    page.context.close()
+
+
+def take_diverge(browser, url: str) -> None:
+    """The sampling preset run greedy for 12 tokens; its first-divergence link opened as a new tab would."""
+    page = open_page(browser, url)
+    wait_for_model(page)
+    pick(page, "kv-preset", "sampling")
+    page.wait_for_function("document.querySelector('#kv-prompt textarea').value.includes('coffee shop')")
+    page.locator("#kv-decoding").get_by_text("greedy").click()
+    page.locator("#kv-max-new input").fill("12")
+    page.click("#kv-run")
+    print("diverge run:", wait_for_run(page).splitlines()[0])
+    links = page.locator("#kv-summary a[href*='inspect=1']")
+    links.first.wait_for(state="attached")
+    href = links.first.get_attribute("href")
+    inspect = page.context.new_page()
+    inspect.set_default_timeout(LONG_MS)
+    inspect.goto(urljoin(page.url, href))
+    inspect.wait_for_selector("#kvi-step-info")
+    step = int(dict(p.split("=", 1) for p in href.split("?", 1)[1].split("&"))["step"])
+    wait_for_token(inspect, step)
+    inspect.locator("#kvi-diverge-plot img").wait_for(state="visible")
+    inspect.screenshot(path=str(DOCS / "diverge.png"), full_page=True)
+    page.context.close()
+
+
+def take_needle(browser, url: str) -> None:
+    page = open_page(browser, url)
+    page.get_by_role("tab", name="Needle").click()
+    page.locator("#needle-columns textarea").fill("dynamic, sink:window_length=64, quantized:backend=quanto:nbits=4")
+    page.locator("#needle-lengths textarea").fill("160, 256")
+    page.locator("#needle-depths textarea").fill("0, 0.5, 1")
+    page.locator("#needle-run").click()
+    page.locator("#needle-status").filter(has_text="finished in").wait_for(timeout=LONG_MS)
+    page.wait_for_timeout(1500)
+    page.screenshot(path=str(DOCS / "needle.png"), full_page=True)
+    page.context.close()
+
+
+PICTURES = {"plan-tab": take_plan, "inspect": take_inspect, "inspect-snapkv": take_inspect_snapkv,
+            "diverge": take_diverge, "needle": take_needle}
+COMPARE = ("screenshot", "native-plots")
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", action="append", choices=[*COMPARE, *PICTURES],
+                        help="retake this picture only (repeatable); default: every one")
+    args = parser.parse_args(argv)
+    names = set(args.only or [*COMPARE, *PICTURES])
+    from playwright.sync_api import sync_playwright
+
+    if not Path(CHROMIUM).exists():
+        print(f"{CHROMIUM} is not installed (apt-get install chromium); no browser is downloaded", file=sys.stderr)
+        return 2
+    process, url = start_app(REPO_ROOT / "artifacts" / f"app-pictures-{os.getpid()}.log")
+    try:
+        with sync_playwright() as playwright:
+            browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+            try:
+                if names & set(COMPARE):
+                    take_compare(browser, url, names)
+                for name, take in PICTURES.items():
+                    if name in names:
+                        take(browser, url)
+                        print("wrote", DOCS / f"{name}.png")
+            finally:
+                browser.close()
+    finally:
+        process.terminate()
+        try:
+            process.wait(20)
+        except subprocess.TimeoutExpired:
+            process.kill()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
