@@ -100,6 +100,8 @@ def _from_records(args) -> int:
             except (ValueError, KeyError, TypeError) as err:
                 raise ValueError(f"{path}: {err}") from None
         rows = merge_rows(groups)
+        if not rows:
+            raise ValueError("no rows: the records hold no columns (give report, Compare or Needle records)")
         print(format_table(rows))
         _write(args, rows, None)
     except ValueError as err:

@@ -28,7 +28,8 @@ FIGURE_FIELDS = ("scored_tokens", "ppl", "ppl_base", "ppl_ratio", "ppl_ratio_unc
 reference's mean, decode tok/s (one token per forward) and the prefill's seconds."""
 NEEDLE_FIELDS = ("needle_hits", "needle_cells", "needle_hit_rate", "needle_low", "needle_high")
 """A Needle grid's hits over its scored (not gated) cells and seeds, the rate and its Wilson 95 % interval."""
-TABLE_FIELDS = ("model", "column", "status", "context_tokens", *FIGURE_FIELDS, *NEEDLE_FIELDS, "source", "message")
+TABLE_FIELDS = ("model", "column", "status", "context_tokens", *FIGURE_FIELDS, *NEEDLE_FIELDS, "source", "message",
+                "protocol")
 
 
 def _clean(value):
@@ -85,15 +86,30 @@ def needle_figures(summary_row: dict) -> dict:
 
 def _model_name(record: dict) -> str:
     model = record.get("model") or {}
+    if not isinstance(model, dict):
+        return str(model)
     return str(model.get("name") or model.get("source") or "?")
 
 
 def rows_from_record(record: dict, source: str = "") -> list[dict]:
     """Table rows (`TABLE_FIELDS`) of a report, Compare or Needle record; figures a record lacks are None.
+    Each row's `protocol` (`report`, `compare`, `needle`) says which figures it holds (`merge_rows`).
 
     Raises:
-        ValueError: not one of those records.
+        ValueError: not one of those records, or one whose columns do not have a record's shape.
     """
+    if not isinstance(record, dict):
+        raise ValueError("not a report, Compare or Needle record (the JSON is not an object)")
+    try:
+        return _rows(record, source)
+    except (AttributeError, KeyError, TypeError) as err:
+        raise ValueError(f"not a well-formed {record.get('kind') or record.get('format')} record: its columns "
+                         f"lack {err}" if isinstance(err, KeyError) else
+                         f"not a well-formed {record.get('kind') or record.get('format')} record: a field has "
+                         "the wrong type") from None
+
+
+def _rows(record: dict, source: str) -> list[dict]:
     model = _model_name(record)
     base = dict.fromkeys(TABLE_FIELDS)
     rows = []
@@ -103,18 +119,19 @@ def rows_from_record(record: dict, source: str = "") -> list[dict]:
             rows.append({**base, **(column.get("figures") or {}), **needle.get(column["name"], {}),
                          "model": model, "column": column["name"], "status": column["status"],
                          "context_tokens": column["split"]["context_tokens"], "source": source,
-                         "message": column.get("message", "")})
+                         "message": column.get("message", ""), "protocol": "report"})
     elif record.get("kind") == "kvlab.needle":
         for row in record.get("summary", []):
             rows.append({**base, **needle_figures(row), "model": model, "column": row["strategy"],
-                         "status": "ok" if not row.get("errors") else "error", "source": source, "message": ""})
+                         "status": "ok" if not row.get("errors") else "error", "source": source, "message": "",
+                         "protocol": "needle"})
     elif record.get("format") == "kvlab.compare":
         for column in record["columns"]:
             rows.append({**base, "model": model, "column": column.get("name"), "status": column.get("status"),
                          "same_top": column.get("top1_agreement"), "kld_mean": column.get("mean_kl"),
                          "cache_bytes_end": column.get("peak_cache_bytes"),
                          "decode_tok_s": column.get("decode_tok_s"), "source": source,
-                         "message": "Compare: teacher-forced on the baseline's continuation"})
+                         "message": "Compare: teacher-forced on the baseline's continuation", "protocol": "compare"})
     else:
         raise ValueError("not a report, Compare or Needle record (no kind kvlab.report / kvlab.needle, "
                          "no format kvlab.compare)")
@@ -130,12 +147,18 @@ def load_record(path: str | Path) -> dict:
 
 
 def merge_rows(groups: list[list[dict]]) -> list[dict]:
-    """Rows of several records as one table: a row whose (model, column) is already in the table fills in the
-    figures that row lacks (None there) instead of adding a row; otherwise it is appended, in order."""
+    """Rows of several records as one table. Rows measured the same way (`protocol`) of the same (model, column)
+    fill in each other's missing figures (None there) instead of adding a row; a Needle row's hit rate fills in
+    the first row of its (model, column) whatever its protocol (its figures are its own fields). A report row
+    and a Compare row of one column stay two rows: their KL and top-1 come from different protocols (a long
+    text against a 64-token continuation) and must not share a row. Otherwise rows are appended, in order."""
     merged: dict[tuple, dict] = {}
     for rows in groups:
         for row in rows:
-            key = (row["model"], row["column"])
+            protocol = row.get("protocol")
+            key = (row["model"], row["column"], protocol)
+            if protocol == "needle":
+                key = next((k for k in merged if k[:2] == key[:2]), key)
             if key not in merged:
                 merged[key] = dict(row)
                 continue

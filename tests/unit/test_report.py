@@ -146,7 +146,7 @@ def test_the_command_line_builds_the_table_from_records_and_refuses_bad_input(ti
     out = capsys.readouterr().out
     assert "knorm 0.5" in out and "28+12" in out and merged.read_text().count("\n") == 3
     for argv, message in ((["--scored-tokens", "0"], "--scored-tokens must be at least 1"),
-                          (["--columns", " , "], "pick at least one column"),
+                          (["--columns", " , "], "--columns is empty"),
                           (["--context-tokens", "4000", "--scored-tokens", "200"], "is more than --max-tokens"),
                           (["--text", str(tmp_path / "none.txt")], "no such file"),
                           (["--from", str(tmp_path / "none.json")], "cannot read record")):
@@ -198,3 +198,30 @@ def test_a_stopped_command_line_run_keeps_what_was_scored_and_exits_130(tiny, tm
     record = json.loads(saved.read_text())
     assert record["stopped"] and record["columns"][0]["split"]["scored_tokens"] == 4
     assert "stopped: kept 4" in capsys.readouterr().err
+
+
+def test_a_compare_row_never_fills_a_report_row_and_a_malformed_record_is_one_line(tmp_path, capsys):
+    from kvlab.cli import main
+
+    model = {"name": "m"}
+    report = {"kind": "kvlab.report", "model": model, "columns": [
+        {"name": "sink 4+28", "status": "ok", "split": {"context_tokens": 80, "scored_tokens": 48},
+         "figures": {"kld_mean": 0.30333, "same_top": 0.594, "same_top_low": 0.423, "same_top_high": 0.745}}]}
+    compare = {"format": "kvlab.compare", "model": model, "columns": [
+        {"name": "sink 4+28", "status": "ok", "top1_agreement": 1.0, "mean_kl": 0.01099, "peak_cache_bytes": 5}]}
+    for order in ((compare, report), (report, compare)):
+        rows = merge_rows([rows_from_record(r) for r in order])
+        by = {row["protocol"]: row for row in rows}
+        assert len(rows) == 2 and by["report"]["kld_mean"] == 0.30333 and by["report"]["same_top"] == 0.594
+        assert by["compare"]["kld_mean"] == 0.01099 and by["compare"]["same_top_low"] is None
+    for bad in ({"kind": "kvlab.report", "columns": "oops"}, {**report, "model": "x", "columns": [{}]}):
+        with pytest.raises(ValueError, match="not a well-formed kvlab.report record"):
+            rows_from_record(bad)
+    path = tmp_path / "mangled.json"
+    path.write_text(json.dumps({"kind": "kvlab.report", "columns": "oops"}))
+    assert main(["report", "--from", str(path)]) == 2
+    assert capsys.readouterr().err.count("\n") == 1
+    empty = tmp_path / "empty.json"
+    empty.write_text(json.dumps({"kind": "kvlab.report", "model": model, "columns": []}))
+    assert main(["report", "--from", str(empty)]) == 2
+    assert "no rows" in capsys.readouterr().err
