@@ -145,3 +145,14 @@ def test_ctrl_c_in_every_phase_ends_in_one_line_and_130(tmp_path, name, marker):
     assert proc.returncode in (130, -signal.SIGINT), err[-3000:]
     assert last.startswith((f"kvlab {name}:", "wrote ")), err[-3000:]
     assert not (tmp_path / "r.json.partial").exists()
+
+
+def test_ctrl_c_while_kvlab_itself_imports_ends_in_one_line_and_130():
+    """The first second or two of any `kvlab` command is `import kvlab` importing transformers, before any
+    command's handler exists: a Ctrl-C there was a KeyboardInterrupt traceback (fresh-reviewer finding B3)."""
+    code = ("import importlib, kvlab, kvlab.caches.deferred_hqq as d\n"
+            "def interrupted():\n    raise KeyboardInterrupt\n"
+            "d.import_cache_utils_without_hqq = interrupted\nimportlib.reload(kvlab)\n")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=WAIT_S,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert proc.returncode == 130 and proc.stderr == "kvlab: interrupted while starting; nothing was run\n"
