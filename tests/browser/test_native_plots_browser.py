@@ -74,10 +74,12 @@ def test_native_plots_update_live_and_show_a_value_with_its_unit_on_hover(page, 
     for plot in ("kv-plot-cache", "kv-plot-latency", "kv-plot-memory"):
         page.locator(f"#{plot} svg.marks").wait_for(state="visible")
     assert page.evaluate(LINES_JS) not in samples[:1]  # the final plot has more than the first live one
-    # One legend above the plots names every series in full, wrapping instead of being cut off.
+    # One legend above the plots names every column once in full (its line and its prediction's hollow
+    # swatch), wrapping instead of being cut off, and a key for the prediction.
     legend = page.locator("#kv-plot-legend").inner_text()
-    assert "1: dynamic" in legend and "1: dynamic predicted" in legend and "6: no_cache" in legend
-    assert page.locator("#kv-plot-legend .kv-leg").count() >= 3
+    assert "1: dynamic" in legend and "6: no_cache" in legend and "lighter: the dense prediction" in legend
+    assert "1: dynamic predicted" not in legend
+    assert page.locator("#kv-plot-legend .kv-leg:not(.kv-leg-key)").count() == 6
 
     page.locator("#kv-plots").scroll_into_view_if_needed()
     text = hover_until_tooltip(page, "kv-plot-cache")
