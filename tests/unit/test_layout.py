@@ -179,3 +179,16 @@ def test_no_file_or_function_is_too_long():
     assert "kvlab/compare/runner.py" in files and any(key.startswith("app.py:") for key in functions)
     assert {name: n for name, n in files.items() if n > MAX_FILE_LINES} == {}
     assert {name: n for name, n in functions.items() if n > MAX_FUNCTION_LINES} == {}
+
+
+def test_no_file_holds_a_merge_conflict_marker():
+    """A merge once committed `<<<<<<< HEAD` into kvlab/compare/summary.py and every command died on import."""
+    import re
+    import subprocess
+
+    root = Path(__file__).resolve().parents[2]
+    files = subprocess.run(["git", "ls-files", "*.py", "*.md", "*.yaml", "*.sh", "*.txt", "*.toml"], cwd=root,
+                           capture_output=True, text=True, check=True).stdout.split()
+    marker = re.compile(r"^(<{7}|>{7}) |^={7}$", re.M)
+    marked = [name for name in files if (root / name).is_file() and marker.search((root / name).read_text(errors="replace"))]
+    assert marked == []
