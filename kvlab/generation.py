@@ -68,13 +68,20 @@ class GenerationSettings:
             raise ValueError("; ".join(found))
 
     def with_overrides(self, overrides: dict | None) -> "GenerationSettings":
-        """A copy with some fields replaced; unknown names raise ValueError listing the allowed ones."""
+        """A copy with some fields replaced; unknown names raise ValueError listing the allowed ones.
+
+        A column's `max_new_tokens` is a ceiling: the column makes at most that many tokens and never more
+        than the run's own `max_new_tokens` (a run asked for 4 tokens gives every column at most 4)."""
         if not overrides:
             return self
         allowed = [f.name for f in dataclasses.fields(self)]
         unknown = sorted(set(overrides) - set(allowed))
         if unknown:
             raise ValueError(f"unknown generation setting(s) {unknown}; allowed: {allowed}")
+        overrides = dict(overrides)
+        limit = overrides.get("max_new_tokens")
+        if isinstance(limit, int) and isinstance(self.max_new_tokens, int):
+            overrides["max_new_tokens"] = min(limit, self.max_new_tokens)
         return dataclasses.replace(self, **overrides)
 
 

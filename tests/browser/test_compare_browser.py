@@ -158,7 +158,8 @@ def test_stop_halts_every_column_a_second_tab_waits_and_the_next_run_works(page,
 
     # Another tab's run waits in line (one model-bound job at a time) and shows its place in the queue.
     other_page.click("#kv-run")
-    other_page.wait_for_function("document.querySelector('#kv-run-status').innerText.includes('queue:')")
+    other_page.wait_for_function("document.querySelector('#kv-run-status').innerText.includes('queue:')",
+                                 polling=250)  # a page not in front gets no animation frames
     other_page.click("#kv-stop")
 
     page.click("#kv-stop")
@@ -168,7 +169,7 @@ def test_stop_halts_every_column_a_second_tab_waits_and_the_next_run_works(page,
     time.sleep(2)
     assert snapshot(page)["texts"] == snap["texts"], "a column kept generating after Stop"
     other_page.wait_for_function(
-        "document.querySelector('#kv-run-status').innerText.includes('stopped before the run started')")
+        "document.querySelector('#kv-run-status').innerText.includes('stopped before the run started')", polling=250)
 
     page.locator("#kv-run:not([disabled])").wait_for()
     page.locator("#kv-max-new input").fill("24")

@@ -100,6 +100,7 @@ def test_native_plots_update_live_and_show_a_value_with_its_unit_on_hover(page, 
     # The exported record, uploaded in another session, gives the same summary, labelled as a replay.
     other_page.locator("#kv-replay-box").click()
     other_page.locator("#kv-replay input[type=file]").set_input_files(str(newest_record()))
-    other_page.wait_for_function("document.querySelector('#kv-run-status').innerText.startsWith('replayed: measured on')")
+    other_page.wait_for_function("document.querySelector('#kv-run-status').innerText.startsWith('replayed: measured on')",
+                                 polling=250)  # a page not in front gets no animation frames
     other_page.locator("#kv-plot-cache svg.marks").wait_for(state="visible")
     assert other_page.locator("#kv-summary").inner_text() == page.locator("#kv-summary").inner_text()

@@ -12,6 +12,8 @@ SCORED = 48
 MARKS = "#report-plot g.mark-symbol.role-mark path"
 """Vega's drawn points (a blank row of the frame draws none)."""
 LEGEND = "#report-plot .role-legend-symbol path"
+POLL_MS = 250
+"""Checks poll on a timer: a page that is not in front gets no animation frames (playwright's default polling)."""
 WAIT_MS = 300_000
 """How long a plot may take to draw what the page already says (the shared machines run far behind at times)."""
 COUNTS_JS = f"""() => [document.querySelectorAll('{LEGEND}').length, document.querySelectorAll('{MARKS}').length]"""
@@ -49,12 +51,14 @@ def test_report_fills_live_replays_from_its_record_and_stop_keeps_what_was_score
     status = page.locator("#report-status")
     # 1. The first frame: every column in the plot's legend before any token is scored.
     status.filter(has_text=f"0 of {SCORED} tokens scored").wait_for(timeout=600_000)
-    page.wait_for_function(f"document.querySelectorAll('{LEGEND}').length === {len(COLUMNS)}", timeout=WAIT_MS)
+    page.wait_for_function(f"document.querySelectorAll('{LEGEND}').length === {len(COLUMNS)}",
+        timeout=WAIT_MS, polling=POLL_MS)
     # 2. Live: the table's figures and the plot's points appear and grow while the run goes on.
     status.filter(has_text=re.compile(rf"\b[1-9]\d* of {SCORED} tokens scored")).wait_for(timeout=600_000)
     first = scored_now(status.inner_text())[1]
     assert "done in" not in status.inner_text() and "scoring" in page.locator("#report-table").inner_text()
-    page.wait_for_function(f"document.querySelectorAll('{MARKS}').length === {len(COLUMNS)}", timeout=WAIT_MS)
+    page.wait_for_function(f"document.querySelectorAll('{MARKS}').length === {len(COLUMNS)}",
+        timeout=WAIT_MS, polling=POLL_MS)
     assert page.evaluate(COUNTS_JS)[0] == len(COLUMNS)
     status.filter(has_text="done in").wait_for(timeout=600_000)
     assert first < SCORED
@@ -72,7 +76,8 @@ def test_report_fills_live_replays_from_its_record_and_stop_keeps_what_was_score
     other_page.get_by_role("tab", name="Report").click()
     other_page.locator("#report-saved input[type=file]").set_input_files(str(saved))
     other_page.locator("#report-status").filter(has_text="from 1 saved record").wait_for(timeout=WAIT_MS)
-    other_page.wait_for_function(f"document.querySelectorAll('{MARKS}').length === {len(COLUMNS)}", timeout=WAIT_MS)
+    other_page.wait_for_function(f"document.querySelectorAll('{MARKS}').length === {len(COLUMNS)}",
+        timeout=WAIT_MS, polling=POLL_MS)
     replayed = other_page.locator("#report-table").inner_text()
     assert [line for line in replayed.splitlines() if line.strip()] == [
         line for line in table.splitlines() if line.strip()]
@@ -86,4 +91,5 @@ def test_report_fills_live_replays_from_its_record_and_stop_keeps_what_was_score
     for name in COLUMNS:
         cells = table_cells(page, name)  # column, status, context, scored, PPL ratio
         assert cells[1] == "stopped" and least <= int(cells[3]) <= most and cells[4] != "-"
-    page.wait_for_function(f"document.querySelectorAll('{MARKS}').length === {len(COLUMNS)}", timeout=WAIT_MS)
+    page.wait_for_function(f"document.querySelectorAll('{MARKS}').length === {len(COLUMNS)}",
+        timeout=WAIT_MS, polling=POLL_MS)

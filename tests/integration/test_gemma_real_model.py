@@ -107,7 +107,7 @@ def test_the_hybrid_preset_runs_from_the_command_line_with_bytes_by_layer_type(g
     record = json.loads(out.read_text())
     status = {column["name"]: column["status"] for column in record["columns"]}
     assert status == {"dynamic": "ok", "dynamic all-full": "ok", "sliding_window": "ok", "static": "ok",
-                      "no_cache": "ok", "quantized quanto int4 r128": "unavailable", "sink 4+252": "unavailable"}
+                      "no_cache": "ok", "quantized quanto int4 r128": "ok", "sink 4+252": "unavailable"}
     dynamic = record["columns"][0]
     assert set(dynamic["cache_bytes_by_layer_type"]) == {"full_attention", "sliding_attention"}
     assert record["model"]["name"] == "gemma-3-270m"

@@ -41,9 +41,20 @@ def test_every_preset_runs_on_the_tiny_model(tiny, path):
     for result in done.results:
         assert result.status in FINISHED, f"{path.name} column {result.index + 1} ({result.name}): {result.message}"
         if result.status == "ok":
-            limit = columns[result.index].overrides.get("max_new_tokens", NEW_TOKENS)
+            limit = min(columns[result.index].overrides.get("max_new_tokens", NEW_TOKENS), NEW_TOKENS)
             assert 1 <= len(result.token_ids) <= limit
         else:
             assert result.message
     assert any(result.status == "ok" for result in done.results)
     assert all(result.status == "ok" for result in done.results if result.is_baseline)
+
+
+def test_a_columns_max_new_tokens_is_a_ceiling_never_a_raise():
+    from kvlab.generation import GenerationSettings
+
+    run = GenerationSettings(max_new_tokens=4)
+    assert run.with_overrides({"max_new_tokens": 16}).max_new_tokens == 4
+    assert run.with_overrides({"max_new_tokens": 2}).max_new_tokens == 2
+    assert GenerationSettings(max_new_tokens=64).with_overrides({"max_new_tokens": 16}).max_new_tokens == 16
+    with pytest.raises(ValueError, match="unknown generation setting"):
+        run.with_overrides({"max_tokens": 3})
