@@ -110,13 +110,30 @@ def _from_records(args) -> int:
     return 0
 
 
-def _text_ids(args, loaded):
+def _read_text(args) -> tuple[str, dict]:
+    """The text to score and its record info (`--text`'s file, or the shipped one). Raises ValueError for a file
+    that is missing, unreadable or not UTF-8, before any model loads."""
     from ..quality.defaults import SHIPPED_TEXT_INFO, shipped_text
 
-    if args.text:
-        text, info = Path(args.text).read_text(encoding="utf-8"), {"name": Path(args.text).name}
-    else:
-        text, info = shipped_text(), dict(SHIPPED_TEXT_INFO)
+    if not args.text:
+        return shipped_text(), dict(SHIPPED_TEXT_INFO)
+    path = Path(args.text)
+    if not path.is_file():
+        raise ValueError(f"--text {args.text}: no such file")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise ValueError(f"--text {args.text}: not UTF-8 text (byte {err.start}: {err.reason}); save it as "
+                         "UTF-8") from None
+    except OSError as err:
+        raise ValueError(f"--text {args.text}: {err.strerror or err}") from None
+    if not text.strip():
+        raise ValueError(f"--text {args.text}: the file is empty")
+    return text, {"name": path.name}
+
+
+def _text_ids(args, loaded):
+    text, info = _read_text(args)
     ids = loaded.tokenizer(text, return_tensors="pt")["input_ids"][:, :args.max_tokens]
     return ids, {**info, "tokens": int(ids.shape[1])}
 
@@ -128,14 +145,18 @@ def _check_flags(args) -> None:
         raise ValueError("--max-tokens must be at least 2 and --progress-every at least 1")
     if args.scored_tokens < 1:
         raise ValueError(f"--scored-tokens must be at least 1, got {args.scored_tokens}")
+    if args.context_tokens is None and args.scored_tokens >= args.max_tokens:
+        raise ValueError(f"--scored-tokens ({args.scored_tokens}) must be less than --max-tokens "
+                         f"({args.max_tokens}): the context needs at least 1 token")
     if args.context_tokens is not None and args.context_tokens < 1:
         raise ValueError(f"--context-tokens must be at least 1, got {args.context_tokens}")
     if args.context_tokens is not None and args.context_tokens + args.scored_tokens > args.max_tokens:
         raise ValueError(f"--context-tokens + --scored-tokens ({args.context_tokens + args.scored_tokens}) is more "
                          f"than --max-tokens ({args.max_tokens})")
-    parse_columns(args.columns)
-    if args.text and not Path(args.text).is_file():
-        raise ValueError(f"--text {args.text}: no such file")
+    columns = parse_columns(args.columns)
+    if all(column.strategy is None for column in columns):
+        raise ValueError("no column can run: " + "; ".join(f"{c.describe()}: {c.rejected}" for c in columns))
+    _read_text(args)
 
 
 def _report(args, loaded, stop) -> dict:
@@ -175,6 +196,9 @@ def run(args) -> int:
     from .outputs import OutputError, StopOnInterrupt, check_writable
 
     if args.records:
+        if args.columns != _default_columns():
+            _say("--columns does not apply to --from: the saved records name their columns (leave it out)")
+            return 2
         return _from_records(args)
     if args.leaderboard:
         return _leaderboard(args)

@@ -138,12 +138,16 @@ def _rows(record: dict, source: str) -> list[dict]:
     return rows
 
 
-def load_record(path: str | Path) -> dict:
-    """A record from a JSON file. Raises ValueError (one line) when it cannot be read as JSON."""
+def load_record(path: str | Path, name: str | None = None) -> dict:
+    """A record from a JSON file. Raises ValueError (one line, naming the file as `name`, default its path) when
+    it cannot be read as JSON; a page passes the uploaded file's own name so no server path is shown."""
+    shown = path if name is None else name
     try:
         return json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise ValueError(f"cannot read record {path}: {err}") from None
+    except OSError as err:
+        raise ValueError(f"cannot read record {shown}: {err.strerror or type(err).__name__}") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ValueError(f"cannot read record {shown}: {err}") from None
 
 
 def merge_rows(groups: list[list[dict]]) -> list[dict]:

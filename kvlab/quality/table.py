@@ -68,15 +68,21 @@ def cells(row: dict, on_front: bool) -> list[str]:
 
 
 def format_table(rows: list[dict]) -> str:
-    """A plain-text table, one block per model (its name above it), columns aligned."""
+    """A plain-text table, one block per model (its name above it), columns aligned; a column that failed reads
+    `error (below)` in its row and its message goes on a line under the block, so it does not widen the table."""
     marks = pareto_marks(rows)
     blocks = []
     for model in dict.fromkeys(row["model"] for row in rows):
-        body = [cells(row, mark) for row, mark in zip(rows, marks) if row["model"] == model]
+        mine = [(row, mark) for row, mark in zip(rows, marks) if row["model"] == model]
+        body = [cells(row, mark) for row, mark in mine]
+        errors = [f"{row['column']}: {row.get('message', '')}" for row, _ in mine if row.get("status") == "error"]
+        for line, (row, _) in zip(body, mine):
+            if row.get("status") == "error":
+                line[2] = "error (below)"
         widths = [max(len(h), *(len(line[k]) for line in body)) for k, h in enumerate(HEADERS)]
         lines = [model, "  ".join(h.ljust(w) for h, w in zip(HEADERS, widths))]
         lines += ["  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip() for line in body]
-        blocks.append("\n".join(lines))
+        blocks.append("\n".join(lines + errors))
     return "\n\n".join(blocks) + ("\n* on the Pareto front of mean cache bytes against mean KL" if rows else "")
 
 

@@ -351,7 +351,7 @@ def parse_strategy_list(text: str) -> list[dict]:
     Knob values are read as YAML scalars (`4` -> int, `true` -> bool).
 
     Raises:
-        ValueError: a knob not written as key=value.
+        ValueError: a knob not written as key=value, or with nothing after `=`.
     """
     return [parse_strategy_item(item) for item in split_strategy_list(text)]
 
@@ -365,7 +365,7 @@ def parse_strategy_item(item: str) -> dict:
     """One column spec from `name:knob=value:...`.
 
     Raises:
-        ValueError: a knob not written as key=value.
+        ValueError: a knob not written as key=value, or with nothing after `=`.
     """
     import yaml
 
@@ -375,5 +375,7 @@ def parse_strategy_item(item: str) -> dict:
         key, equals, value = pair.partition("=")
         if not equals:
             raise ValueError(f"bad knob {pair!r} in {item!r}: write key=value")
+        if not value.strip():
+            raise ValueError(f"bad knob {pair!r} in {item!r}: give a value after '='")
         spec[key] = yaml.safe_load(value)
     return spec

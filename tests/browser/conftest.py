@@ -122,3 +122,17 @@ def other_page(browser, app_url):
         yield page
     finally:
         page.context.close()
+
+
+def wait_until(page, expression: str, timeout_s: float, poll_s: float = 0.25):
+    """Evaluate `expression` (JavaScript) in `page` from here until it is truthy; returns its value. Unlike
+    `page.wait_for_function`, whose checks run on the page's own animation frames or timers, this works on a
+    page that is not in front (headless chromium pauses those); raises AssertionError with the last value."""
+    deadline = time.monotonic() + timeout_s
+    value = None
+    while time.monotonic() < deadline:
+        value = page.evaluate(expression)
+        if value:
+            return value
+        time.sleep(poll_s)
+    raise AssertionError(f"{expression!r} stayed {value!r} for {timeout_s} s")

@@ -5,6 +5,8 @@ was scored. SmolLM2, three columns, 256 context tokens and 48 scored."""
 import re
 from pathlib import Path
 
+from conftest import wait_until
+
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 COLUMNS_SPEC = "sink:window_length=64, quantized:backend=quanto:nbits=4, knorm:compression_ratio=0.5"
 COLUMNS = ("sink 4+60", "quantized quanto int4 r128", "knorm 0.5")
@@ -12,9 +14,8 @@ SCORED = 48
 MARKS = "#report-plot g.mark-symbol.role-mark path"
 """Vega's drawn points (a blank row of the frame draws none)."""
 LEGEND = "#report-plot .role-legend-symbol path"
-POLL_MS = 250
-"""Checks poll on a timer: a page that is not in front gets no animation frames (playwright's default polling)."""
 WAIT_MS = 300_000
+WAIT_S = WAIT_MS / 1000
 """How long a plot may take to draw what the page already says (the shared machines run far behind at times)."""
 COUNTS_JS = f"""() => [document.querySelectorAll('{LEGEND}').length, document.querySelectorAll('{MARKS}').length]"""
 
@@ -51,14 +52,12 @@ def test_report_fills_live_replays_from_its_record_and_stop_keeps_what_was_score
     status = page.locator("#report-status")
     # 1. The first frame: every column in the plot's legend before any token is scored.
     status.filter(has_text=f"0 of {SCORED} tokens scored").wait_for(timeout=600_000)
-    page.wait_for_function(f"document.querySelectorAll('{LEGEND}').length === {len(COLUMNS)}",
-        timeout=WAIT_MS, polling=POLL_MS)
+    wait_until(page, f"document.querySelectorAll('{LEGEND}').length === {len(COLUMNS)}", WAIT_S)
     # 2. Live: the table's figures and the plot's points appear and grow while the run goes on.
     status.filter(has_text=re.compile(rf"\b[1-9]\d* of {SCORED} tokens scored")).wait_for(timeout=600_000)
     first = scored_now(status.inner_text())[1]
     assert "done in" not in status.inner_text() and "scoring" in page.locator("#report-table").inner_text()
-    page.wait_for_function(f"document.querySelectorAll('{MARKS}').length === {len(COLUMNS)}",
-        timeout=WAIT_MS, polling=POLL_MS)
+    wait_until(page, f"document.querySelectorAll('{MARKS}').length === {len(COLUMNS)}", WAIT_S)
     assert page.evaluate(COUNTS_JS)[0] == len(COLUMNS)
     status.filter(has_text="done in").wait_for(timeout=600_000)
     assert first < SCORED
@@ -73,15 +72,16 @@ def test_report_fills_live_replays_from_its_record_and_stop_keeps_what_was_score
     href = page.locator("#report-download a[download='report.json']").get_attribute("href")
     saved = tmp_path / "report.json"
     saved.write_bytes(page.request.get(href if href.startswith("http") else page.url.rstrip("/") + href).body())
+    other_page.bring_to_front()  # headless chromium draws a plot only in the page in front
     other_page.get_by_role("tab", name="Report").click()
     other_page.locator("#report-saved input[type=file]").set_input_files(str(saved))
     other_page.locator("#report-status").filter(has_text="from 1 saved record").wait_for(timeout=WAIT_MS)
-    other_page.wait_for_function(f"document.querySelectorAll('{MARKS}').length === {len(COLUMNS)}",
-        timeout=WAIT_MS, polling=POLL_MS)
+    wait_until(other_page, f"document.querySelectorAll('{MARKS}').length === {len(COLUMNS)}", WAIT_S)
     replayed = other_page.locator("#report-table").inner_text()
     assert [line for line in replayed.splitlines() if line.strip()] == [
         line for line in table.splitlines() if line.strip()]
     # 4. Stop: a second run stopped after its first figures keeps every token scored.
+    page.bring_to_front()
     page.locator("#report-run").click()
     status.filter(has_text=re.compile(rf"\b[1-9]\d* of {SCORED} tokens scored")).wait_for(timeout=600_000)
     page.locator("#report-stop").click()
@@ -91,5 +91,4 @@ def test_report_fills_live_replays_from_its_record_and_stop_keeps_what_was_score
     for name in COLUMNS:
         cells = table_cells(page, name)  # column, status, context, scored, PPL ratio
         assert cells[1] == "stopped" and least <= int(cells[3]) <= most and cells[4] != "-"
-    page.wait_for_function(f"document.querySelectorAll('{MARKS}').length === {len(COLUMNS)}",
-        timeout=WAIT_MS, polling=POLL_MS)
+    wait_until(page, f"document.querySelectorAll('{MARKS}').length === {len(COLUMNS)}", WAIT_S)

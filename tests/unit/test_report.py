@@ -85,6 +85,11 @@ def test_a_refused_or_failing_column_reports_alone_and_the_others_finish(tiny, m
                         "broken": "error"}
     assert _figures(record, "dynamic")["scored_tokens"] == 12
     assert _figures(record, "broken")["scored_tokens"] == 5
+    # the plain table: the row says "error (below)", the message goes on its own line under the table
+    table = format_table(rows_from_record(record)).splitlines()
+    broken_row = next(line for line in table if line.startswith("broken "))
+    assert "error (below)" in broken_row and "boom" not in broken_row
+    assert "broken: RuntimeError: boom" in table
 
 
 def test_stop_keeps_what_was_scored(tiny):
@@ -145,7 +150,13 @@ def test_the_command_line_builds_the_table_from_records_and_refuses_bad_input(ti
     assert main(["report", "--from", str(saved), "--csv", str(merged)]) == 0
     out = capsys.readouterr().out
     assert "knorm 0.5" in out and "28+12" in out and merged.read_text().count("\n") == 3
+    latin1 = tmp_path / "latin1.txt"
+    latin1.write_bytes("caf\xe9 au lait".encode("latin-1"))
     for argv, message in ((["--scored-tokens", "0"], "--scored-tokens must be at least 1"),
+                          (["--scored-tokens", "100000"], "must be less than --max-tokens (4096)"),
+                          (["--text", str(latin1)], "not UTF-8 text (byte 3"),
+                          (["--columns", "snapkv:quantize=,h2o"], "no column can run: snapkv:quantize=: bad knob"),
+                          (["--from", str(saved), "--columns", "dynamic"], "--columns does not apply to --from"),
                           (["--columns", " , "], "--columns is empty"),
                           (["--context-tokens", "4000", "--scored-tokens", "200"], "is more than --max-tokens"),
                           (["--text", str(tmp_path / "none.txt")], "no such file"),

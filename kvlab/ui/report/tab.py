@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 
 import gradio as gr
 
@@ -48,6 +49,10 @@ COLUMNS_INFO = ("compare syntax, comma-separated; this tab starts with three. `k
                 f"runs the full default set of {CLI_COLUMN_COUNT}: sink and window at two sizes, quanto and hqq "
                 "int2/int4, fp8 and the seven eviction methods (docs/report.md)")
 PLOT_HEIGHT_PX = 340
+FRAME_GAP_S = 0.5
+"""Seconds between the frames of a replay (and of a figure switch). The native plot rebuilds its vega spec
+asynchronously from the data of the frame before; frames sent back to back reach the page in one batch and
+the intermediate ones are skipped, leaving an empty plot. A live run's frames are spaced by its compute."""
 
 
 class ReportTab:
@@ -187,6 +192,7 @@ class ReportTab:
             second[self.plot]["color_map"] = {name: color.lower() for name, color in
                                               second[self.plot]["color_map"].items()}
         yield first
+        time.sleep(FRAME_GAP_S)
         yield second
 
     def replay(self, session: dict, paths, y_label: str):
@@ -206,9 +212,9 @@ class ReportTab:
         primer = self.redraw(rows, roster, y, primer=True, blank=True)
         yield {self.status: status, self.table: table_frame(rows), **primer,
                self.download: [str(folder / "report-merged.csv")]}
-        yield self.redraw(rows, roster, y, blank=True)
-        yield self.redraw(rows, roster, y)
-        yield self.redraw(rows, roster, y, primer=True)
+        for frame in (dict(blank=True), {}, dict(primer=True)):
+            time.sleep(FRAME_GAP_S)
+            yield self.redraw(rows, roster, y, **frame)
 
 
 def build_report_tab(pool) -> ReportTab:

@@ -211,7 +211,12 @@ def rows_from_files(paths) -> tuple[list[dict], list[str]]:
     for path in paths or []:
         name = str(path).replace("\\", "/").rsplit("/", 1)[-1]
         try:
-            groups.append(rows_from_record(load_record(path), name))
+            record = load_record(path, name)  # its message names the file by `name`, never the server's path
+        except ValueError as err:
+            problems.append(str(err))
+            continue
+        try:
+            groups.append(rows_from_record(record, name))
         except (ValueError, KeyError, TypeError, AttributeError) as err:
             problems.append(f"{name}: {err}" if isinstance(err, ValueError) else f"{name}: not a kvlab record ({err})")
     return merge_rows(groups), problems
