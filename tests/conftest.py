@@ -8,6 +8,10 @@ tests/test_setup_script.py -> `slow_install`. Collection stops with a message
 for a test anywhere else or one that marks itself with a second tier. `gpu`
 tests are skipped where torch has no CUDA.
 
+A test of another tier may also be marked `slow` (`pytestmark = pytest.mark.slow` or on the test): a long
+check of its tier, with that tier's fixtures, which `make test` and CI leave out and `make test-slow` runs
+(`-m slow`), so CI stays under its time limit.
+
 Fixtures: `tiny` is a 2-layer random Llama with a byte-level BPE tokenizer
 trained here in-process (`tiny_tokenizer`), for tests that need many model calls
 and no real weights. `bundled` is the real bundled model, loaded once per
@@ -70,6 +74,8 @@ def pytest_collection_modifyitems(config, items):
             continue
         item.add_marker(tier)
         marked = sorted({mark.name for mark in item.iter_markers() if mark.name in TIERS})
+        if tier != "slow" and "slow" in marked:
+            marked.remove("slow")  # a long check of its own tier, left to `make test-slow`
         if marked != [tier]:
             problems.append(f"{item.nodeid}: marked {', '.join(marked)}; a test carries exactly one tier ({tier})")
     if problems:

@@ -9,7 +9,11 @@ No wall-clock time is asserted; waits only guard against a hung run.
 
 from pathlib import Path
 
+import pytest
+
 from test_compare_browser import pick_preset, snapshot, wait_for_model, wait_for_status
+
+pytestmark = pytest.mark.slow  # a long check: `make test-slow` runs it, CI leaves it out (its time budget)
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = REPO_ROOT / "artifacts"

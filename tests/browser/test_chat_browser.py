@@ -9,6 +9,8 @@ Debian's /usr/bin/chromium is driven by Playwright; no browser is downloaded.
 import re
 import time
 
+import pytest
+
 TURN_TIMEOUT_MS = 180_000
 PAGE_TIMEOUT_S = 60
 NEW_TOKENS = "12"
@@ -131,6 +133,7 @@ def test_a_static_cache_too_small_is_refused_with_a_way_on(app_url, browser):
         context.close()
 
 
+@pytest.mark.slow  # a long check: `make test-slow` runs it, CI leaves it out (its time budget)
 def test_the_prefix_panel_reports_the_saving(app_url, browser):
     context, page = open_chat(browser, app_url)
     try:

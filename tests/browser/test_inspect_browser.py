@@ -13,6 +13,10 @@ import re
 import shutil
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.slow  # a long check: `make test-slow` runs it, CI leaves it out (its time budget)
+
 STEP_TIMEOUT_MS = 600_000
 REPO_ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = REPO_ROOT / "artifacts"

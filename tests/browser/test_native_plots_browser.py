@@ -16,7 +16,11 @@ import shutil
 import time
 from pathlib import Path
 
+import pytest
+
 from test_compare_browser import POLL_S, RUN_TIMEOUT_S, snapshot, wait_for_model, wait_for_status
+
+pytestmark = pytest.mark.slow  # a long check: `make test-slow` runs it, CI leaves it out (its time budget)
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = REPO_ROOT / "artifacts"

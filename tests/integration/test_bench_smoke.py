@@ -1,4 +1,5 @@
-"""`python -m kvlab bench --size smoke` on the real bundled model: the record's shape and the plots.
+"""`python -m kvlab bench --size smoke` on the real bundled model: the record's shape and the plots (the
+tests of the smoke run's record are long checks, left to `make test-slow`; the refusals and SIGTERM run in CI).
 
 Times are never asserted (the machine is shared); only that every section ran,
 every figure carries median/min/max and every check carries its target and verdict.
@@ -42,6 +43,7 @@ def assert_stats(stats):
     assert stats["n"] == len(stats["values"]) >= 1
 
 
+@pytest.mark.slow  # a long check: `make test-slow` runs it, CI leaves it out (its time budget)
 def test_every_section_ran_with_checks(smoke):
     record = smoke["record"]
     assert record["kvlab_bench"] == 1 and record["size"]["name"] == "smoke"
@@ -59,6 +61,7 @@ def test_every_section_ran_with_checks(smoke):
     assert len(record["checks"]) == sum(len(s["checks"]) for s in record["sections"].values())
 
 
+@pytest.mark.slow  # a long check: `make test-slow` runs it, CI leaves it out (its time budget)
 def test_figures_carry_median_min_max(smoke):
     sections = smoke["record"]["sections"]
     for row in sections["overhead"]["rows"]:
@@ -102,6 +105,7 @@ def test_figures_carry_median_min_max(smoke):
     assert planning["rss_peak_extra_bytes"] >= 0
 
 
+@pytest.mark.slow  # a long check: `make test-slow` runs it, CI leaves it out (its time budget)
 def test_plots_and_text(smoke):
     plots = smoke["out"] / "plots"
     assert {p.name for p in plots.glob("*.png")} >= EXPECTED_PLOTS

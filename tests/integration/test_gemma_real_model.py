@@ -114,6 +114,7 @@ def test_the_hybrid_preset_runs_from_the_command_line_with_bytes_by_layer_type(g
     assert "cache by layer type" in done.stdout
 
 
+@pytest.mark.slow  # a long check: `make test-slow` runs it, CI leaves it out (its time budget)
 def test_a_local_gguf_file_loads_through_the_convert_once_cache(bundled, tmp_path, monkeypatch):
     """The bundled SmolLM2's own GGUF file, given as a path: converted into a folder keyed by its content hash,
     it generates the bundled model's greedy tokens."""

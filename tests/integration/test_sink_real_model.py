@@ -81,6 +81,7 @@ def test_long_generation_keeps_cache_bytes_constant(real):
 
 
 @torch.inference_mode()
+@pytest.mark.slow  # a long check: `make test-slow` runs it, CI leaves it out (its time budget)
 def test_sinks_keep_perplexity_low_after_the_window_slides(bundled):
     model, tokenizer = bundled.model, bundled.tokenizer
     from pydoc_data.topics import topics

@@ -2,7 +2,8 @@
 
 Checks that every test gets exactly one tier from its folder (and `-m unit`
 selects by it), that `gpu` tests are skipped with the reason where torch has no CUDA, that a test outside the tier places or with a second tier
-stops collection with a message, that a unit test asking for the bundled model
+stops collection with a message (a `slow` mark on a test of another tier is not a second tier: it leaves
+the test to `make test-slow`), that a unit test asking for the bundled model
 fails before the model is loaded, and that a unit test writing into the model
 cache folder fails.
 """
@@ -58,6 +59,25 @@ def test_each_test_gets_the_tier_of_its_folder(tmp_path):
     unit_only = run_pytest(tmp_path, "-m", "unit")
     assert unit_only.returncode == 0, unit_only.stdout[-3000:]
     assert "PASSED tests/unit/test_u.py::test_u" in unit_only.stdout and "1 passed, 4 deselected" in unit_only.stdout
+
+
+def test_a_long_check_of_a_tier_is_marked_slow_and_left_to_the_slow_run(tmp_path):
+    make_tree(tmp_path, {
+        "browser/test_long.py": """
+            import pytest
+
+            pytestmark = pytest.mark.slow
+
+            def test_long(request):
+                assert sorted(m.name for m in request.node.iter_markers()) == ["browser", "slow"]
+        """,
+        "browser/test_short.py": "def test_short():\n    pass\n",
+    })
+    default = run_pytest(tmp_path)
+    assert default.returncode == 0 and "1 passed, 1 deselected" in default.stdout, default.stdout[-3000:]
+    slow = run_pytest(tmp_path, "-m", "slow")
+    assert slow.returncode == 0 and "PASSED tests/browser/test_long.py::test_long" in slow.stdout, slow.stdout[-3000:]
+    assert "1 passed, 1 deselected" in slow.stdout
 
 
 def test_a_test_outside_the_tiers_or_with_two_tiers_stops_collection(tmp_path):
