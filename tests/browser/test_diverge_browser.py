@@ -14,6 +14,7 @@ import shutil
 from pathlib import Path
 from urllib.parse import parse_qsl, urljoin, urlsplit
 
+from conftest import wait_until
 from test_compare_browser import SAMPLING_PROMPT, pick_preset, wait_for_model, wait_for_status
 
 STEP_TIMEOUT_MS = 600_000
@@ -35,7 +36,12 @@ def test_the_first_divergence_link_opens_inspect_at_that_step_with_both_strategi
     assert snap["status"].startswith("finished"), snap["status"]
 
     links = page.locator("#kv-summary a[href*='inspect=1']")
-    links.first.wait_for(state="attached")
+    # The table is re-rendered after the status line (a heavier component): wait for its link, say what it shows.
+    try:
+        wait_until(page, "document.querySelectorAll(\"#kv-summary a[href*='inspect=1']\").length > 0", 300)
+    except AssertionError:
+        raise AssertionError("no first-divergence link; the summary reads: "
+                             + page.locator("#kv-summary").inner_text()[:1500]) from None
     hrefs = links.evaluate_all("els => [...new Set(els.map(e => e.getAttribute('href')))]")
     assert len(hrefs) == 1  # dynamic and static agree with the baseline: no link; quanto int2 diverges
     query = dict(parse_qsl(urlsplit(hrefs[0]).query))
