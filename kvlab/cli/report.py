@@ -88,7 +88,7 @@ def _write(args, rows: list[dict], record: dict | None) -> None:
 def _from_records(args) -> int:
     from ..quality.record import load_record, merge_rows, rows_from_record
     from ..quality.table import format_table
-    from .outputs import OutputError, check_writable
+    from .outputs import check_writable
 
     try:
         check_writable(args.json)

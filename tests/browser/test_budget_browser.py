@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from test_compare_browser import pick_preset, snapshot, wait_for_model, wait_for_status
+from test_compare_browser import pick_preset, wait_for_model, wait_for_status
 
 pytestmark = pytest.mark.slow  # a long check: `make test-slow` runs it, CI leaves it out (its time budget)
 
