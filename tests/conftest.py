@@ -59,7 +59,8 @@ def tier_of(path: Path, marked: list[str] | None = None) -> str | None:
     if len(relative.parts) == 1:
         return TIER_FILES.get(relative.name)
     if relative.parts[0] in MARKED_FOLDERS:
-        return marked[0] if marked and len(marked) == 1 else None
+        named = [m for m in marked or [] if m != "slow"] or list(marked or [])  # `slow` beside its own tier
+        return named[0] if len(named) == 1 else None
     return relative.parts[0] if relative.parts[0] in TIER_FOLDERS else None
 
 

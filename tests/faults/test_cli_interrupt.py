@@ -135,8 +135,11 @@ def _interrupt_at(tmp_path, name: str, marker: str) -> tuple[subprocess.Popen, s
     return proc, "".join(seen) + err
 
 
-@pytest.mark.parametrize("name", ["compare", "needle", "chat", "prefix", "perplexity", "inspect", "diverge",
-                                  "report", "bench"])
+# Every subcommand stops through the same StopOnInterrupt (kvlab.cli.outputs): CI interrupts compare and report
+# in both phases, `make test-slow` the other seven (CI's time budget).
+@pytest.mark.parametrize("name", ["compare", "report", *(pytest.param(name, marks=pytest.mark.slow) for name in
+                                                         ("needle", "chat", "prefix", "perplexity", "inspect",
+                                                          "diverge", "bench"))])
 @pytest.mark.parametrize("marker", [pytest.param("] loading ", id="load"), pytest.param(" ready", id="run")])
 def test_ctrl_c_in_every_phase_ends_in_one_line_and_130(tmp_path, name, marker):
     proc, err = _interrupt_at(tmp_path, name, marker)

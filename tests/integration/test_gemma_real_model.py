@@ -134,7 +134,8 @@ def test_a_local_gguf_file_loads_through_the_convert_once_cache(bundled, tmp_pat
     assert tokens[0] == tokens[1]
 
 
-@pytest.mark.parametrize("spec", [{"strategy": "expected_attention", "compression_ratio": 0.5},
+@pytest.mark.parametrize("spec", [pytest.param({"strategy": "expected_attention", "compression_ratio": 0.5},
+                                               marks=pytest.mark.slow),  # CI runs the snapkv case (time budget)
                                   {"strategy": "snapkv", "compression_ratio": 0.5, "compress_every": 70}])
 def test_eviction_prunes_the_full_layers_and_leaves_the_sliding_ones(gemma, spec):
     """As kvpress leaves them, the 15 sliding layers keep their window; the 3 full layers hold half the prompt plus

@@ -10,6 +10,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from kvlab.compare.runner import collect, run_compare
 from kvlab.generation import GenerationSettings, encode_prompt
 from kvlab.inspect.inspector import STRIP_STATES
@@ -54,6 +56,7 @@ def test_cli_inspect_writes_one_record_per_step_and_matches_a_compare_column(tmp
     assert column.token_ids == document["token_ids"]
 
 
+@pytest.mark.slow  # a long check (45 s): the fallback chain's switches run in CI on the tiny model (unit tests)
 def test_the_budget_preset_switches_twice_and_keeps_the_text(tmp_path):
     out = tmp_path / "budget.json"
     # 180 tokens take both switches (the second comes near token 160); timing is not this test's subject.

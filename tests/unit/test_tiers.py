@@ -72,12 +72,24 @@ def test_a_long_check_of_a_tier_is_marked_slow_and_left_to_the_slow_run(tmp_path
                 assert sorted(m.name for m in request.node.iter_markers()) == ["browser", "slow"]
         """,
         "browser/test_short.py": "def test_short():\n    pass\n",
+        "faults/test_cases.py": """
+            import pytest
+
+            pytestmark = pytest.mark.integration
+
+            @pytest.mark.parametrize("case", ["kept", pytest.param("long", marks=pytest.mark.slow)])
+            def test_case(request, case):
+                names = sorted({m.name for m in request.node.iter_markers()} - {"parametrize"})
+                assert names == (["integration", "slow"] if case == "long" else ["integration"])
+        """,
     })
     default = run_pytest(tmp_path)
-    assert default.returncode == 0 and "1 passed, 1 deselected" in default.stdout, default.stdout[-3000:]
+    assert default.returncode == 0 and "2 passed, 2 deselected" in default.stdout, default.stdout[-3000:]
+    assert "PASSED tests/faults/test_cases.py::test_case[kept]" in default.stdout
     slow = run_pytest(tmp_path, "-m", "slow")
     assert slow.returncode == 0 and "PASSED tests/browser/test_long.py::test_long" in slow.stdout, slow.stdout[-3000:]
-    assert "1 passed, 1 deselected" in slow.stdout
+    assert "PASSED tests/faults/test_cases.py::test_case[long]" in slow.stdout
+    assert "2 passed, 2 deselected" in slow.stdout
 
 
 def test_a_test_outside_the_tiers_or_with_two_tiers_stops_collection(tmp_path):
