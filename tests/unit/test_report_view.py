@@ -13,7 +13,7 @@ from kvlab.quality.record import FIGURE_FIELDS
 from kvlab.quality.report import ReportColumnError, ReportDone, ReportProgress, ReportStarted, Split
 from kvlab.ui.report.tab import ReportTab
 from kvlab.ui.report.view import (PASTED, PLOT_FIELDS, ReportRequest, ReportView, plan_report, plot_caption,
-                                  plot_frame, rows_from_files, table_frame)
+                                  plot_frame, replay_status, rows_from_files, table_frame)
 
 MIB = 1 << 20
 
@@ -111,6 +111,9 @@ def test_saved_records_merge_and_an_unreadable_one_is_one_line(tmp_path):
     table = table_frame(rows)
     assert list(table["model"]) == ["m", "n"] and table["needle [95% CI]"][0].startswith("4/5")
     assert list(plot_frame(rows)["series"]) == ["m · sink 4+60", "n · quanto"]
+    status = replay_status(rows, 3, problems)
+    assert status.startswith("2 row(s) from 3 saved record(s) · models: m, n  \n⚠️ cannot read record broken.json")
+    assert replay_status(rows[:1], 1, []) == "1 row(s) from 1 saved record(s) · model: m"
 
 
 def test_bad_input_is_one_clear_error_before_any_compute(tiny):

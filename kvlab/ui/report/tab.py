@@ -34,8 +34,8 @@ from ..shared.runs import PRIVATE, session_stop, wire_run
 from ..shared.theme import COLORS
 from .view import (BUILT_IN, CLI_COLUMN_COUNT, DEFAULT_COLUMNS, DEFAULT_CONTEXT_TOKENS, DEFAULT_SCORED_TOKENS,
                    HOVER_FIELDS, MAX_CONTEXT_TOKENS, MAX_SCORED_TOKENS, PASTED, Y_CHOICES, Y_TITLES, ReportRequest,
-                   ReportView, plan_report, plot_caption, plot_frame, plot_limits, rows_from_files, series_names,
-                   table_frame)
+                   ReportView, plan_report, plot_caption, plot_frame, plot_limits, replay_status, rows_from_files,
+                   series_names, table_frame)
 
 logger = logging.getLogger(__name__)
 EXPLAIN = (
@@ -199,16 +199,16 @@ class ReportTab:
         """Saved records in: the merged table and plot, and the merged table as CSV. A file that cannot be read
         is one status line; when none can, the table and plot stay as they were."""
         rows, problems = rows_from_files(paths)
-        note = "".join(f"  \n⚠️ {problem}" for problem in problems)
         if not rows:
-            yield {self.status: note.strip() if problems else "⚠️ no rows: pick report, Compare or Needle records"}
+            yield {self.status: "  \n".join(f"⚠️ {problem}" for problem in problems)
+                   or "⚠️ no rows: pick report, Compare or Needle records"}
             return
         session["rows"] = rows
         y, roster = Y_CHOICES.get(y_label, "kld_mean"), series_names(rows)
         session["y"] = y
         folder = fresh_export_folder("report-merged-")
         (folder / "report-merged.csv").write_text(rows_to_csv(rows))
-        status = f"{len(rows)} row(s) from {len(paths) - len(problems)} saved record(s){note}"
+        status = replay_status(rows, len(paths) - len(problems), problems)
         primer = self.redraw(rows, roster, y, primer=True, blank=True)
         yield {self.status: status, self.table: table_frame(rows), **primer,
                self.download: [str(folder / "report-merged.csv")]}

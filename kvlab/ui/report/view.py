@@ -226,6 +226,15 @@ def _models(rows: list[dict]) -> list[str]:
     return list(dict.fromkeys(row["model"] for row in rows))
 
 
+def replay_status(rows: list[dict], records_read: int, problems: list[str]) -> str:
+    """The status line after saved records load: how many rows from how many records, the models they are of
+    (the table names the model only when there are several), then one ⚠️ line per file that could not be read."""
+    models = _models(rows)
+    note = "".join(f"  \n⚠️ {problem}" for problem in problems)
+    return (f"{len(rows)} row(s) from {records_read} saved record(s) · model{'s' if len(models) > 1 else ''}: "
+            f"{', '.join(models)}{note}")
+
+
 def series_names(rows: list[dict]) -> list[str]:
     """The plot series of each row: the column's name, prefixed with its model when rows of several models mix."""
     several = len(_models(rows)) > 1
