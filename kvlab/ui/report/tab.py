@@ -199,16 +199,15 @@ class ReportTab:
         """Saved records in: the merged table and plot, and the merged table as CSV. A file that cannot be read
         is one status line; when none can, the table and plot stay as they were."""
         rows, problems = rows_from_files(paths)
+        status = replay_status(rows, len(paths) - len(problems), problems)
         if not rows:
-            yield {self.status: "  \n".join(f"⚠️ {problem}" for problem in problems)
-                   or "⚠️ no rows: pick report, Compare or Needle records"}
+            yield {self.status: status}
             return
         session["rows"] = rows
         y, roster = Y_CHOICES.get(y_label, "kld_mean"), series_names(rows)
         session["y"] = y
         folder = fresh_export_folder("report-merged-")
         (folder / "report-merged.csv").write_text(rows_to_csv(rows))
-        status = replay_status(rows, len(paths) - len(problems), problems)
         primer = self.redraw(rows, roster, y, primer=True, blank=True)
         yield {self.status: status, self.table: table_frame(rows), **primer,
                self.download: [str(folder / "report-merged.csv")]}

@@ -228,11 +228,15 @@ def _models(rows: list[dict]) -> list[str]:
 
 def replay_status(rows: list[dict], records_read: int, problems: list[str]) -> str:
     """The status line after saved records load: how many rows from how many records, the models they are of
-    (the table names the model only when there are several), then one ⚠️ line per file that could not be read."""
+    (the table names the model only when there are several), then one ⚠️ line per file that could not be read;
+    with no rows, only those lines (or what to pick when there are none)."""
+    lines = [f"⚠️ {problem}" for problem in problems]
+    if not rows:
+        return "  \n".join(lines) or "⚠️ no rows: pick report, Compare or Needle records"
     models = _models(rows)
-    note = "".join(f"  \n⚠️ {problem}" for problem in problems)
-    return (f"{len(rows)} row(s) from {records_read} saved record(s) · model{'s' if len(models) > 1 else ''}: "
-            f"{', '.join(models)}{note}")
+    head = (f"{len(rows)} row(s) from {records_read} saved record(s) · model{'s' if len(models) > 1 else ''}: "
+            f"{', '.join(models)}")
+    return "  \n".join([head, *lines])
 
 
 def series_names(rows: list[dict]) -> list[str]:
