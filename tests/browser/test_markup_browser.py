@@ -3,7 +3,8 @@
 Hostile strings (HTML with marker attributes, a Markdown image, both pointing at an address that answers nothing)
 go in where a visitor, a record or a link can put them: a saved record loaded into the Report tab (its model
 name and a column label), a Compare record replayed (column names, notes, the machine it was measured on, a
-refused card) and the share link that serves it to every visitor, a chat message, and a link into Inspect
+refused card) and the share link that serves it to every visitor, a record whose wrong-typed field breaks the
+replay (its error once reached gradio's pop-up, which renders HTML), a chat message, and a link into Inspect
 whose prompt the step line echoes. After each, the whole page holds no element carrying the marker (no `<img>`,
 `<form>`, password field, `<b>`, `<script>` or `<iframe>` from the text), no request went to the hostile
 address, and the text reads back literally where it is shown.
@@ -112,6 +113,20 @@ def test_a_replayed_record_and_its_share_link_show_its_markup_as_text(page, brow
         assert HOSTILE in shown(visitor, "#kv-summary-notes") and HOSTILE in shown(visitor, "#kv-run-status")
     finally:
         visitor.context.close()
+
+
+def test_a_record_whose_field_breaks_the_replay_says_so_in_one_line_and_makes_no_element(page, tmp_path):
+    record = json.loads(COMPARE_RECORD.read_text())
+    record["settings"]["max_new_tokens"] = HOSTILE  # not a number: the replay fails on it, quoting it
+    crafted = tmp_path / "crafted-types.json"
+    crafted.write_text(json.dumps(record))
+    requests = watch(page)
+    page.locator("#kv-replay-box").click()
+    page.locator("#kv-replay input[type=file]").set_input_files(str(crafted))
+    wait_until(page, "/cannot replay|^Error/.test(document.querySelector('#kv-run-status').innerText)", TIMEOUT_S)
+    assert_inert(page, requests)  # (an unexpected error's pop-up renders its message as HTML when shown)
+    assert "cannot replay" in shown(page, "#kv-run-status")
+    assert HOSTILE[:80] in shown(page, "#kv-run-status")  # python's message quotes the value's first 200 characters
 
 
 def test_a_chat_message_shows_as_typed(page):
