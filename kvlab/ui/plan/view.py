@@ -6,10 +6,12 @@
   same cards and knob fields as Compare, `kvlab.ui.shared.knobs`), and returns the
   request with the cards it could not read, or raises `PlanRejected` with a
   message for the status line.
-- `run_plan(form, runner)` resolves the model (a catalog hub id, `bundled`, a
-  folder or a hub id; in the caller's thread, since a hub id reads the
-  network), then plans on `runner` (the app passes `kvlab.compute.compute`)
-  and returns a `PlanView`.
+- `plan_progress(form, iterate)` resolves the model (a catalog hub id,
+  `bundled`, a folder or a hub id; in the caller's thread, since a hub id reads
+  the network), then plans one strategy per step through `iterate` (the app
+  passes `kvlab.compute.compute_iter`), yielding a status line per step and
+  then a `PlanView`; closing it between steps stops the plan. `run_plan` is
+  the same, run to the end.
 - `PlanView`: one table row per strategy (cache GiB at each context with ✔/✖
   against the budget, weights, total at the longest context, the longest
   context that fits, why a strategy cannot serve the model), the plot's series
@@ -24,13 +26,14 @@ from __future__ import annotations
 
 import re
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 
 from kvlab.models.bundled import MODELS as BUNDLED_MODELS
 from kvlab.compare.columns import MAX_COLUMNS
 from kvlab.models.loading import BUNDLED
 from kvlab.plan.catalog import ConfigError, known_models, resolve_config
-from kvlab.plan.planner import GIB, Plan, PlanError, PlanRequest, plan
+from kvlab.plan.planner import GIB, Plan, PlanError, PlanRequest, plan_steps
 from kvlab.plan.token_counts import parse_token_counts
 
 from ..shared.figures import plan_figure, tokens_label
@@ -170,25 +173,38 @@ def _slot_errors_text(errors: dict[int, str]) -> str:
     return "; ".join(f"card {slot + 1}: {message}" for slot, message in errors.items())
 
 
-def _call(fn, *args):
-    return fn(*args)
-
-
-def run_plan(form: PlanForm, runner=_call) -> PlanView:
-    """Check the form, resolve its model here, plan on `runner(fn, *args)`; returns the view.
+def plan_progress(form: PlanForm, iterate=iter) -> Iterator[str | PlanView]:
+    """Check the form and resolve its model here, then plan it one step at a time through `iterate` (each step
+    of `kvlab.plan.planner.plan_steps`); yields a status line after each step, then the `PlanView`. Closing
+    the generator between two steps stops the plan (nothing more is measured).
 
     Raises:
-        PlanRejected: bad input, an unknown model (the message lists the catalog), a folder without
-            config.json, or a config transformers cannot build.
+        PlanRejected: bad input, an unknown or refused model (the message lists the catalog), a folder without
+            config.json, a config over a limit, or a config transformers cannot build.
     """
     request, slots, errors = plan_request(form)
     started = time.perf_counter()
     try:
         resolved = resolve_config(request.model)
-        result = runner(plan, replace(request, model=resolved))
+        steps = iterate(plan_steps(replace(request, model=resolved)))
+        for item in steps:
+            if isinstance(item, Plan):
+                yield PlanView(item, slots, errors, time.perf_counter() - started)
+                return
+            yield (f"planning {resolved.name}: {item.done} of {item.total} "
+                   f"strateg{'y' if item.total == 1 else 'ies'} done…")
     except (ConfigError, PlanError) as err:
         raise PlanRejected(str(err)) from None
-    return PlanView(result, slots, errors, time.perf_counter() - started)
+
+
+def run_plan(form: PlanForm, iterate=iter) -> PlanView:
+    """`plan_progress(form, iterate)` run to the end: the view.
+
+    Raises:
+        PlanRejected: see `plan_progress`.
+    """
+    *_, view = plan_progress(form, iterate)
+    return view
 
 
 def compare_columns(slots: list[tuple[str, list[str]]]) -> list[tuple[str, dict]]:
