@@ -12,6 +12,8 @@ Each takes what it needs (a `CompareUpdater`, the loader, the preset files); non
 
 from __future__ import annotations
 
+import logging
+
 import gradio as gr
 
 from kvlab.compare.replay import RecordError, load_record
@@ -25,6 +27,8 @@ from ..shared.knobs import NO_STRATEGY
 from .records import SHARE_PARAM, run_preset, shared_exports
 from ..shared.theme import line_html
 
+logger = logging.getLogger(__name__)
+
 
 def run_gpu_s(strategies: list[str | None], max_new_tokens) -> int:
     """ZeroGPU seconds a Run asks for: its picked columns (`strategies`, one per card) × max new tokens."""
@@ -36,24 +40,44 @@ def run_gpu_s(strategies: list[str | None], max_new_tokens) -> int:
     return zerogpu.estimate_s(columns, tokens)
 
 
+def takes(component, value) -> bool:
+    """Whether form `component` takes a recorded `value` as it is: one of its choices (unless it takes free
+    text), a number within its range. A value it would refuse when Run is pressed is not put in the form."""
+    choices = getattr(component, "choices", None)
+    if choices and not getattr(component, "allow_custom_value", False):
+        return value in [choice[1] if isinstance(choice, tuple) else choice for choice in choices]
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        low, high = getattr(component, "minimum", None), getattr(component, "maximum", None)
+        return (low is None or value >= low) and (high is None or value <= high)
+    return True
+
+
 def replay(updater: CompareUpdater, path: str | None, session: dict, exports: list[str] | None = None) -> dict:
     """A record uploaded: its columns, plots, summary and code as measured, and the form it was made with (prompt,
-    settings, model; refused cards with their reasons), labelled `replayed: measured on <machine> at <time>`; a file that is not a replayable record says why in the status line. `exports`:
-    the result's files when they are already kept here (a share link), else they are written. The replayed
-    view is kept in `session["view"]` (for the PNG export)."""
+    settings, model; refused cards with their reasons), labelled `replayed: measured on <machine> at <time>`; a
+    file that is not a replayable record says why in the status line, in one line. `exports`: the result's files
+    when they are already kept here (a share link), else they are written from the record as read (its known
+    fields only). The replayed view is kept in `session["view"]` (for the PNG export)."""
     if not path:
         return {updater.run_status: gr.skip()}
     try:
-        replayed = load_record(path)
+        replayed = load_record(path)  # its messages never name the file, so no server path reaches the page
     except RecordError as err:
         return {updater.run_status: line_html(f"✖ cannot replay this file: {err}", "error")}
-    view = view_from_record(replayed)
+    try:
+        view = view_from_record(replayed)
+        form = {updater.form[name]: value for name, value in form_values(replayed.record).items()
+                if name in updater.form and takes(updater.form[name], value)}
+        updates = {**form, **updater.plots.cleared(), **updater.columns(view, set(range(len(view.columns)))),
+                   **updater.plots.updates(view), **updater.summary_updates(view, replayed.record, exports),
+                   updater.code: replay_code(replayed.record), updater.run_status: line_html(replayed.label, "ok")}
+        updates = {**updater.recorded_cards(view, replayed.record), **updates}
+    except Exception:  # a record of the right types whose values no run makes: the page says so and keeps serving
+        logger.exception("a record that passed its checks could not be shown")
+        return {updater.run_status: line_html("✖ cannot replay this file: its values are not those of a kvlab "
+                                              "run (the server log has the details)", "error")}
     session["view"] = view
-    form = {updater.form[name]: value for name, value in form_values(replayed.record).items() if name in updater.form}
-    updates = {**form, **updater.plots.cleared(), **updater.columns(view, set(range(len(view.columns)))),
-               **updater.plots.updates(view), **updater.summary_updates(view, replayed.record, exports),
-               updater.code: replay_code(replayed.record), updater.run_status: line_html(replayed.label, "ok")}
-    return {**updater.recorded_cards(view, replayed.record), **updates}
+    return updates
 
 
 def open_shared(updater: CompareUpdater, session: dict, request: gr.Request | None) -> dict:
