@@ -3,7 +3,8 @@
 - `replay`: an uploaded run record (`kvlab.compare.replay`) shown as it was measured: the cards set to the recorded
   strategies, the columns' text and status, the native plots, the summary, the code, and the status line
   `replayed: measured on <machine> at <time>`; a file that cannot be replayed says why there.
-- `open_shared`: the result a share link names (`?run=<id>`), shown as `replay` shows it.
+- `open_shared`: the result a share link names (`?run=<id>`), shown as `replay` shows it; an id not of the exact
+  form kvlab makes (`kvlab.ui.compare.records.valid_share_id`) is refused in one line before any file is touched.
 - `run_gpu_s`: the GPU seconds a Run asks ZeroGPU for (`kvlab.ui.shared.zerogpu.estimate_s`, columns × tokens).
 - `CompareApi`: the headless `compare` API (a preset run, returning its JSON record) and its GPU seconds.
 
@@ -24,7 +25,7 @@ from ..shared import zerogpu
 from .replay import form_values, replay_code, view_from_record
 from .updates import CompareUpdater
 from ..shared.knobs import NO_STRATEGY
-from .records import SHARE_PARAM, run_preset, shared_exports
+from .records import SHARE_PARAM, run_preset, shared_exports, valid_share_id
 from ..shared.theme import line_html
 
 logger = logging.getLogger(__name__)
@@ -87,10 +88,13 @@ def open_shared(updater: CompareUpdater, session: dict, request: gr.Request | No
     run_id = dict(request.query_params).get(SHARE_PARAM) if request is not None else None
     if not run_id:
         return {updater.run_status: gr.skip()}  # an empty dict would read as one value for every output
+    if not valid_share_id(run_id):  # checked before any file is touched; the id itself is not echoed
+        return {updater.run_status: line_html("✖ this link does not name a shared result (its id is not one this "
+                                              "app makes): ask for the link again", "error")}
     exports = shared_exports(run_id)
     if exports is None:
-        return {updater.run_status: line_html(f"✖ the shared result {run_id!r} is not kept on this server any "
-                                              "more (results are kept a day): run it again", "error")}
+        return {updater.run_status: line_html("✖ this shared result is not kept on this server any more (results "
+                                              "are kept a day): run it again", "error")}
     return replay(updater, exports[0], session, exports)
 
 
