@@ -56,9 +56,10 @@ def takes(component, value) -> bool:
 def replay(updater: CompareUpdater, path: str | None, session: dict, exports: list[str] | None = None) -> dict:
     """A record uploaded: its columns, plots, summary and code as measured, and the form it was made with (prompt,
     settings, model; refused cards with their reasons), labelled `replayed: measured on <machine> at <time>`; a
-    file that is not a replayable record says why in the status line, in one line. `exports`: the result's files
-    when they are already kept here (a share link), else they are written from the record as read (its known
-    fields only). The replayed view is kept in `session["view"]` (for the PNG export)."""
+    file that is not a replayable record, or holds a field of the wrong type, says why in the status line, in one
+    line. `exports`: the result's files when they are already kept here (a share link), else they are written
+    from the record as read (its known fields only). The replayed view is kept in `session["view"]` (for the PNG
+    export)."""
     if not path:
         return {updater.run_status: gr.skip()}
     try:
