@@ -172,7 +172,7 @@ def test_compare_plot_notes_show_a_records_fallback_literally():
     from kvlab.ui.shared.live_plots import LivePlots
 
     record = crafted_compare()
-    record["columns"][3]["fallbacks"] = [{"to": HOSTILE, "at_token": 3, "reason": "over budget"}]
+    record["columns"][3]["fallbacks"] = [{"to": HOSTILE, "at_token": 3, "from": "dynamic", "reason": "over budget"}]
     view = view_from_record(load_record(json.dumps(record).encode()))
     with gr.Blocks():
         plots = LivePlots().build()

@@ -98,7 +98,7 @@ def test_saved_records_merge_and_an_unreadable_one_is_one_line(tmp_path):
     other = tmp_path / "other.json"
     other.write_text(json.dumps(record([("quanto", "ok", "", 8, figures(8, 0.01, 2.0))], model="n")))
     needle = tmp_path / "needle.json"
-    needle.write_text(json.dumps({"kind": "kvlab.needle", "model": {"name": "m"},
+    needle.write_text(json.dumps({"kind": "kvlab.needle", "version": 1, "model": {"name": "m"},
                                   "summary": [{"strategy": "sink 4+60", "hits": 4, "scored": 5}]}))
     broken = tmp_path / "broken.json"
     broken.write_text("{not json")
@@ -187,7 +187,8 @@ def test_stop_keeps_what_was_scored_and_bad_input_leaves_the_page_as_it_was(tab)
     broken.write_text("{")
     replayed = list(tab.replay({}, [broken], "mean KL"))
     assert [list(update) for update in replayed] == [[tab.status]]
-    assert unescape(replayed[0][tab.status]) == ("⚠️ cannot read record broken.json: Expecting property name enclosed "
-                                                 "in double quotes: line 1 column 2 (char 1)")
+    assert unescape(replayed[0][tab.status]) == ("⚠️ cannot read record broken.json: not a JSON file, so not a kvlab "
+                                                 "record (Expecting property name enclosed in double quotes at line "
+                                                 "1 column 2)")
     nothing = list(tab.replay({}, [], "mean KL"))
     assert nothing == [{tab.status: "⚠️ no rows: pick report, Compare or Needle records"}]

@@ -24,6 +24,7 @@ import gradio as gr
 from kvlab.models.loading import ModelLoadError, ModelSpec
 from kvlab.quality.report import ReportDone, ReportProgress, ReportStarted, run_report
 from kvlab.quality.table import rows_to_csv
+from kvlab.measure.record_json import cap_text
 from kvlab.strategies import StrategyError
 
 from ..shared import zerogpu
@@ -92,7 +93,8 @@ class ReportTab:
             self.download = gr.File(label="record (JSON) and table (CSV)", file_count="multiple", interactive=False,
                                     elem_id="report-download", scale=1)
             self.saved = gr.File(label="load saved records (report, Compare, Needle JSON; several merge into one "
-                                       "table)", file_count="multiple", file_types=[".json"], type="filepath",
+                                       f"table): each {cap_text()}", file_count="multiple",
+                                 file_types=[".json"], type="filepath",
                                  elem_id="report-saved", scale=1)
         self.session = gr.State({})
         self._wire()

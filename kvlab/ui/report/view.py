@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import pandas as pd
 
 from kvlab.quality.defaults import DEFAULT_COLUMNS as CLI_COLUMNS
-from kvlab.quality.defaults import SHIPPED_TEXT_INFO, shipped_text
+from kvlab.quality.defaults import CHARS_PER_TOKEN, SHIPPED_TEXT_INFO, pasted_text_refusal, shipped_text
 from kvlab.quality.record import TABLE_FIELDS, load_record, merge_rows, rows_from_record
 from kvlab.quality.report import (REFERENCE, ReportColumnError, ReportDone, ReportProgress, ReportStarted, Split,
                                   check_split, parse_columns)
@@ -45,9 +45,6 @@ CLI_COLUMN_COUNT = len([item for item in CLI_COLUMNS.split(",") if item.strip()]
 """Columns `kvlab report` runs by default (`kvlab.quality.defaults.DEFAULT_COLUMNS`), named in the form's note."""
 BUILT_IN = "the shipped text: The Python Language Reference (PSF-2.0)"
 PASTED = "your own text (pasted below)"
-CHARS_PER_TOKEN = 12
-"""Characters of the text tokenized per token wanted (more than any tokenizer's average: prose and code run at
-3-5 characters per token), so a long text is not tokenized whole for a short run."""
 Y_CHOICES = {"mean KL": "kld_mean", "ΔPPL": "ppl_diff"}
 """The plot's y axis: radio label -> figure field."""
 Y_TITLES = {"kld_mean": "mean KL(dense ‖ column) (nats)", "ppl_diff": "ΔPPL = PPL(column) − PPL(dense)"}
@@ -73,10 +70,14 @@ class ReportRequest:
     scored_tokens: float | int = DEFAULT_SCORED_TOKENS
 
     def text(self) -> str:
-        """The text to score: the pasted one or the shipped long text. Raises ValueError when it is empty."""
+        """The text to score: the pasted one or the shipped long text. Raises ValueError when it is empty or
+        longer than `kvlab.quality.defaults.MAX_TEXT_CHARS` (checked before it is tokenized)."""
         text = self.pasted if self.text_choice == PASTED else shipped_text()
         if not text or not text.strip():
             raise ValueError("the text is empty: paste a long text or pick the shipped one")
+        refusal = pasted_text_refusal(text)
+        if refusal:
+            raise ValueError(refusal)
         return text
 
     def text_info(self) -> dict:
