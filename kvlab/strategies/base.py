@@ -317,17 +317,10 @@ def names_with(capability: str) -> list[str]:
 
 def sliding_layer_types(loaded) -> list[str]:
     """The model's non-full-attention layer types (e.g. `sliding_attention`), if any, as transformers' caches
-    see them (`get_layer_types_and_kwargs`: a config without `layer_types` but with a `sliding_window`, such as
-    Phi-3.5's, has sliding layers)."""
-    from transformers.cache_utils import get_layer_types_and_kwargs
+    see them (`kvlab.caches.hybrid.non_full_layer_types`)."""
+    from ..caches.hybrid import non_full_layer_types
 
-    cfg = loaded.config.get_text_config(decoder=True)
-    types = set(getattr(cfg, "layer_types", None) or [])
-    try:
-        types |= set(get_layer_types_and_kwargs(cfg)[0])
-    except (AttributeError, TypeError, ValueError):
-        pass  # an inconsistent config (a sliding type without a window): its layer_types alone
-    return sorted(types - {"full_attention", "dummy"})
+    return non_full_layer_types(loaded.config)
 
 
 def cuda_reason() -> str | None:

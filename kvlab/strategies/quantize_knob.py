@@ -90,9 +90,9 @@ def layer_factory(value, config, residual_length: int):
         tables = SharedTables(head_dim(config.get_text_config(decoder=True)), knobs["key_bits"],
                               knobs["value_bits"], 0)
         return lambda: RotationQuantizedLayer(tables, residual_length=residual_length, **knobs)
-    from ..caches.hybrid import backend_layer_class
+    from ..caches.quant import get_backend
 
-    layer_class = backend_layer_class(backend)
+    layer_class = get_backend(backend).layer_classes()[0]
     if backend == "fp8":
         return layer_class
     if backend == "quanto":
@@ -114,9 +114,9 @@ def cache_code(value, residual_length: int) -> tuple[list[str], str]:
                          f"0)  # one rotation and codebook for every layer\n"
                          f"cache = PrunedCache(model.config, quantized_layer=lambda: RotationQuantizedLayer(tables, "
                          f"{bits}, residual_length={residual_length})){comment}")
-    from ..caches.hybrid import backend_layer_class
+    from ..caches.quant import get_backend
 
-    name = backend_layer_class(backend).__name__
+    name = get_backend(backend).layer_classes()[0].__name__
     imports.append(f"from transformers.cache_utils import {name}")
     args = "" if backend == "fp8" else (f"nbits={knobs['nbits']}, q_group_size={GROUP_SIZE}, "
                                         f"residual_length={residual_length}")
