@@ -131,8 +131,8 @@ def _eviction(knobs: dict) -> list[ServingSetting]:
     parsed = parse(quantize)
     if parsed is not None:
         backend, layer = parsed
-        part = (_rotation_quantized(layer) if backend == "rotation"
-                else _quantized({"backend": backend, "nbits": layer.get("nbits", 8)}))
+        part = (_rotation_quantized(layer) if backend.name == "rotation"
+                else _quantized({"backend": backend.name, "nbits": layer.get("nbits", 8)}))
         settings += [ServingSetting(s.engine, s.setting, s.version, s.source,
                                     f"for the quantize={quantize} part only" + (f"; {s.note}" if s.note else ""))
                      for s in part if s.setting is not None]
