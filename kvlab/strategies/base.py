@@ -255,6 +255,18 @@ class Strategy:
         """(imports, code building a variable `cache` or '' for none) for the reproduce-it snippet."""
         return [], ""
 
+    def serving_settings(self) -> list:
+        """The nearest setting of this strategy, with its knobs, in each serving engine: one
+        `kvlab.engines.ServingSetting` per engine of `kvlab.engines.ENGINES` (the flag and the version it was
+        checked in, or no serving equivalent and why). Every registered strategy class says its own, beside its
+        method (kvpress-style); `docs/serving.md` is their table.
+
+        Raises:
+            KeyError: the class has none (tests/unit/test_serving_map.py fails the same way, naming it).
+        """
+        raise KeyError(f"strategy {self.name!r} has no serving-engine entry: give its class a serving_settings() "
+                       "method (see kvlab/strategies/serving.py) and a row to docs/serving.md")
+
     def generate_context_code(self) -> tuple[list[str], str]:
         """(imports, a `with ...:` line the snippet's `generate()` call runs inside, or '') for a strategy that
         acts through hooks during the prefill (the scored-eviction strategies)."""

@@ -108,3 +108,7 @@ class Quantized(Strategy):
         """`QuantizedCache(...)` where every layer is full attention; transformers refuses it on a model with
         sliding layers, so the snippet then builds the same layers by hand."""
         return self.quantizer.cache_code(self.knobs())
+
+    def serving_settings(self) -> list:
+        """The backend's serving note for these knobs (`QuantBackend.serving`)."""
+        return self.quantizer.serving(self.knobs())

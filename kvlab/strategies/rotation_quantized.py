@@ -79,3 +79,7 @@ class RotationQuantized(Strategy):
 
     def cache_code(self):
         return self.quantizer.cache_code(self.knobs())
+
+    def serving_settings(self) -> list:
+        """The backend's serving note for these bits (vLLM's TurboQuant types; `QuantBackend.serving`)."""
+        return self.quantizer.serving(self.knobs())
