@@ -17,7 +17,7 @@ way of storing keys and values in fewer bits:
   llama.cpp setting, `kvlab.engines.ServingSetting`s).
 
 The `quantized` strategy's knobs are `nbits`, `residual_length`, `q_group_size`, `axis_key` and `axis_value`; a
-backend says which it takes (`nbits`, `axes`, `group_wise`). The layout defaults read a layer by transformers'
+backend says which it takes (`nbits`, `takes`, `axes`); one it does not take must stay at its default. The layout defaults read a layer by transformers'
 `QuantizedLayer` contract (`_quantized_keys`/`_quantized_values` hold the quantized states, `keys`/`values`
 the full-precision residual, `residual_length` tokens flushed at once); a backend whose layer keeps other fields
 overrides them. Checks raise ValueError (the strategies turn it into their StrategyError). Nothing here runs a
@@ -81,8 +81,8 @@ class QuantBackend:
     Fields: `name` (the registry key and `quantized:backend=` value), `pip` (the PyPI package it needs, None:
     transformers alone), `package` (its import name, checked before a run), `in_quantized` (offered by the
     `quantized` strategy; rotation has its own), `nbits` and `default_nbits` (bits per value it takes),
-    `axes` (`axis_key`/`axis_value` it takes), `group_wise` (takes `residual_length`, `q_group_size` and the
-    axes; False: it quantizes `granularity`, e.g. per tensor, and refuses them).
+    `takes` (which of GROUP_WISE_KNOBS it takes: all four for a group-wise backend, none for fp8, which
+    quantizes `granularity`, per tensor), `axes` (`axis_key`/`axis_value` values it takes).
     """
 
     name: str
@@ -92,8 +92,13 @@ class QuantBackend:
     nbits: tuple[int, ...] = ()
     default_nbits: int | None = None
     axes: tuple[int, ...] = (0,)
-    group_wise: bool = True
+    takes: tuple[str, ...] = GROUP_WISE_KNOBS
     granularity: str = "group-wise"
+
+    @property
+    def group_wise(self) -> bool:
+        """It quantizes groups of `q_group_size` channels."""
+        return "q_group_size" in self.takes
 
     # ----- identity -----
 
@@ -122,37 +127,39 @@ class QuantBackend:
         if nbits not in self.nbits:
             raise ValueError(f"nbits={nbits!r} is not supported by the {self.name} backend ({self.version()}); "
                              f"allowed: {list(self.nbits)}")
-        if not self.group_wise:
-            changed = [name for name in GROUP_WISE_KNOBS if knobs[name] != defaults[name]]
-            if changed:
-                from .registry import BACKENDS
+        changed = [name for name in GROUP_WISE_KNOBS if name not in self.takes and knobs[name] != defaults[name]]
+        if changed:
+            from .registry import BACKENDS
 
-                others = " or ".join(b.name for b in BACKENDS.values() if b.in_quantized and b.group_wise)
-                raise ValueError(f"the {self.name} backend quantizes {self.granularity} and takes no "
-                                 f"{', '.join(changed)}; use the {others} backend to quantize group-wise")
-            return {"nbits": nbits}
-        check_int("residual_length", knobs["residual_length"], 0)
-        check_int("q_group_size", knobs["q_group_size"], 1)
+            others = " or ".join(b.name for b in BACKENDS.values() if b.in_quantized and b.group_wise)
+            raise ValueError(f"the {self.name} backend quantizes {self.granularity} and takes no "
+                             f"{', '.join(changed)}; use the {others} backend to quantize group-wise")
+        for name, low in (("residual_length", 0), ("q_group_size", 1)):
+            if name in self.takes:
+                check_int(name, knobs[name], low)
         for axis_name in ("axis_key", "axis_value"):
-            if knobs[axis_name] not in self.axes:
+            if axis_name in self.takes and knobs[axis_name] not in self.axes:
                 raise ValueError(f"{axis_name}={knobs[axis_name]!r} is not supported by the {self.name} backend "
                                  f"({self.version()}); allowed: {list(self.axes)}")
         return {"nbits": nbits}
 
     def layer_kwargs(self, knobs: dict) -> dict:
-        """The keyword arguments its layer class takes for these (checked) knobs."""
-        if not self.group_wise:
+        """The keyword arguments its layer class takes for these (checked) knobs: `nbits` and the knobs it takes
+        (none for a backend that takes none, as fp8's layer)."""
+        if not self.takes:
             return {}
-        return {name: knobs[name] for name in ("nbits", "residual_length", "q_group_size", "axis_key", "axis_value")}
+        return {"nbits": knobs["nbits"], **{name: knobs[name] for name in self.takes}}
 
     def title(self, knobs: dict) -> str:
-        """The column's short name: `quantized quanto int4 r128`."""
-        if not self.group_wise:
+        """The column's short name: `quantized quanto int4 r128` (`quantized fp8` without a residual)."""
+        if "residual_length" not in self.takes:
             return f"quantized {self.name}"
         return f"quantized {self.name} int{knobs['nbits']} r{knobs['residual_length']}"
 
     def caveat(self, knobs: dict) -> str:
-        """What to keep in mind reading a column with these knobs."""
+        """What to keep in mind reading a column with these knobs (its full-precision residual, when it has one)."""
+        if "residual_length" not in self.takes:
+            return ""
         return (f"the prompt is quantized at prefill; then up to residual_length={knobs['residual_length']} new "
                 f"tokens wait in full precision before being quantized, so a run generating fewer tokens than that "
                 f"saves only on its prompt")
@@ -163,7 +170,7 @@ class QuantBackend:
 
     def warm_up_knobs(self, knobs: dict) -> dict:
         """Knobs changed for the warm-up run: residual 1, so its decode steps quantize as a run's do."""
-        return {"residual_length": 1} if self.group_wise else {}
+        return {"residual_length": 1} if "residual_length" in self.takes else {}
 
     # ----- refusal -----
 
@@ -258,10 +265,12 @@ class QuantBackend:
         return None
 
     def quantize_layer_kwargs(self, knobs: dict, residual_length: int) -> dict:
-        """Its layer's keyword arguments for `quantize=` knobs with the eviction strategy's `residual_length`."""
-        if not self.group_wise:
+        """Its layer's keyword arguments for `quantize=` knobs with the eviction strategy's `residual_length` (and
+        QUANTIZE_GROUP_SIZE for a group-wise backend)."""
+        if not self.takes:
             return {}
-        return {**knobs, "q_group_size": QUANTIZE_GROUP_SIZE, "residual_length": residual_length}
+        group = {"q_group_size": QUANTIZE_GROUP_SIZE} if self.group_wise else {}
+        return {**knobs, **group, **({"residual_length": residual_length} if "residual_length" in self.takes else {})}
 
     def quantize_layer_factory(self, knobs: dict, config, residual_length: int):
         """A function returning a fresh layer that holds what an eviction kept (`kvlab.eviction.cache`)."""

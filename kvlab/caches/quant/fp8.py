@@ -34,5 +34,5 @@ class Fp8Backend(TransformersBackend):
 
 
 FP8 = register_backend(Fp8Backend(
-    name="fp8", nbits=(8,), default_nbits=8, group_wise=False, granularity="per tensor",
+    name="fp8", nbits=(8,), default_nbits=8, takes=(), granularity="per tensor",
     layer_name="Fp8QuantizedLayer"))
