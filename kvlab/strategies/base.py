@@ -4,7 +4,8 @@ One strategy = one small dataclass in its own module: its fields are its knobs,
 `__post_init__` validates them (messages list the allowed values), `build_cache`
 makes the transformers cache, `forward` feeds tokens through it (the engine,
 `kvlab.engine`, calls it), `unavailable_reason` says in one sentence why it
-cannot run here (or None). Its capabilities are class attributes named in
+cannot run here (or None), `serving_settings` gives the nearest setting in each
+serving engine (the fact beside the method). Its capabilities are class attributes named in
 transformers' style (`is_croppable`, `is_sliding`, `is_compileable`, ...);
 every tab, the report and the bench ask them instead of keeping their own
 lists. Adding a strategy: write the module, register it with `@register`,
