@@ -195,7 +195,10 @@ def launch() -> None:
     except ValueError as err:
         sys.exit(f"kvlab: {err}")
     try:
-        demo.launch(server_name="0.0.0.0", server_port=port, css=CSS, show_error=True, mcp_server=mcp)
+        # show_error off: gradio's pop-up renders an unexpected error's message as HTML, and such a message may
+        # quote a visitor's or a record's text; the tabs say what went wrong in their own status lines (gr.Error,
+        # the MCP tools' refusals, is shown either way)
+        demo.launch(server_name="0.0.0.0", server_port=port, css=CSS, show_error=False, mcp_server=mcp)
     except OSError as err:
         sys.exit(f"kvlab: cannot serve on port {port} ({str(err).splitlines()[0]}): set GRADIO_SERVER_PORT "
                  "(or PORT) to a free port")

@@ -38,7 +38,8 @@ def run_gpu_s(strategies: list[str | None], max_new_tokens) -> int:
 
 def replay(updater: CompareUpdater, path: str | None, session: dict, exports: list[str] | None = None) -> dict:
     """A record uploaded: its columns, plots, summary and code as measured, and the form it was made with (prompt,
-    settings, model; refused cards with their reasons), labelled `replayed: measured on <machine> at <time>`; a file that is not a replayable record says why in the status line. `exports`:
+    settings, model; refused cards with their reasons), labelled `replayed: measured on <machine> at <time>`; a file
+    that is not a replayable record, or holds a field of the wrong type, says why in the status line. `exports`:
     the result's files when they are already kept here (a share link), else they are written. The replayed
     view is kept in `session["view"]` (for the PNG export)."""
     if not path:
@@ -47,13 +48,20 @@ def replay(updater: CompareUpdater, path: str | None, session: dict, exports: li
         replayed = load_record(path)
     except RecordError as err:
         return {updater.run_status: line_html(f"✖ cannot replay this file: {err}", "error")}
-    view = view_from_record(replayed)
+    try:
+        view = view_from_record(replayed)
+        form = {updater.form[name]: value for name, value in form_values(replayed.record).items()
+                if name in updater.form}
+        updates = {**form, **updater.plots.cleared(), **updater.columns(view, set(range(len(view.columns)))),
+                   **updater.plots.updates(view), **updater.summary_updates(view, replayed.record, exports),
+                   updater.code: replay_code(replayed.record), updater.run_status: line_html(replayed.label, "ok")}
+        updates = {**updater.recorded_cards(view, replayed.record), **updates}
+    except (TypeError, ValueError, KeyError, AttributeError) as err:  # a field of the wrong type or value
+        reason = (str(err).splitlines() or [type(err).__name__])[0]
+        return {updater.run_status: line_html(f"✖ cannot replay this file: a field is not what a kvlab record "
+                                              f"holds ({reason})", "error")}
     session["view"] = view
-    form = {updater.form[name]: value for name, value in form_values(replayed.record).items() if name in updater.form}
-    updates = {**form, **updater.plots.cleared(), **updater.columns(view, set(range(len(view.columns)))),
-               **updater.plots.updates(view), **updater.summary_updates(view, replayed.record, exports),
-               updater.code: replay_code(replayed.record), updater.run_status: line_html(replayed.label, "ok")}
-    return {**updater.recorded_cards(view, replayed.record), **updates}
+    return updates
 
 
 def open_shared(updater: CompareUpdater, session: dict, request: gr.Request | None) -> dict:

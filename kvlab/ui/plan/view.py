@@ -35,6 +35,7 @@ from kvlab.plan.token_counts import parse_token_counts
 
 from ..shared.figures import plan_figure, tokens_label
 from ..shared.knobs import NO_STRATEGY, column_spec, plan_columns
+from ..shared.markup import md_text
 
 DEFAULT_MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 DEFAULT_CONTEXTS = "1k, 4k, 16k, 64k, 128k"
@@ -313,14 +314,16 @@ class PlanView:
                            self.plan.model["name"], absent)
 
     def model_text(self) -> str:
-        """The model line (name, origin, class, layers by type, parameters, weights, limit) and its notes."""
+        """The model line (name, origin, class, layers by type, parameters, weights, limit) and its notes
+        (Markdown; what the model's source and config say is literal, `kvlab.ui.shared.markup.md_text`)."""
         model, settings = self.plan.model, self.plan.settings
-        groups = ", ".join(f"{count} {label}" for label, count in model["layer_groups"].items())
+        groups = ", ".join(f"{count} {md_text(label)}" for label, count in model["layer_groups"].items())
         limit = f"; max_position_embeddings {self.limit:,}" if self.limit else ""
-        lines = [f"**{model['name']}** ({model['origin']}, {model['model_class']}): {model['layers']} layers "
+        lines = [f"**{md_text(model['name'])}** ({md_text(model['origin'])}, {md_text(model['model_class'])}): "
+                 f"{model['layers']} layers "
                  f"({groups}), {model['parameters'] / 1e9:.2f} B parameters = {gib_text(self.weights_bytes)} GiB of "
                  f"weights in {settings['dtype']}, batch {settings['batch']}{limit}"]
-        lines += [f"- {note}" for note in model["notes"]]
+        lines += [f"- {md_text(note)}" for note in model["notes"]]
         if any(self.past_limit(c) for c in self.contexts):
             lines.append(f"- {PAST_LIMIT_MARK.strip()} marks contexts past max_position_embeddings")
         return "\n".join(lines)
@@ -338,10 +341,12 @@ class PlanView:
         return text, "error" if len(refused) == len(planned) or self.slot_errors else "ok"
 
     def explanations(self) -> str:
-        """Markdown: per strategy, how its bytes grow, and its notes."""
+        """Markdown: per strategy, how its bytes grow, and its notes (literal text: they name the config's layer
+        types)."""
         lines = []
         for strategy in self.plan.strategies:
-            lines.append(f"- **{strategy.name}**: {strategy.explanation.removeprefix(strategy.name + ': ')}")
-            lines += [f"  - {note}" for note in strategy.notes]
+            explanation = strategy.explanation.removeprefix(strategy.name + ": ")
+            lines.append(f"- **{md_text(strategy.name)}**: {md_text(explanation)}")
+            lines += [f"  - {md_text(note)}" for note in strategy.notes]
         return "\n".join(lines)
 

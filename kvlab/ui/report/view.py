@@ -32,6 +32,8 @@ from kvlab.quality.report import (REFERENCE, ReportColumnError, ReportDone, Repo
 from kvlab.quality.stats import pareto_front
 from kvlab.quality.table import HEADERS, MIB, cells, pareto_marks
 
+from ..shared.markup import md_code, md_text
+
 DEFAULT_COLUMNS = "sink:window_length=128, quantized:backend=quanto:nbits=4, snapkv:compression_ratio=0.5"
 """A first run's columns: one of each family (window + sinks, quantization, scored eviction)."""
 DEFAULT_CONTEXT_TOKENS = 512
@@ -229,13 +231,14 @@ def _models(rows: list[dict]) -> list[str]:
 def replay_status(rows: list[dict], records_read: int, problems: list[str]) -> str:
     """The status line after saved records load: how many rows from how many records, the models they are of
     (the table names the model only when there are several), then one ⚠️ line per file that could not be read;
-    with no rows, only those lines (or what to pick when there are none)."""
-    lines = [f"⚠️ {problem}" for problem in problems]
+    with no rows, only those lines (or what to pick when there are none). Markdown; what the files hold or are
+    named (models, problems) is literal text (`kvlab.ui.shared.markup.md_text`)."""
+    lines = [f"⚠️ {md_text(problem)}" for problem in problems]
     if not rows:
         return "  \n".join(lines) or "⚠️ no rows: pick report, Compare or Needle records"
     models = _models(rows)
     head = (f"{len(rows)} row(s) from {records_read} saved record(s) · model{'s' if len(models) > 1 else ''}: "
-            f"{', '.join(models)}")
+            f"{', '.join(md_text(model) for model in models)}")
     return "  \n".join([head, *lines])
 
 
@@ -320,9 +323,9 @@ def plot_limits(frame: pd.DataFrame) -> list[float]:
 
 
 def plot_caption(rows: list[dict], y: str) -> str:
-    """The line under the plot: the columns on its Pareto front (Markdown)."""
+    """The line under the plot: the columns on its Pareto front (Markdown; each name literal, in a code element)."""
     front = [name for name, on in zip(series_names(rows), plot_front(rows, y)) if on]
     what = "mean KL" if y == "kld_mean" else "|ΔPPL|"
     text = f"**Pareto front** (no other column holds fewer bytes with a smaller {what}): "
-    return text + (", ".join(f"`{name}`" for name in front) if front else "none yet") + \
+    return text + (", ".join(md_code(name) for name in front) if front else "none yet") + \
         ". Hover a point for every figure."
