@@ -61,15 +61,21 @@ def _tokens(state: dict[str, torch.Tensor] | None) -> int:
 
 
 class VllmKVLayer(BaseQuantizedLayer):
-    """One full-attention layer stored in `kv_cache_dtype` (see the module docstring). `state` holds the encoded
-    tokens: name -> tensor (batch, kv_heads, tokens, bytes or 1), all concatenated along tokens."""
+    """One full-attention layer stored in `kv_cache_dtype` (see the module docstring). The encoded tokens, keys
+    and values together (vLLM's TurboQuant slot holds both), are one dict name -> tensor (batch, kv_heads, tokens,
+    bytes or 1), concatenated along tokens, kept in `_quantized_keys` (transformers' `BaseQuantizedLayer` leaves
+    its layout to the backend; `state` reads it); `_quantized_values` stays None."""
 
     def __init__(self, shared: SharedCodec, kv_cache_dtype: str):
         super().__init__()
         self.kv_cache_dtype = kv_cache_dtype
         self._shared = shared
         self._codec = None
-        self.state: dict[str, torch.Tensor] | None = None
+
+    @property
+    def state(self) -> dict[str, torch.Tensor] | None:
+        """The encoded tokens (None before the first update)."""
+        return self._quantized_keys
 
     @property
     def codec(self):
@@ -96,7 +102,7 @@ class VllmKVLayer(BaseQuantizedLayer):
         if first:
             self.lazy_initialization(key_states, value_states)
         new = self._codec.encode(key_states, value_states)
-        self.state = new if self.state is None else {
+        self._quantized_keys = new if self.state is None else {
             name: torch.cat([self.state[name], tensor], dim=-2) for name, tensor in new.items()}
         if first:
             return key_states, value_states
@@ -110,16 +116,12 @@ class VllmKVLayer(BaseQuantizedLayer):
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
         """Reorder the batch (beam search); each row's codes are its own, so this is exact."""
         if self.state is not None:
-            self.state = {name: t.index_select(0, beam_idx.to(t.device)) for name, t in self.state.items()}
-
-    def reset(self) -> None:
-        super().reset()
-        self.state = None
+            self._quantized_keys = {name: t.index_select(0, beam_idx.to(t.device)) for name, t in self.state.items()}
 
     def drop_front(self, tokens: int) -> None:
         """Forget the oldest `tokens` positions (copied, so they free their memory)."""
         if tokens > 0 and self.state is not None:
-            self.state = {name: t[..., tokens:, :].clone() for name, t in self.state.items()}
+            self._quantized_keys = {name: t[..., tokens:, :].clone() for name, t in self.state.items()}
 
 
 class VllmKVSlidingLayer(VllmKVLayer):

@@ -230,20 +230,17 @@ class VllmBackend(QuantBackend):
 
     # ----- byte layout -----
 
-    def holds_quantized(self, layer) -> bool:
-        return getattr(layer, "state", None) is not None
-
     def layer_parts(self, layer) -> dict[str, list]:
-        """The codec's split of `state` (codes `packed`, norms/scales `scales`, alignment `other`), the empty
-        `keys`/`values` as `residual`, the shared tables and anything else `other`."""
+        """The codec's split of the encoded tokens (codes `packed`, norms/scales `scales`, alignment `other`), the
+        empty `keys`/`values` as `residual`, the shared tables and anything else `other`."""
         parts: dict[str, list] = {"keys_values": [], "packed": [], "scales": [], "residual": [], "other": []}
         for name, value in vars(layer).items():
-            if name == "state" and value is not None:
+            if name == "_quantized_keys" and value is not None:
                 for kind, views in layer.codec.parts(value).items():
                     parts[kind] += views
             elif name in ("keys", "values"):
                 parts["residual"].append(value)
-            elif name != "state":
+            else:
                 parts["other"].append(value)
         return parts
 
