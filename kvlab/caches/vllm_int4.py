@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from .vllm_turboquant import hadamard, is_power_of_two
+from .vllm_turboquant import byte_table, hadamard, is_power_of_two
 
 KV_CACHE_DTYPE = "int4_per_token_head"
 SIGN_SEED = 0x9E3779B9
@@ -53,6 +53,9 @@ class Int4PerTokenHeadCodec:
         self.head_dim = head_dim
         made = tables or {"hadamard": hadamard(head_dim) * head_dim ** 0.5, "signs": rht_signs(head_dim)}
         self.tables = {name: t.to(device) for name, t in made.items()}
+        # decode-time helpers (not stored in the cache): the inverse transform as one matrix, a byte's two codes
+        self._inverse = self.tables["hadamard"] * self.tables["signs"] / head_dim
+        self._nibbles = byte_table(torch.arange(16, dtype=torch.float32, device=device), 4)
 
     def to(self, device) -> "Int4PerTokenHeadCodec":
         return Int4PerTokenHeadCodec(self.head_dim, device, self.tables)
@@ -71,11 +74,12 @@ class Int4PerTokenHeadCodec:
         return packed, bits.view(torch.float32)
 
     def _decode_one(self, packed: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
-        codes = torch.stack([packed & ZERO_POINT_MASK, packed >> 4], dim=-1).flatten(-2).float()
+        """(code - zp)·scale, then s ⊙ (H·x)/d (as one matrix: H's columns times s, over d)."""
+        codes = self._nibbles.index_select(0, packed.reshape(-1).long()).view(*packed.shape[:-1], -1)
         bits = scales.view(torch.int32)
         zero_point = (bits & ZERO_POINT_MASK).float()
         rotated = (codes - zero_point) * (bits & -16).view(torch.float32)
-        return (rotated @ self.tables["hadamard"]) * self.tables["signs"] / self.head_dim
+        return rotated @ self._inverse
 
     def encode(self, keys: torch.Tensor, values: torch.Tensor) -> dict[str, torch.Tensor]:
         """{key_codes, key_scales, value_codes, value_scales} for keys and values (…, tokens, head_dim); shapes
