@@ -9,8 +9,14 @@ each column's mean KL, its standard error, top-1 agreement and its cache bytes a
 `gemma`: cache bytes of quantized caches on the bundled Gemma 3 270M after one `--prompt-tokens` prefill, against
 dynamic's, measured and as Plan predicts them.
 
+`distortion`: what each quantized cache does to the real keys and values of `--tokens` tokens of the text (one
+dense prefill, then every quantized layer fed those keys and values and read back): relative squared error
+‖x̂ − x‖²/‖x‖² of keys and of values over the quantized layers, and the cache's bytes against float32 dense (the
+bits-per-value trade-off behind the quality figures).
+
     python scripts/quant_figures.py kl --strategies "quantized:backend=quanto:nbits=4,rotation_quantized"
     python scripts/quant_figures.py gemma --prompt-tokens 4000
+    python scripts/quant_figures.py distortion --tokens 2048
 
 Prints one line per column; not part of the test suite.
 """
@@ -106,6 +112,49 @@ def run_gemma(args) -> None:
               f"({plan_far / dense_far:.4f} of dynamic)", flush=True)
 
 
+DISTORTION_DEFAULT = ",".join([
+    "quantized:residual_length=0", "quantized:backend=hqq:residual_length=0", "quantized:backend=fp8",
+    "rotation_quantized:residual_length=0", "rotation_quantized:key_bits=4:value_bits=2:residual_length=0",
+    *(f"vllm_kv_cache:kv_cache_dtype={name}:boundary_layers=0" for name in (
+        "turboquant_k8v4", "turboquant_4bit_nc", "turboquant_k3v4_nc", "turboquant_3bit_nc")),
+    "vllm_kv_cache:kv_cache_dtype=int4_per_token_head",
+    "vllm_kv_cache:kv_cache_dtype=turboquant_4bit_nc:boundary_layers=0:values=lloyd_max",
+    "vllm_kv_cache:kv_cache_dtype=turboquant_4bit_nc:boundary_layers=0:norm_correction=false",
+    "vllm_kv_cache:kv_cache_dtype=turboquant_4bit_nc:boundary_layers=0:qjl=true"])
+
+
+def _relative_error(exact: torch.Tensor, decoded: torch.Tensor) -> float:
+    return float(((decoded - exact) ** 2).sum() / (exact ** 2).sum())
+
+
+def run_distortion(args) -> None:
+    from transformers import DynamicCache
+
+    from kvlab.caches.quant import backend_of_layer
+
+    loaded = load_model(ModelSpec(source=args.model))
+    ids = text_ids(loaded, args.tokens)
+    dense = DynamicCache(config=loaded.config)
+    with torch.inference_mode():
+        loaded.model(input_ids=ids, cache=dense, use_cache=True)
+    dense_bytes = cache_bytes(dense) * (args.tokens + 1) // args.tokens
+    for spec in parse_strategy_list(args.strategies):
+        strategy = make_strategy(spec)
+        cache = strategy.build_cache(loaded, args.tokens + 1)
+        keys, values = [], []
+        with torch.inference_mode():
+            for layer, source in zip(cache.layers, dense.layers):
+                layer.update(source.keys, source.values)
+                got_keys, got_values = layer.update(source.keys[..., -1:, :], source.values[..., -1:, :])
+                if backend_of_layer(layer) is not None:
+                    keys.append(_relative_error(source.keys, got_keys[..., :args.tokens, :]))
+                    values.append(_relative_error(source.values, got_values[..., :args.tokens, :]))
+        share = cache_bytes(cache) / dense_bytes
+        print(f"{strategy.describe()}: {share:.4f} of float32 dense ({32 * share:.2f} bits per value), key error "
+              f"{sum(keys) / len(keys):.5f}, value error {sum(values) / len(values):.5f} (mean over {len(keys)} "
+              "layers)", flush=True)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -121,8 +170,12 @@ def main(argv=None) -> int:
                                                "rotation_quantized:key_bits=4:value_bits=2,quantized:backend=fp8")
     gemma.add_argument("--prompt-tokens", type=int, default=4000)
     gemma.add_argument("--plan-tokens", type=int, default=32768)
+    distortion = sub.add_parser("distortion")
+    distortion.add_argument("--model", default="bundled")
+    distortion.add_argument("--strategies", default=DISTORTION_DEFAULT)
+    distortion.add_argument("--tokens", type=int, default=2048)
     args = parser.parse_args(argv)
-    {"kl": run_kl, "gemma": run_gemma}[args.command](args)
+    {"kl": run_kl, "gemma": run_gemma, "distortion": run_distortion}[args.command](args)
     return 0
 
 
