@@ -1,9 +1,13 @@
 """Cache layers that store keys and values in vLLM's `--kv-cache-dtype` formats, and the cache vLLM would hold.
 
 `VllmKVLayer` is transformers' `BaseQuantizedLayer` (as its `Fp8QuantizedLayer`: no full-precision residual).
-The first update (the prefill) stores every token encoded and returns the exact keys and values, as vLLM's
-first prefill chunk attends to the raw ones; every later update encodes the new tokens, appends them and
-returns everything decoded, the new token included, as vLLM's decode stores first and then reads the cache.
+Under the TurboQuant presets the first update (the prefill) stores every token encoded and returns the exact
+keys and values, as vLLM's TurboQuant backend attends a first prefill chunk with flash-attention on the raw
+ones; every later update encodes the new tokens, appends them and returns everything decoded, the new token
+included, as its decode stores first and then reads the cache (a later chunk longer than
+CONTINUATION_DECODE_THRESHOLD tokens, a long chat turn, attends to its own tokens as they are, as its
+continuation prefill does). Under `int4_per_token_head` every update returns everything decoded, the prefill
+too: vLLM's Triton backend writes the cache, then attends from it for prefill and decode alike.
 Each token is encoded on its own (one slot, or codes and scales, per token and KV head), so appending never
 re-encodes anything. The encoder is `kvlab.caches.vllm_turboquant.TurboQuantCodec` (the TurboQuant presets) or
 `kvlab.caches.vllm_int4.Int4PerTokenHeadCodec`; one codec's tables serve every layer of a cache, one copy per
@@ -26,6 +30,9 @@ from .hybrid import FULL_ATTENTION, layer_types_of
 
 BOUNDARY_LAYERS = 2
 """vLLM's default `n` of `get_boundary_skip_layers` for the TurboQuant presets."""
+CONTINUATION_DECODE_THRESHOLD = 128
+"""vLLM's `_CONTINUATION_DECODE_THRESHOLD` (turboquant_attn.py): a later prefill chunk of up to this many tokens
+reads the whole cache decoded, its own tokens too; a longer one attends to its own tokens as they are."""
 
 
 def boundary_indices(num_layers: int, boundary_layers: int) -> list[int]:
@@ -95,17 +102,27 @@ class VllmKVLayer(BaseQuantizedLayer):
         raise NotImplementedError("keys and values are decoded together: see update")
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
-        """Encode and append (batch, kv_heads, tokens, head_dim) keys and values; return them as they are on the
-        first call, else every held token decoded in the states' dtype."""
+        """Encode and append (batch, kv_heads, tokens, head_dim) keys and values and return what attention reads:
+        with a codec that `attends_raw_chunks` (TurboQuant) them as they are on the first call, and on a later one
+        every held token decoded in the states' dtype, except that a chunk of more than
+        CONTINUATION_DECODE_THRESHOLD tokens attends to its own tokens as they are (vLLM's continuation prefill);
+        otherwise (int4) every held token decoded, always."""
         self.cumulative_length += key_states.shape[-2]
-        first = not self.is_initialized
-        if first:
+        if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
+        previous = self.state
         new = self._codec.encode(key_states, value_states)
-        self._quantized_keys = new if self.state is None else {
-            name: torch.cat([self.state[name], tensor], dim=-2) for name, tensor in new.items()}
-        if first:
+        self._quantized_keys = new if previous is None else {
+            name: torch.cat([previous[name], tensor], dim=-2) for name, tensor in new.items()}
+        if not self._codec.attends_raw_chunks:
+            keys, values = self._codec.decode(self.state)
+            return keys.to(key_states.dtype), values.to(value_states.dtype)
+        if previous is None:
             return key_states, value_states
+        if key_states.shape[-2] > CONTINUATION_DECODE_THRESHOLD:
+            keys, values = self._codec.decode(previous)
+            return (torch.cat([keys.to(key_states.dtype), key_states], dim=-2),
+                    torch.cat([values.to(value_states.dtype), value_states], dim=-2))
         keys, values = self._codec.decode(self.state)
         return keys.to(key_states.dtype), values.to(value_states.dtype)
 

@@ -10,7 +10,9 @@ low nibble): d/2 bytes; and one float32 whose low four mantissa bits are replace
 float with those bits cleared): 4 bytes. Keys and values alike: d + 8 bytes per token and KV head. Read back:
 (code - zp)·scale, then the inverse transform s ⊙ (H·x)/d. vLLM computes attention in the rotated space (queries
 rotated, the output rotated back); that is the same linear map, so dequantizing the keys and values here gives
-the same attention up to float rounding. This module encodes and decodes; it keeps no cache.
+the same attention up to float rounding. vLLM's Triton backend writes the cache first and attends from it, the
+prefill included, so the prompt too reads its keys and values decoded. This module encodes and decodes; it keeps
+no cache.
 """
 
 from __future__ import annotations
@@ -42,9 +44,13 @@ class Int4PerTokenHeadCodec:
     """Encodes (…, tokens, head_dim) keys and values into uint8 codes (…, tokens, head_dim/2) and float32 scales
     (…, tokens, 1) each, and back, with the transform's tables on one device.
 
+    `attends_raw_chunks` is False: vLLM's Triton backend attends from the cache, prefill included.
+
     Raises:
         ValueError: head_dim is not a power of two (vLLM's transform needs one).
     """
+
+    attends_raw_chunks = False
 
     def __init__(self, head_dim: int, device: torch.device | str = "cpu", tables: dict | None = None):
         if not is_power_of_two(head_dim):

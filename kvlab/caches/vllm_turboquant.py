@@ -196,7 +196,10 @@ def _from_f16(raw: torch.Tensor) -> torch.Tensor:
 class TurboQuantCodec:
     """Encodes (…, tokens, head_dim) keys and values into (…, tokens, slot_size_aligned) uint8 slots and back,
     for one `SlotFormat`, with its tables on one device: the rotation (float32 d×d), the key and value
-    codebooks and midpoints, the QJL matrix. Arithmetic runs in float32."""
+    codebooks and midpoints, the QJL matrix. Arithmetic runs in float32. `attends_raw_chunks`: vLLM's TurboQuant
+    backend attends a first prefill chunk (and a long later one) to the raw keys and values."""
+
+    attends_raw_chunks = True
 
     def __init__(self, fmt: SlotFormat, device: torch.device | str = "cpu", tables: dict | None = None):
         self.fmt = fmt

@@ -116,6 +116,19 @@ def test_the_prefill_attends_exactly_and_every_decode_reads_what_is_stored(toys)
     assert torch.equal(got_keys, stored[0]) and torch.equal(got_values, stored[1]) and layer.held_tokens() == 8
     layer.reorder_cache(torch.tensor([0]))
     assert layer.state["slots"].shape == (1, 2, 8, 54)
+    long_keys, long_values = torch.randn(1, 2, 129, 64), torch.randn(1, 2, 129, 64)  # a chunk past vLLM's 128
+    got_keys, _ = layer.update(long_keys, long_values)
+    assert torch.equal(got_keys[..., 8:, :], long_keys) and torch.equal(got_keys[..., :8, :], stored[0])
+
+
+def test_int4_attends_from_the_cache_at_prefill_too(toys):
+    """vLLM's Triton backend writes the cache, then attends from it for the prompt as for every later token."""
+    loaded, _ = toys["llama6"]
+    layer = vllm_kv_cache(loaded.config, "int4_per_token_head").layers[0]
+    keys, values = torch.randn(1, 2, 7, 64), torch.randn(1, 2, 7, 64)
+    got_keys, got_values = layer.update(keys, values)
+    stored = layer.codec.decode(layer.codec.encode(keys, values))
+    assert torch.equal(got_keys, stored[0]) and torch.equal(got_values, stored[1]) and not torch.equal(got_keys, keys)
 
 
 def test_accounting_and_inspect_read_the_slots_as_the_backend_says(tiny):
