@@ -10,6 +10,11 @@ thread *before* importing gradio (which takes seconds), so the two overlap
 `KVLAB_QUEUE_MAX_SIZE` waiting events (default 16; 0 = no limit). On a Hugging
 Face Space a "Duplicate Space" button shows in the header; on ZeroGPU the
 GPU-bound handlers are wrapped by `kvlab.ui.shared.zerogpu`.
+
+Started as a script, the app also handles SIGTERM from its first moment (what a
+Space restart sends): it stops kvlab's work, closes the server and exits with
+status 143 within a few seconds (`kvlab.ui.shared.shutdown`), and it empties the
+ready file (`KVLAB_READY_FILE`) before its model starts loading.
 """
 
 import logging
@@ -17,9 +22,12 @@ import os
 import sys
 
 from kvlab import SETUP_HINT
+from kvlab.ui.shared.shutdown import SigtermExit
 
 EARLY_LOADER = None
 """The `BackgroundLoader` whose load of the bundled model started before gradio was imported (script only)."""
+TERMINATION = SigtermExit()
+"""The SIGTERM handler, installed by `python app.py` before anything loads and restored when it ends."""
 
 
 def log_to_stderr() -> None:
@@ -97,8 +105,14 @@ if __name__ == "__main__":
         sys.exit(f"kvlab: {bad}")
     if refusal:
         sys.exit(refusal)
+    log_to_stderr()
+    TERMINATION.install()
 
 try:
+    if __name__ == "__main__":
+        from kvlab.models import readiness
+
+        readiness.reset()  # an earlier start's lines must not make this one look ready
     if __name__ == "__main__" and os.environ.get("KVLAB_EARLY_LOAD", "1") != "0":
         from kvlab.models.loading import ModelPool, ModelSpec
         from kvlab.ui.shared.loader import BackgroundLoader
@@ -117,7 +131,7 @@ try:
     from kvlab.ui.perplexity.tab import build_perplexity_tab
     from kvlab.ui.plan.tab import build_plan_tab
     from kvlab.ui.report.tab import build_report_tab
-    from kvlab.ui.shared.serving import calm_queue_polling
+    from kvlab.ui.shared.serving import calm_queue_polling, close_promptly
     from kvlab.ui.shared.theme import CSS
     from kvlab.ui.shared.tools import mcp_enabled, register_tools
 except ImportError as missing:
@@ -186,7 +200,8 @@ def mcp_flag(argv: list[str]) -> bool | None:
 def launch() -> None:
     """Serve the app; a port that cannot be opened, or a bad KVLAB_QUEUE_MAX_SIZE or KVLAB_MCP, is reported in
     one line naming the setting to change. With the MCP switch on (`--mcp`, KVLAB_MCP=1, or on a Space), gradio's
-    MCP server answers at /gradio_api/mcp/ (streamable HTTP) and /gradio_api/mcp/sse (docs/mcp.md)."""
+    MCP server answers at /gradio_api/mcp/ (streamable HTTP) and /gradio_api/mcp/sse (docs/mcp.md). However it
+    ends (Ctrl-C, SIGTERM's SystemExit from `TERMINATION`), the server is closed."""
     log_to_stderr()
     port = server_port()
     try:
@@ -199,7 +214,13 @@ def launch() -> None:
     except OSError as err:
         sys.exit(f"kvlab: cannot serve on port {port} ({str(err).splitlines()[0]}): set GRADIO_SERVER_PORT "
                  "(or PORT) to a free port")
+    finally:
+        close_promptly(demo)
 
 
 if __name__ == "__main__":
-    launch()
+    try:
+        launch()
+    finally:
+        TERMINATION.restore()
+        TERMINATION.finish()

@@ -8,21 +8,30 @@
 - A read-only folder (EROFS) is one line naming it (today's behaviour too; kept as a guard).
 - A failed write leaves the previous file whole and no temporary; staging folders whose writer is gone are
   removed, a live writer's are kept.
-- A new start's ready file holds its own lines only.
+- A new start's ready file holds its own lines only; the SIGTERM handler stops kvlab's work and exits 143;
+  once kvlab's compute is closed, no new work starts and every decoder stops before its next forward.
 """
 
 import errno
 import os
+import signal
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
 
+from kvlab import compute as compute_module
+from kvlab.engine import Decoder
+from kvlab.generation import GenerationSettings
 from kvlab.models import gguf_cache, readiness
 from kvlab.models.atomic import remove_stale_temps, staging_folder, write_atomic
 from kvlab.models.gguf_cache import ModelLoadError, fallback_cache_dir, remove_stale_conversions, writable_cache_dir
 from kvlab.models.loading import prepare_gguf_file
+from kvlab.strategies import make_strategy
+from kvlab.ui.shared import shutdown
 
 pytestmark = pytest.mark.unit
 FULL_DISK_SAVE = "Error while serializing: I/O error: No space left on device (os error 28)"
@@ -160,3 +169,39 @@ def test_a_new_start_replaces_an_earlier_starts_ready_lines(tmp_path, monkeypatc
     assert readiness.announce("error", name="m", message="no room")
     assert [(a["state"], a["message"]) for a in readiness.read_announcements(path)] == [("error", "no room")]
     assert path.read_text().endswith("\n")
+
+
+def test_sigterm_stops_kvlabs_work_and_exits_143_once(monkeypatch):
+    closed = []
+    monkeypatch.setattr(shutdown, "close_compute", lambda: closed.append(True))
+    handler = shutdown.SigtermExit(deadline_s=60.0)
+    previous = signal.getsignal(signal.SIGTERM)
+    assert handler.install()
+    try:
+        with pytest.raises(SystemExit) as ended:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)
+        assert ended.value.code == shutdown.EXIT_TERMINATED == 143
+        assert handler.terminating.is_set() and closed == [True]
+        os.kill(os.getpid(), signal.SIGTERM)  # a second SIGTERM while exiting changes nothing
+        time.sleep(0.2)
+        assert closed == [True]
+    finally:
+        handler.restore()
+    assert signal.getsignal(signal.SIGTERM) == previous
+    assert handler._watchdog is None  # cancelled: this test process is not ended 60 s from now
+
+
+def test_once_compute_is_closed_no_work_starts_and_decoders_stop(tiny, monkeypatch):
+    shut = threading.Event()
+    shut.set()
+    monkeypatch.setattr(compute_module, "_closed", shut, raising=False)
+    ran = []
+    with pytest.raises(compute_module.ComputeClosed, match="shutting down"):
+        compute_module.compute(ran.append, 1)
+    assert ran == []
+    strategy = make_strategy({"strategy": "dynamic"})
+    ids = tiny.tokenizer("Hello there", return_tensors="pt").input_ids
+    decoder = Decoder(tiny, strategy, strategy.build_cache(tiny, ids.shape[1] + 4), ids,
+                      GenerationSettings(max_new_tokens=4))
+    assert list(decoder) == [] and decoder.stop_reason == "stopped"
