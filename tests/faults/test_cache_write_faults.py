@@ -27,11 +27,9 @@ from kvlab import compute as compute_module
 from kvlab.engine import Decoder
 from kvlab.generation import GenerationSettings
 from kvlab.models import gguf_cache, readiness
-from kvlab.models.atomic import remove_stale_temps, staging_folder, write_atomic
-from kvlab.models.gguf_cache import ModelLoadError, fallback_cache_dir, remove_stale_conversions, writable_cache_dir
+from kvlab.models.gguf_cache import ModelLoadError, fallback_cache_dir, writable_cache_dir
 from kvlab.models.loading import prepare_gguf_file
 from kvlab.strategies import make_strategy
-from kvlab.ui.shared import shutdown
 
 pytestmark = pytest.mark.unit
 FULL_DISK_SAVE = "Error while serializing: I/O error: No space left on device (os error 28)"
@@ -128,6 +126,8 @@ def test_a_read_only_cache_folder_is_one_line(tmp_path, monkeypatch):
 
 
 def test_a_failed_write_leaves_the_previous_file_whole_and_no_temporary(tmp_path, monkeypatch):
+    from kvlab.models.atomic import write_atomic
+
     path = tmp_path / "record.json"
     write_atomic(path, '{"complete": true}\n')
 
@@ -142,6 +142,9 @@ def test_a_failed_write_leaves_the_previous_file_whole_and_no_temporary(tmp_path
 
 
 def test_what_killed_writers_left_is_removed_and_a_live_writers_folder_kept(tmp_path, monkeypatch):
+    from kvlab.models.atomic import remove_stale_temps, staging_folder
+    from kvlab.models.gguf_cache import remove_stale_conversions
+
     cache = tmp_path / "cache"
     monkeypatch.setenv("KVLAB_CACHE_DIR", str(cache))
     live = staging_folder(cache / "models", "model-v1")
@@ -172,6 +175,8 @@ def test_a_new_start_replaces_an_earlier_starts_ready_lines(tmp_path, monkeypatc
 
 
 def test_sigterm_stops_kvlabs_work_and_exits_143_once(monkeypatch):
+    from kvlab.ui.shared import shutdown
+
     closed = []
     monkeypatch.setattr(shutdown, "close_compute", lambda: closed.append(True))
     handler = shutdown.SigtermExit(deadline_s=60.0)
@@ -205,3 +210,27 @@ def test_once_compute_is_closed_no_work_starts_and_decoders_stop(tiny, monkeypat
     decoder = Decoder(tiny, strategy, strategy.build_cache(tiny, ids.shape[1] + 4), ids,
                       GenerationSettings(max_new_tokens=4))
     assert list(decoder) == [] and decoder.stop_reason == "stopped"
+
+
+def test_a_load_that_fails_the_same_way_again_is_logged_once(caplog):
+    """The page's preload and the planner's warm-up start the bundled load again after it failed; a read-only cache
+    folder fails it the same way each time, and the server log says so once."""
+    from kvlab.models.loading import ModelSpec
+    from kvlab.ui.shared.loader import BackgroundLoader
+
+    class ReadOnlyCachePool:
+        def get(self, spec, progress=None):
+            raise ModelLoadError("cannot write the model cache folder /cache (Read-only file system); set "
+                                 "KVLAB_CACHE_DIR to a writable folder")
+
+        def loaded(self, spec):
+            return None
+
+    caplog.set_level("WARNING", logger="kvlab.ui.shared.loader")
+    loader = BackgroundLoader(ReadOnlyCachePool())
+    for _ in range(3):
+        with pytest.raises(ModelLoadError):
+            loader.get(ModelSpec())
+    failures = [r.getMessage() for r in caplog.records if r.getMessage().startswith("model load failed")]
+    assert failures == ["model load failed: cannot write the model cache folder /cache (Read-only file system); "
+                        "set KVLAB_CACHE_DIR to a writable folder"]

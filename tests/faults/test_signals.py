@@ -24,9 +24,10 @@ from kvlab.models import bundled
 from kvlab.models.gguf_cache import check_gguf
 from kvlab.models.loading import converted_bundled_folder, prepare_bundled_model
 from kvlab.models.readiness import read_announcements
-from kvlab.ui.shared.shutdown import EXIT_TERMINATED
 
 pytestmark = pytest.mark.integration
+EXIT_TERMINATED = 128 + signal.SIGTERM
+"""143: the status a shell reports for a process SIGTERM ended, which the app exits with after its clean shutdown."""
 SIGTERM_EXIT_BOUND_S = 5.0
 """The issue's bound from SIGTERM to the end of the process (the app's own deadline is 4 s)."""
 LONG_RUN_TOKENS = 512
