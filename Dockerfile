@@ -21,6 +21,7 @@ USER user
 ENV HOME=/home/user \
     PYTHONUNBUFFERED=1 \
     KVLAB_CACHE_DIR=/home/user/.cache/kvlab \
+    KVLAB_PUBLIC=1 \
     GRADIO_SERVER_NAME=0.0.0.0 \
     GRADIO_SERVER_PORT=7860
 WORKDIR /home/user/app

