@@ -45,7 +45,7 @@ MOUNT_NAMESPACE = ("--mount", "--propagation", "private")
 class AppProcess:
     """One `python app.py` subprocess (see the module's docstring). `started` is `time.time()` at its start."""
 
-    def __init__(self, folder: Path, env: dict, mount: str | None = None):
+    def __init__(self, folder: Path, env: dict, mount: str | None = None, pid_namespace: bool = True):
         self.folder, self.mount = folder, mount
         self.ready_file = folder / "ready.jsonl"
         self.log_path = folder / "app.log"
@@ -56,7 +56,7 @@ class AppProcess:
                     "KVLAB_READY_FILE": str(self.ready_file), "TMPDIR": str(folder / "tmp"),
                     "GRADIO_ANALYTICS_ENABLED": "False", "PYTHONUNBUFFERED": "1", **env}
         (folder / "tmp").mkdir(parents=True, exist_ok=True)
-        self.in_pid_namespace = unshare_allows(*PID_NAMESPACE)
+        self.in_pid_namespace = pid_namespace and unshare_allows(*PID_NAMESPACE)
         self.process: subprocess.Popen | None = None
         self.started = 0.0
 
@@ -138,12 +138,13 @@ class AppProcess:
 
 @pytest.fixture
 def launch_app(tmp_path):
-    """`launch_app(name, mount=None, **env)`: an `AppProcess` in `tmp_path / name`, not started yet (call
-    `.start()`); `env` adds to or overrides its environment. All are killed when the test ends."""
+    """`launch_app(name, mount=None, pid_namespace=True, **env)`: an `AppProcess` in `tmp_path / name`, not started
+    yet (call `.start()`); `pid_namespace=False` runs it as a plain process (a workstation, a VM's service); `env`
+    adds to or overrides its environment. All are killed when the test ends."""
     apps: list[AppProcess] = []
 
-    def launch(name: str = "app", mount: str | None = None, **env) -> AppProcess:
-        app = AppProcess(tmp_path / name, env, mount)
+    def launch(name: str = "app", mount: str | None = None, pid_namespace: bool = True, **env) -> AppProcess:
+        app = AppProcess(tmp_path / name, env, mount, pid_namespace)
         apps.append(app)
         return app
 

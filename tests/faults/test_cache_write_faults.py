@@ -36,6 +36,13 @@ FULL_DISK_SAVE = "Error while serializing: I/O error: No space left on device (o
 """What safetensors' SafetensorError said when the real tmpfs filled up during a conversion."""
 
 
+@pytest.fixture(autouse=True)
+def own_temporary_folder(tmp_path, monkeypatch):
+    """The per-user fallback cache folder (under the temporary folder) is the test's own, not the machine's."""
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path / "tmp"))
+
+
 def small_gguf(path: Path) -> Path:
     """A complete GGUF file with one 4x4 float32 tensor."""
     import gguf
@@ -82,8 +89,6 @@ def test_a_full_cache_folder_refuses_the_conversion_before_the_slow_part(tmp_pat
 def test_an_unset_setting_falls_back_to_the_temporary_folder_when_home_is_full(tmp_path, monkeypatch):
     monkeypatch.delenv("KVLAB_CACHE_DIR", raising=False)
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    monkeypatch.setattr("tempfile.tempdir", str(tmp_path / "tmp"))
-    (tmp_path / "tmp").mkdir()
     monkeypatch.setattr("shutil.disk_usage", free_space({tmp_path / "home": 0, tmp_path / "tmp": 1 << 40}))
     notes = []
     folder = writable_cache_dir(lambda fraction, message: notes.append(message), needed_bytes=500 << 20)
@@ -128,7 +133,8 @@ def test_a_read_only_cache_folder_is_one_line(tmp_path, monkeypatch):
 def test_a_failed_write_leaves_the_previous_file_whole_and_no_temporary(tmp_path, monkeypatch):
     from kvlab.models.atomic import write_atomic
 
-    path = tmp_path / "record.json"
+    (tmp_path / "out").mkdir()
+    path = tmp_path / "out" / "record.json"
     write_atomic(path, '{"complete": true}\n')
 
     def disk_full(handle):
@@ -138,7 +144,7 @@ def test_a_failed_write_leaves_the_previous_file_whole_and_no_temporary(tmp_path
     with pytest.raises(OSError, match="No space left"):
         write_atomic(path, '{"complete": false, "and much more": "' + "x" * 100_000 + '"}\n')
     assert path.read_text() == '{"complete": true}\n'
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["record.json"]
+    assert sorted(p.name for p in path.parent.iterdir()) == ["record.json"]
 
 
 def test_what_killed_writers_left_is_removed_and_a_live_writers_folder_kept(tmp_path, monkeypatch):

@@ -7,7 +7,10 @@ container.
 - SIGKILL mid-run, then a restart on the same ready file and cache folder: what a killed start leaves (a
   conversion's staging folder, Gemma's assembly scratch, a ready file's temporary) is removed, the ready file
   holds the new start's line only, the model is ready and a Compare run completes.
-- SIGKILL mid-conversion (slow: two cold conversions), then a restart: it converts again and serves a run.
+- SIGKILL mid-conversion (slow: two cold conversions), then a restart: it removes the half conversion, converts
+  again and serves a run. Run as a plain process (a workstation, a VM's service): earlier versions named the
+  staging folder by pid, so in a container the restart, process 1 again, happened to clear it, while elsewhere
+  every kill left a 517 MB folder behind for good.
 - A half-assembled Gemma file, as a start killed mid-assembly left it under earlier versions, does not stop
   the next start from assembling it.
 """
@@ -130,7 +133,7 @@ def test_sigkill_mid_run_then_a_restart_is_ready_and_serves_a_compare_run(launch
 @pytest.mark.slow
 def test_sigkill_mid_conversion_then_a_restart_converts_again_and_serves_a_run(launch_app, tmp_path):
     cache = tmp_path / "cache"
-    first = launch_app("app", KVLAB_CACHE_DIR=str(cache)).start()
+    first = launch_app("app", pid_namespace=False, KVLAB_CACHE_DIR=str(cache)).start()
     deadline = time.monotonic() + 300
     while not list(cache.glob("models/*.tmp*")):
         assert time.monotonic() < deadline and first.process.poll() is None, first.log()[-2000:]
@@ -139,7 +142,7 @@ def test_sigkill_mid_conversion_then_a_restart_converts_again_and_serves_a_run(l
     time.sleep(3.0)  # into the de-quantizing
     first.sigkill()
     assert all(path.exists() for path in staging) and not converted_bundled_folder(cache).exists()
-    second = launch_app("app", KVLAB_CACHE_DIR=str(cache)).start()
+    second = launch_app("app", pid_namespace=False, KVLAB_CACHE_DIR=str(cache)).start()
     assert second.wait_announced()["state"] == "ready", second.log()[-2000:]
     assert not any(path.exists() for path in staging)
     assert (converted_bundled_folder(cache) / "ready").is_file()
@@ -150,6 +153,7 @@ def test_a_half_assembled_gemma_file_left_by_a_killed_start_is_assembled_again(t
     """Earlier versions assembled Gemma's file into the fixed folder `gguf/gemma-3-270m`; a start killed there left
     half a file, which every later start refused ("unexpected sha256") until the folder was deleted by hand."""
     monkeypatch.setenv("KVLAB_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))  # the fallback cache folder: the test's own
     model = bundled.MODELS["bundled:gemma-3-270m"]
     scratch = tmp_path / "cache" / "gguf" / model.name
     scratch.mkdir(parents=True)
