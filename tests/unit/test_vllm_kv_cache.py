@@ -228,5 +228,7 @@ def test_a_model_it_cannot_serve_is_refused_in_one_sentence(tiny, tiny_hybrid):
     assert "power-of-two head_dim >= 8; this model's is 48" in strategy.unavailable_reason(SimpleNamespace(config=odd))
     assert make_strategy({"strategy": "vllm_kv_cache", "kv_cache_dtype": "int4_per_token_head"}).unavailable_reason(
         tiny_hybrid) is None
+    unsaid = SimpleNamespace(get_text_config=lambda decoder=True: SimpleNamespace(layer_types=["full_attention"] * 8))
+    assert strategy.unavailable_reason(SimpleNamespace(config=unsaid)) is None  # a config without head_dim: not refused
     with pytest.raises(StrategyError, match=r"kv_cache_dtype must be one of \['turboquant_k8v4'"):
         make_strategy({"strategy": "vllm_kv_cache", "kv_cache_dtype": "fp8"})

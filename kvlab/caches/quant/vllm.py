@@ -81,6 +81,10 @@ def make_codec(knobs: dict, head_dim: int):
     return TurboQuantCodec(slot_format(knobs, head_dim))
 
 
+def _hadamard_width(width: int) -> bool:
+    return is_power_of_two(width) and width >= MIN_HEAD_DIM
+
+
 def _text_config(config):
     from ...models.loading import head_dim
 
@@ -167,13 +171,14 @@ class VllmBackend(QuantBackend):
         return {}
 
     def unavailable_reason(self, config, knobs: dict) -> str | None:
-        """head_dim not a power of two (>= MIN_HEAD_DIM), no full-attention layer, or nothing left to encode."""
-        from ..hybrid import FULL_ATTENTION, layer_types_of
+        """head_dim not a power of two (>= MIN_HEAD_DIM), no full-attention layer, or nothing left to encode (a
+        config that does not state head_dim is not refused for it)."""
+        from ..hybrid import FULL_ATTENTION, head_dim_of, layer_types_of
         from ..vllm_cache import boundary_indices
 
         knobs = full_knobs(knobs)
-        _, width, _ = _text_config(config)
-        if not is_power_of_two(width) or width < MIN_HEAD_DIM:
+        width = head_dim_of(config)
+        if width is not None and not _hadamard_width(width):
             return (f"{knobs['kv_cache_dtype']} rotates by a Hadamard matrix, which needs a power-of-two head_dim "
                     f">= {MIN_HEAD_DIM}; this model's is {width}")
         types = layer_types_of(config)
@@ -209,8 +214,10 @@ class VllmBackend(QuantBackend):
         return knobs["kv_cache_dtype"]
 
     def quantize_unavailable_reason(self, value: str, knobs: dict, config) -> str | None:
-        _, width, _ = _text_config(config)
-        if not is_power_of_two(width) or width < MIN_HEAD_DIM:
+        from ..hybrid import head_dim_of
+
+        width = head_dim_of(config)
+        if width is not None and not _hadamard_width(width):
             return f"quantize={value} needs a power-of-two head_dim >= {MIN_HEAD_DIM}; this model's is {width}"
         return None
 
