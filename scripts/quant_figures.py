@@ -17,6 +17,13 @@ bits-per-value trade-off behind the quality figures).
     python scripts/quant_figures.py kl --strategies "quantized:backend=quanto:nbits=4,rotation_quantized"
     python scripts/quant_figures.py gemma --prompt-tokens 4000
     python scripts/quant_figures.py distortion --tokens 2048
+    python scripts/quant_figures.py vllm-bytes --model bundled:gemma-3-270m
+
+`vllm-bytes`: each `vllm_kv_cache` column's bytes per token as kvlab's accounting counts them (cache bytes after a
+`--tokens` prefill minus those after half of it, over the difference; both below a sliding window, so every layer
+grows) beside vLLM's page formula (`kvlab.caches.quant.vllm.vllm_bytes_per_token`) in the model's dtype, the
+tables counted once, and the compression vLLM's cost figures speak of: one encoded layer's slot against bfloat16
+(vLLM's "×" at this model's head_dim) and the whole model against bfloat16 dense, boundary layers included.
 
 Prints one line per column; not part of the test suite.
 """
@@ -155,6 +162,57 @@ def run_distortion(args) -> None:
               "layers)", flush=True)
 
 
+VLLM_BYTES_DEFAULT = ",".join(
+    [*(f"vllm_kv_cache:kv_cache_dtype={name}" for name in (
+        "turboquant_k8v4", "turboquant_4bit_nc", "turboquant_k3v4_nc", "turboquant_3bit_nc", "int4_per_token_head")),
+     "vllm_kv_cache:kv_cache_dtype=turboquant_4bit_nc:values=lloyd_max",
+     "vllm_kv_cache:kv_cache_dtype=turboquant_4bit_nc:qjl=true",
+     "vllm_kv_cache:kv_cache_dtype=turboquant_3bit_nc:values=lloyd_max",
+     "vllm_kv_cache:kv_cache_dtype=turboquant_3bit_nc:qjl=true"])
+
+
+def _prefilled_bytes(loaded, strategy, ids: torch.Tensor) -> int:
+    cache = strategy.build_cache(loaded, ids.shape[1])
+    with torch.inference_mode():
+        strategy.forward(loaded, cache, ids, ids.shape[1])
+    return cache_bytes(cache)
+
+
+def _per_token(loaded, strategy, ids: torch.Tensor) -> tuple[int, int]:
+    """(bytes one token adds, bytes left over at zero tokens: the tables) from prefills of all and half of ids."""
+    half = ids.shape[1] // 2
+    small, large = _prefilled_bytes(loaded, strategy, ids[:, :half]), _prefilled_bytes(loaded, strategy, ids)
+    per_token, rest = divmod(large - small, ids.shape[1] - half)
+    if rest:
+        raise SystemExit(f"{strategy.describe()}: {large - small} B over {ids.shape[1] - half} tokens is not whole")
+    return per_token, small - half * per_token
+
+
+def run_vllm_bytes(args) -> None:
+    from kvlab.caches.quant.vllm import full_knobs, slot_format, vllm_bytes_per_token
+    from kvlab.caches.vllm_int4 import KV_CACHE_DTYPE as INT4
+    from kvlab.models.loading import head_dim
+
+    loaded = load_model(ModelSpec(source=args.model))
+    ids = text_ids(loaded, args.tokens)
+    element = next(loaded.model.parameters()).element_size()
+    dense, _ = _per_token(loaded, make_strategy({"strategy": "dynamic"}), ids)
+    dense_bf16 = dense * 2 // element
+    width = head_dim(loaded.config.get_text_config(decoder=True))
+    print(f"{args.model}: dynamic {dense:,} B per token ({element} B per value); head_dim {width}")
+    for spec in parse_strategy_list(args.strategies):
+        strategy = make_strategy(spec)
+        knobs = full_knobs(strategy.knobs())
+        measured, tables = _per_token(loaded, strategy, ids)
+        formula = vllm_bytes_per_token(loaded.config, knobs, element)
+        slot = width + 8 if knobs["kv_cache_dtype"] == INT4 else slot_format(knobs, width).slot_size_aligned
+        print(f"{strategy.describe()}: kvlab {measured:,} B per token, vLLM's formula {formula:,} B "
+              f"({'equal' if measured == formula else 'DIFFERS'}), tables {tables:,} B once; slot {slot} B per token "
+              f"and head = {4 * width / slot:.2f}x smaller than bfloat16; whole model {measured / dense:.4f} of "
+              f"dynamic, {dense_bf16 / vllm_bytes_per_token(loaded.config, knobs, 2):.2f}x smaller than bfloat16 "
+              "dense", flush=True)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -174,8 +232,12 @@ def main(argv=None) -> int:
     distortion.add_argument("--model", default="bundled")
     distortion.add_argument("--strategies", default=DISTORTION_DEFAULT)
     distortion.add_argument("--tokens", type=int, default=2048)
+    vllm_bytes = sub.add_parser("vllm-bytes")
+    vllm_bytes.add_argument("--model", default="bundled")
+    vllm_bytes.add_argument("--strategies", default=VLLM_BYTES_DEFAULT)
+    vllm_bytes.add_argument("--tokens", type=int, default=400)
     args = parser.parse_args(argv)
-    {"kl": run_kl, "gemma": run_gemma, "distortion": run_distortion}[args.command](args)
+    {"kl": run_kl, "gemma": run_gemma, "distortion": run_distortion, "vllm-bytes": run_vllm_bytes}[args.command](args)
     return 0
 
 
