@@ -32,6 +32,10 @@ from .limits import (
 )
 
 
+OVERRUN_SHARE = 0.1
+"""What a run past its estimate is still expected to take, as a share of that estimate."""
+
+
 class Refused(ValueError):
     """A run over a cap, refused before it was queued; the message (one line) names the limit and its setting."""
 
@@ -201,6 +205,8 @@ class Scheduler:
         return self.rate.estimate_s(ticket.cost)
 
     def _remaining_s(self) -> float:
-        """Estimated seconds the running runs have left, together (at least 1 s each while they run)."""
+        """Estimated seconds the running runs have left, together. A run past its estimate is given
+        OVERRUN_SHARE of it again (at least 1 s): it is late, so the rest of its estimate is no guide."""
         now = self.clock()
-        return sum(max(1.0, self._estimate_s(t) - (now - t.started_at)) for t in self._running)
+        return sum(max(1.0, OVERRUN_SHARE * self._estimate_s(t), self._estimate_s(t) - (now - t.started_at))
+                   for t in self._running)

@@ -126,7 +126,7 @@ class AgentTools:
         top-1 agreement and KL against the dense baseline (teacher-forced).
 
         Args:
-            strategies: comma list of 1 to 8 strategies with knobs after colons, e.g. "dynamic,quantized:backend=quanto:nbits=4,sink:window_length=64"; the first exact one is the baseline.
+            strategies: comma list of strategies (1 to 8) with knobs after colons, e.g. "dynamic,quantized:backend=quanto:nbits=4,sink:window_length=64"; the first exact one is the baseline.
             prompt: the user message (the model's chat template is applied).
             max_new_tokens: tokens to generate per column (1 to 2048).
             model: "bundled" (SmolLM2-135M-Instruct), "bundled:gemma-3-270m", or a Hugging Face hub id where the hub is reachable.
@@ -215,7 +215,7 @@ class AgentTools:
         the model asked for it greedily; returns every cell (prompt, answer, hit) and the summary per column.
 
         Args:
-            strategies: comma list of 1 to 8 strategies with knobs after colons, e.g. "dynamic,snapkv:compression_ratio=0.5".
+            strategies: comma list of strategies (1 to 8) with knobs after colons, e.g. "dynamic,snapkv:compression_ratio=0.5".
             lengths: context lengths in tokens, k = 1024, e.g. "512,1k".
             depths: needle depths in [0, 1], e.g. "0,0.5,1".
             seeds: seeds (each a different key and filler offset), e.g. "0,1".

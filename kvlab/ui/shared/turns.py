@@ -168,7 +168,7 @@ class _Job:
         ended_well = False
         try:
             self.result = self.fn(*self.args, stop=self.stop)
-            ended_well = True
+            ended_well = not self.stop.is_set()  # a run its caller left ended early: no measure of the rate
             return self.result
         except BaseException as err:
             self.error = err
