@@ -19,11 +19,12 @@ import gradio as gr
 
 from kvlab.compare.replay import RecordError, load_record
 from kvlab.models.loading import ModelLoadError
+from kvlab.generation import MAX_NEW_TOKENS_CAP
 from kvlab.presets import PresetError, load_preset
 from kvlab.sharing.cost import RunCost
 
 from ..shared import zerogpu
-from ..shared.costs import compare_cost
+from ..shared.costs import compare_cost, whole
 from .replay import form_values, replay_code, view_from_record
 from .updates import CompareUpdater
 from ..shared.knobs import NO_STRATEGY
@@ -99,11 +100,16 @@ class CompareApi:
         return zerogpu.estimate_s(len(loaded.columns), int(max_new_tokens or loaded.generation.max_new_tokens))
 
     def cost(self, preset: str, prompt: str | None = None, max_new_tokens: int | None = None) -> RunCost:
-        """What a `compare` API call costs: the preset's columns, each with its own (or the given) max new
-        tokens, after its (or the given) prompt; an unknown preset costs one step (the call then says why)."""
+        """What a `compare` API call costs: the preset's columns, each with its (or the given) max new tokens,
+        after its (or the given) prompt. An unknown preset or max_new_tokens out of range is a `gr.Error` here,
+        before the call is queued; a preset that does not load costs one step (the call then says why)."""
+        if preset not in self.presets:
+            raise gr.Error(f"unknown preset {preset!r}; available: {', '.join(self.presets)}")
+        if max_new_tokens is not None and not 1 <= whole(max_new_tokens, 0) <= MAX_NEW_TOKENS_CAP:
+            raise gr.Error(f"max_new_tokens must be between 1 and {MAX_NEW_TOKENS_CAP}, got {max_new_tokens!r}")
         try:
             loaded = load_preset(self.presets[preset])
-        except (KeyError, PresetError):
+        except PresetError:
             return RunCost(1, 1)
         columns = [str(column.get("strategy", "")) for column in loaded.columns]
         tokens = max_new_tokens if max_new_tokens is not None else loaded.generation.max_new_tokens
