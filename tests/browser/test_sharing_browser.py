@@ -5,8 +5,9 @@ position and wait, and refuses over-cap requests at once in one line naming the 
 - The page's own over-cap Run (6 columns × 3,000 tokens) is refused in its status line, naming
   KVLAB_MAX_RUN_STEPS; nothing runs.
 - Three `gradio_client` clients from one address ask for a preset run: the first runs, the second waits
-  (its progress values say so), the third is refused at once (KVLAB_MAX_RUNS_PER_CLIENT); an oversized call is
-  refused at once too (KVLAB_MAX_RUN_STEPS).
+  (its progress values say so), the third is refused at once (KVLAB_MAX_RUNS_PER_CLIENT); an oversized call (the
+  quickstart at 4,000 tokens) is refused at once too (KVLAB_MAX_RUN_STEPS; over the browser tier's raised cap as
+  over the default).
 - The page presses Run: its status shows "waiting: position 1, about N s" (ahead of the API's waiting call,
   which is now position 2), and its run starts before that API call does.
 
