@@ -21,13 +21,14 @@ USER user
 ENV HOME=/home/user \
     PYTHONUNBUFFERED=1 \
     KVLAB_CACHE_DIR=/home/user/.cache/kvlab \
+    KVLAB_PUBLIC=1 \
     GRADIO_SERVER_NAME=0.0.0.0 \
     GRADIO_SERVER_PORT=7860
 WORKDIR /home/user/app
 
 # Dependencies first, so that code changes reuse this layer; kvlab itself
 # (editable, no dependencies) once the source is there.
-COPY --chown=user requirements.txt requirements-test.txt pyproject.toml ./
+COPY --chown=user requirements.txt requirements-test.txt requirements.lock pyproject.toml ./
 COPY --chown=user scripts/setup.sh scripts/
 RUN KVLAB_TORCH_INDEX_URL="$KVLAB_TORCH_INDEX_URL" PIP_NO_CACHE_DIR=1 bash scripts/setup.sh --no-project
 

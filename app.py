@@ -9,9 +9,16 @@ thread *before* importing gradio (which takes seconds), so the two overlap
 (`KVLAB_EARLY_LOAD=0` turns that off). gradio's queue holds at most
 `KVLAB_QUEUE_MAX_SIZE` waiting events (default 16; 0 = no limit); model-bound
 events start at once and take their turns for the model in kvlab's scheduler,
-under the caps of `kvlab.sharing.limits` (`kvlab.ui.shared.turns`). On a Hugging
-Face Space a "Duplicate Space" button shows in the header; on ZeroGPU the
-GPU-bound handlers are wrapped by `kvlab.ui.shared.zerogpu`.
+under the caps of `kvlab.sharing.limits` (`kvlab.ui.shared.turns`). Gradio itself
+refuses an upload larger than a record may be (`KVLAB_MAX_RECORD_MB`, default 16
+MiB; `kvlab.measure.record_json`) before storing it. On a Hugging Face Space a
+"Duplicate Space" button shows in the header; on ZeroGPU the GPU-bound handlers
+are wrapped by `kvlab.ui.shared.zerogpu`.
+
+Started as a script, the app also handles SIGTERM from its first moment (what a
+Space restart sends): it stops kvlab's work, closes the server and exits with
+status 143 within a few seconds (`kvlab.ui.shared.shutdown`), and it empties the
+ready file (`KVLAB_READY_FILE`) before its model starts loading.
 """
 
 import logging
@@ -20,9 +27,12 @@ import sys
 
 from kvlab import SETUP_HINT
 from kvlab.sharing.limits import Limits
+from kvlab.ui.shared.shutdown import SigtermExit
 
 EARLY_LOADER = None
 """The `BackgroundLoader` whose load of the bundled model started before gradio was imported (script only)."""
+TERMINATION = SigtermExit()
+"""The SIGTERM handler, installed by `python app.py` before anything loads and restored when it ends."""
 
 
 def log_to_stderr() -> None:
@@ -93,16 +103,25 @@ def port_refusal(port: int) -> str | None:
 
 
 if __name__ == "__main__":
+    from kvlab.measure.record_json import max_record_bytes
+
     try:
         queue_max_size()  # bad settings are said before anything loads
         Limits.from_env()
+        max_record_bytes()
         refusal = port_refusal(server_port())
     except ValueError as bad:
         sys.exit(f"kvlab: {bad}")
     if refusal:
         sys.exit(refusal)
+    log_to_stderr()
+    TERMINATION.install()
 
 try:
+    if __name__ == "__main__":
+        from kvlab.models import readiness
+
+        readiness.reset()  # an earlier start's lines must not make this one look ready
     if __name__ == "__main__" and os.environ.get("KVLAB_EARLY_LOAD", "1") != "0":
         from kvlab.models.loading import ModelPool, ModelSpec
         from kvlab.ui.shared.loader import BackgroundLoader
@@ -114,6 +133,7 @@ try:
     import gradio as gr
 
     from kvlab.models.loading import ModelPool
+    from kvlab.measure.record_json import max_record_bytes
     from kvlab.ui.chat.tab import build_chat_tab
     from kvlab.ui.compare.tab import build_compare_tab
     from kvlab.ui.inspect.tab import build_inspect_tab
@@ -121,7 +141,7 @@ try:
     from kvlab.ui.perplexity.tab import build_perplexity_tab
     from kvlab.ui.plan.tab import build_plan_tab
     from kvlab.ui.report.tab import build_report_tab
-    from kvlab.ui.shared.serving import calm_queue_polling
+    from kvlab.ui.shared.serving import calm_queue_polling, close_promptly
     from kvlab.ui.shared.theme import CSS
     from kvlab.ui.shared.tools import mcp_enabled, register_tools
     from kvlab.ui.shared.turns import configure as configure_turns
@@ -191,22 +211,36 @@ def mcp_flag(argv: list[str]) -> bool | None:
 
 
 def launch() -> None:
-    """Serve the app; a port that cannot be opened, or a bad KVLAB_QUEUE_MAX_SIZE or KVLAB_MCP, is reported in
-    one line naming the setting to change. With the MCP switch on (`--mcp`, KVLAB_MCP=1, or on a Space), gradio's
-    MCP server answers at /gradio_api/mcp/ (streamable HTTP) and /gradio_api/mcp/sse (docs/mcp.md)."""
+    """Serve the app; a port that cannot be opened, or a bad KVLAB_QUEUE_MAX_SIZE, KVLAB_MAX_RECORD_MB or
+    KVLAB_MCP, is reported in one line naming the setting to change. Uploads larger than a record may be
+    (`kvlab.measure.record_json.max_record_bytes`) are refused by gradio before they are stored. With the MCP
+    switch on (`--mcp`, KVLAB_MCP=1, or on a Space), gradio's MCP server answers at /gradio_api/mcp/ (streamable
+    HTTP) and /gradio_api/mcp/sse (docs/mcp.md). However it ends (Ctrl-C, SIGTERM's SystemExit from
+    `TERMINATION`), the server is closed."""
     log_to_stderr()
     port = server_port()
     try:
         mcp = mcp_enabled(mcp_flag(sys.argv[1:]))
+        max_upload = max_record_bytes()
         demo = create_app(loader=EARLY_LOADER)
     except ValueError as err:
         sys.exit(f"kvlab: {err}")
     try:
-        demo.launch(server_name="0.0.0.0", server_port=port, css=CSS, show_error=True, mcp_server=mcp)
+        # show_error off: gradio's pop-up renders an unexpected error's message as HTML, and such a message may
+        # quote a visitor's or a record's text; the tabs say what went wrong in their own status lines (gr.Error,
+        # the MCP tools' refusals, is shown either way)
+        demo.launch(server_name="0.0.0.0", server_port=port, css=CSS, show_error=False, mcp_server=mcp,
+                    max_file_size=max_upload)
     except OSError as err:
         sys.exit(f"kvlab: cannot serve on port {port} ({str(err).splitlines()[0]}): set GRADIO_SERVER_PORT "
                  "(or PORT) to a free port")
+    finally:
+        close_promptly(demo)
 
 
 if __name__ == "__main__":
-    launch()
+    try:
+        launch()
+    finally:
+        TERMINATION.restore()
+        TERMINATION.finish()

@@ -4,7 +4,8 @@ Bytes are counted from the tensors a cache actually holds, never from process
 RSS: for plain layers `keys` and `values`; for quantized layers the packed data
 plus scales/zero points (quanto's `WeightQBitsTensor` is walked through
 `__tensor_flatten__`, so its dequantized size is never counted) plus the
-full-precision residual; for every layer any other tensor it keeps (a static
+full-precision residual, as the layer's quantization backend names them
+(`kvlab.caches.quant`); for every layer any other tensor it keeps (a static
 layer's `cumulative_length`, a sliding layer's 8-byte window size). Bytes are
 split by the device the tensors live on, so an offloaded cache shows what sits
 in host memory, and by layer type (`cache_bytes_by_layer_type`: full, sliding or
@@ -73,39 +74,22 @@ def layer_bytes_by_device(layer) -> dict[str, int]:
 LAYER_PARTS = ("keys_values", "packed", "scales", "residual", "other")
 """What `layer_parts` splits a layer into: plain `keys`/`values`; a quantized layer's packed data, its scales and
 zero points, and its full-precision residual (`keys`/`values` beside quantized states); any other tensor."""
-QUANTIZED_ATTRIBUTES = ("_quantized_keys", "_quantized_values")
-"""Where transformers' quantized layers (`BaseQuantizedLayer`) keep their quantized states."""
-
-
-def _split_quantized(obj, packed: dict, scales: dict) -> None:
-    """Count one quantized state into `packed` (the data) and `scales` (scales, zero points, shifts): hqq and
-    fp8 keep a tuple (data, meta dict or scale); quanto a tensor subclass whose `_data` is the packed part."""
-    if isinstance(obj, torch.Tensor):
-        inner = _inner_tensors(obj)
-        if inner is None:
-            tensor_bytes_by_device(obj, packed)
-            return
-        for name, part in zip(_INNER_NAMES[type(obj)], inner):
-            tensor_bytes_by_device(part, packed if "data" in name else scales)
-    elif isinstance(obj, (tuple, list)) and obj:
-        _split_quantized(obj[0], packed, scales)
-        tensor_bytes_by_device(list(obj[1:]), scales)
-    else:
-        tensor_bytes_by_device(obj, scales)
 
 
 def layer_parts(layer) -> dict[str, dict[str, int]]:
     """One cache layer's bytes split into LAYER_PARTS, each by device string; the parts add up to
-    `layer_bytes_by_device(layer)`."""
+    `layer_bytes_by_device(layer)`. A layer a quantization backend made is split as its backend says
+    (`kvlab.caches.quant.QuantBackend.layer_parts`); any other layer's `keys`/`values` are `keys_values`."""
+    from .caches.quant import backend_of_layer
+
     parts = {name: defaultdict(int) for name in LAYER_PARTS}
-    quantized = any(getattr(layer, name, None) is not None for name in QUANTIZED_ATTRIBUTES)
-    for name, value in vars(layer).items():
-        if name in QUANTIZED_ATTRIBUTES:
-            _split_quantized(value, parts["packed"], parts["scales"])
-        elif name in ("keys", "values"):
-            tensor_bytes_by_device(value, parts["residual" if quantized else "keys_values"])
-        else:
-            tensor_bytes_by_device(value, parts["other"])
+    backend = backend_of_layer(layer)
+    if backend is not None:
+        for part, objects in backend.layer_parts(layer).items():
+            tensor_bytes_by_device(objects, parts[part])
+    else:
+        for name, value in vars(layer).items():
+            tensor_bytes_by_device(value, parts["keys_values" if name in ("keys", "values") else "other"])
     return {name: dict(by_device) for name, by_device in parts.items()}
 
 

@@ -108,7 +108,8 @@ def is_sink(strategy) -> bool:
 
 
 def is_quantized_int4(strategy) -> bool:
-    return strategy.name == "quantized" and strategy.backend != "fp8" and strategy.nbits == 4
+    """A `quantized` column at 4 bits per value, of any backend (a per-tensor backend such as fp8 takes 8 only)."""
+    return strategy.name == "quantized" and strategy.nbits == 4
 
 
 def find(lineup: dict[str, dict], role: Callable[[object], bool]):

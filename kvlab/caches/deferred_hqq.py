@@ -19,6 +19,8 @@ import sys
 import threading
 
 _lock = threading.Lock()
+HQQ_MODULE = "hqq"
+"""The hqq package's import name (a Python module, not the quantization backend of that name)."""
 
 
 def import_cache_utils_without_hqq() -> None:
@@ -29,15 +31,15 @@ def import_cache_utils_without_hqq() -> None:
     absent) and restored in `finally`, with transformers' cached
     `is_hqq_available()` answer cleared so later checks see hqq again.
     """
-    if "transformers.cache_utils" in sys.modules or "hqq" in sys.modules:
+    if "transformers.cache_utils" in sys.modules or HQQ_MODULE in sys.modules:
         return
     from transformers.utils import import_utils
 
-    sys.modules["hqq"] = None
+    sys.modules[HQQ_MODULE] = None
     try:
         import transformers.cache_utils as cache_utils
     finally:
-        del sys.modules["hqq"]
+        del sys.modules[HQQ_MODULE]
         import_utils.is_hqq_available.cache_clear()
     if not hasattr(cache_utils, "HQQQuantizer"):
         # transformers' own QuantizedCache(backend="hqq") keeps working for code that imports kvlab first.

@@ -7,8 +7,9 @@ full-attention layers. `quantize_full_layers(config, make_layer)` builds what tr
 (`DynamicCache(config=...)`: a `DynamicSlidingWindowLayer` per sliding layer, keeping its last `window - 1`
 tokens; a `DynamicLayer` per full-attention layer; whatever else the config asks for) and puts `make_layer()`,
 a quantized layer, in place of each full-attention one. On a model whose layers are all full attention the result
-holds the same layers, and the same bytes, as `QuantizedCache`. `HybridQuantizedCache` does this with
-transformers' own quanto, hqq and fp8 layers. Nothing here scores, evicts or chooses a strategy.
+holds the same layers, and the same bytes, as `QuantizedCache`; the quantization backends build their caches with
+it (`kvlab.caches.quant`, where `HybridQuantizedCache` does this with transformers' own quanto, hqq and fp8
+layers). Nothing here scores, evicts or chooses a strategy.
 """
 
 from __future__ import annotations
@@ -28,6 +29,19 @@ def layer_types_of(config) -> list[str]:
         return list(get_layer_types_and_kwargs(cfg)[0])
     except (AttributeError, TypeError, ValueError):
         return list(getattr(cfg, "layer_types", None) or [FULL_ATTENTION])
+
+
+def non_full_layer_types(config) -> list[str]:
+    """The decoder's layer types other than full attention (e.g. `sliding_attention`), sorted, as transformers'
+    caches see them (`get_layer_types_and_kwargs`: a config without `layer_types` but with a `sliding_window`,
+    such as Phi-3.5's, has sliding layers) together with the config's own `layer_types`."""
+    cfg = config.get_text_config(decoder=True)
+    types = set(getattr(cfg, "layer_types", None) or [])
+    try:
+        types |= set(get_layer_types_and_kwargs(cfg)[0])
+    except (AttributeError, TypeError, ValueError):
+        pass  # an inconsistent config (a sliding type without a window): its layer_types alone
+    return sorted(types - {FULL_ATTENTION, "dummy"})
 
 
 def head_dim_of(config) -> int | None:
@@ -56,32 +70,3 @@ def quantize_full_layers(config, make_layer: Callable[[], object],
     return [make_layer() if kind == FULL_ATTENTION
             else make_sliding(layer.sliding_window) if make_sliding is not None and kind == "sliding_attention"
             else layer for kind, layer in zip(types, layers)]
-
-
-def backend_layer_class(backend: str):
-    """transformers' quantized layer class of `backend` (quanto, hqq, fp8).
-
-    Raises:
-        ValueError: an unknown backend.
-    """
-    from transformers.cache_utils import Fp8QuantizedLayer, HQQQuantizedLayer, QuantoQuantizedLayer
-
-    classes = {"quanto": QuantoQuantizedLayer, "hqq": HQQQuantizedLayer, "fp8": Fp8QuantizedLayer}
-    if backend not in classes:
-        raise ValueError(f"backend must be one of {list(classes)}, got {backend!r}")
-    return classes[backend]
-
-
-class HybridQuantizedCache(Cache):
-    """transformers' `QuantizedCache` for any model: its full-attention layers are the backend's quantized layers
-    (`QuantoQuantizedLayer`, `HQQQuantizedLayer`, `Fp8QuantizedLayer`, built with `layer_kwargs`: `nbits`,
-    `axis_key`, `axis_value`, `q_group_size`, `residual_length`; none for fp8), the other layers are what
-    `DynamicCache(config=config)` gives them (a sliding layer keeps its window).
-
-    Raises:
-        ValueError: an unknown backend, or a model without full-attention layers.
-    """
-
-    def __init__(self, backend: str, config, **layer_kwargs):
-        layer_class = backend_layer_class(backend)
-        super().__init__(layers=quantize_full_layers(config, lambda: layer_class(**layer_kwargs)))

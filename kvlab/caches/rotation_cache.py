@@ -252,8 +252,7 @@ class RotationQuantizedCache(Cache):
 
     def stored_nbytes(self) -> int:
         """Exact bytes the cache holds: the sum of its quantized layers' `stored_nbytes()` and the other layers'
-        keys and values (a sliding layer's 8-byte window tensor included)."""
-        from ..accounting import layer_bytes_by_device
-
+        tensors, keys and values (a sliding layer's 8-byte window tensor included)."""
         return sum(layer.stored_nbytes() if isinstance(layer, RotationQuantizedLayer)
-                   else sum(layer_bytes_by_device(layer).values()) for layer in self.layers)
+                   else sum(value.nelement() * value.element_size() for value in vars(layer).values()
+                            if isinstance(value, torch.Tensor)) for layer in self.layers)

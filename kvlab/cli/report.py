@@ -95,8 +95,9 @@ def _from_records(args) -> int:
         check_writable(args.csv, "--csv")
         groups = []
         for path in args.records:
+            record = load_record(path, path)  # its one-line message names the file
             try:
-                groups.append(rows_from_record(load_record(path), Path(path).name))
+                groups.append(rows_from_record(record, Path(path).name))
             except (ValueError, KeyError, TypeError) as err:
                 raise ValueError(f"{path}: {err}") from None
         rows = merge_rows(groups)

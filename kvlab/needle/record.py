@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import csv
 import io
-import json
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
+
+from typing_extensions import Required, TypedDict
+
+from ..measure.record_json import RecordJSONError, json_shape, load_json, shaped, version_refusal
 
 RECORD_KIND = "kvlab.needle"
 RECORD_VERSION = 1
@@ -150,20 +153,33 @@ def records_to_csv(records: list[CellRecord]) -> str:
     return out.getvalue()
 
 
+_Cell = json_shape(CellRecord)
+
+
+class _Cells(TypedDict):
+    cells: Required[list[_Cell]]
+
+
 def load_record(path: str | Path) -> tuple[dict, list[CellRecord]]:
-    """(record, its cells as CellRecords) from a JSON file written by `kvlab needle --json` or the tab.
+    """(record, its cells as CellRecords) from a JSON file written by `kvlab needle --json` or the tab, read by
+    `kvlab.measure.record_json.load_json` (size, depth and numbers capped); each cell's fields are type-checked
+    and only the known ones kept.
 
     Raises:
-        ValueError: not JSON, or not a needle record.
+        ValueError: one line: not JSON, past a limit, not a needle record, a version this kvlab does not read,
+            or a cell whose fields are missing or of the wrong type.
     """
     try:
-        data = json.loads(Path(path).read_text())
-    except (OSError, json.JSONDecodeError) as err:
-        raise ValueError(f"cannot read needle record {path}: {err}") from None
-    if not isinstance(data, dict) or data.get("kind") != RECORD_KIND:
-        raise ValueError(f"{path} is not a needle record (no kind: {RECORD_KIND})")
-    names = {f.name for f in fields(CellRecord)}
-    return data, [CellRecord(**{k: v for k, v in cell.items() if k in names}) for cell in data["cells"]]
+        data = load_json(path)
+    except RecordJSONError as err:
+        raise ValueError(f"cannot read needle record {Path(path).name}: {err}") from None
+    if data.get("kind") != RECORD_KIND:
+        raise ValueError(f"{Path(path).name} is not a needle record (no kind: {RECORD_KIND})")
+    refusal = version_refusal("Needle", "version", data.get("version"), (RECORD_VERSION,))
+    if refusal:
+        raise ValueError(refusal)
+    cells = shaped(data, _Cells, f"not a well-formed {RECORD_KIND} record, its")["cells"]
+    return data, [CellRecord(**cell) for cell in cells]
 
 
 SNIPPET = '''\

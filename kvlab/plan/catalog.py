@@ -5,8 +5,11 @@ where its values come from, and the fields of its `config.json` that shape the
 KV cache and the parameter count (everything else keeps transformers'
 defaults, as it would when loading that `config.json`). Entries are addressed
 by hub id everywhere. `resolve_config` turns a model source into a transformers
-config without loading any weights. This module reads configs; it does not
-build models or plan.
+config without loading any weights: a folder's or a hub repository's config.json
+is read through `kvlab.plan.config_limits` (size- and shape-capped before any
+config is built), and with local sources off (`kvlab.models.sources`) only
+bundled names, catalog ids and hub ids pass, decided before anything touches the
+file system. This module reads configs; it does not build models or plan.
 """
 
 from __future__ import annotations
@@ -18,6 +21,9 @@ from pathlib import Path
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from .config_limits import ConfigError, read_config_file
+
+CONFIG_FILE = "config.json"
 CATALOG_DIR: Path | None = None
 """The catalog folder; None (the default) means `models/` in `kvlab.presets.presets_dir()` (the source
 checkout's `presets/models`, or `<prefix>/share/kvlab/presets/models` after a regular install)."""
@@ -28,10 +34,6 @@ def catalog_dir() -> Path:
     from ..presets import presets_dir
 
     return CATALOG_DIR if CATALOG_DIR is not None else presets_dir() / "models"
-
-
-class ConfigError(ValueError):
-    """A model source cannot give a config: unknown name, folder without config.json, hub unreachable."""
 
 
 class CatalogEntry(BaseModel):
@@ -105,15 +107,19 @@ def resolve_config(source) -> ResolvedConfig:
     transformers config object (used as is), or a `ResolvedConfig` (returned as is: a caller may resolve once,
     away from the thread that plans, since a hub id reads the network).
 
-    A hub id outside the catalog is read with `AutoConfig.from_pretrained` (config.json
-    only) where the hub is reachable, else from the local Hugging Face cache.
+    A hub id outside the catalog has its config.json fetched with huggingface_hub (never read as a local
+    folder) where the hub is reachable, else taken from the local Hugging Face cache. A folder's or the hub's
+    config.json goes through `kvlab.plan.config_limits.read_config_file` before a config is built.
 
     Raises:
-        ConfigError: empty source, a path to no folder ("no such folder"), a folder without config.json, local folders or hub ids
-            disabled (KVLAB_ALLOW_LOCAL / KVLAB_ALLOW_HUB), or a name that is neither in the
-            catalog nor reachable; the message lists the catalog's hub ids.
+        ConfigError: empty source, a path to no folder ("no such folder"), a folder without config.json, a
+            config.json over a limit or not valid, local folders off (one line for every refused source,
+            whether or not it exists) or hub ids disabled (KVLAB_ALLOW_LOCAL / KVLAB_ALLOW_HUB), a file in
+            the app's upload folder, or a name that is neither in the catalog nor reachable; the message lists
+            the catalog's hub ids.
     """
-    from ..models.loading import BUNDLED, allow_hub, allow_local_folders, looks_like_path
+    from ..models.loading import (BUNDLED, UPLOAD_REFUSAL, allow_hub, allow_local_folders, in_upload_folder,
+                                  looks_like_path)
 
     if isinstance(source, ResolvedConfig):
         return source
@@ -130,13 +136,15 @@ def resolve_config(source) -> ResolvedConfig:
     if name in catalog:
         entry = catalog[name]
         return ResolvedConfig(entry.build_config(), entry.hub_id, "catalog", entry.notes)
+    if not allow_local_folders():
+        return _hub_only(name)
+    if in_upload_folder(name):
+        raise ConfigError(UPLOAD_REFUSAL)
     folder = Path(name).expanduser()
-    if folder.exists():
-        if not allow_local_folders():
-            raise ConfigError("reading local folders is disabled here (KVLAB_ALLOW_LOCAL=0)")
+    if _is_dir(folder):
         if not (folder / "config.json").is_file():
             raise ConfigError(f"{name!r} is not a model folder: it has no config.json")
-        return ResolvedConfig(_auto_config(str(folder), local_only=True), folder.name, "folder")
+        return ResolvedConfig(config_from_file(folder / "config.json"), folder.name, "folder")
     if looks_like_path(name):
         raise ConfigError(f"{name!r}: no such folder")
     if "/" not in name:
@@ -145,6 +153,57 @@ def resolve_config(source) -> ResolvedConfig:
         raise ConfigError(f"{name!r} is not in the catalog and hub ids are disabled here (KVLAB_ALLOW_HUB=0); "
                           f"known: {_known_text()}")
     return ResolvedConfig(_hub_config(name), name, "hub")
+
+
+def _is_dir(folder: Path) -> bool:
+    try:
+        return folder.is_dir()
+    except (OSError, ValueError):
+        return False
+
+
+def _hub_only(name: str) -> ResolvedConfig:
+    """The config of hub id `name` while local sources are off; anything else gets the one refusal line."""
+    from ..models.bundled import MODELS
+    from ..models.loading import allow_hub, is_hub_id, local_refusal
+
+    if not is_hub_id(name):
+        raise ConfigError(f"{local_refusal(MODELS)}; the catalog: {_known_text()}")
+    if not allow_hub():
+        raise ConfigError(f"{name!r} is not in the catalog and hub ids are disabled here (KVLAB_ALLOW_HUB=0); "
+                          f"known: {_known_text()}")
+    return ResolvedConfig(_hub_config(name), name, "hub")
+
+
+def config_from_file(path: Path):
+    """The transformers config of a config.json file, read through `kvlab.plan.config_limits` (size and shape
+    capped) and built with its model type's config class (`from_dict`; no remote code).
+
+    Raises:
+        ConfigError: the file over a limit or not valid, no model_type, a model_type transformers does not
+            know, or a config class refusing a field (one line, no paths).
+    """
+    return config_from_dict(read_config_file(path))
+
+
+def config_from_dict(data: dict):
+    """`config_from_file` for an already parsed and checked config.json object."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    from ..models.sources import safe_line
+
+    model_type = data.get("model_type")
+    if not isinstance(model_type, str) or not model_type:
+        raise ConfigError("config.json has no model_type: not a transformers model config")
+    try:
+        config_class = CONFIG_MAPPING[model_type]
+    except KeyError:
+        raise ConfigError(f"transformers does not know model_type {model_type[:60]!r}") from None
+    try:
+        return config_class.from_dict(data)
+    except Exception as err:  # noqa: BLE001 - a config class refuses odd fields in many ways; one line each
+        raise ConfigError(f"config.json does not build a {model_type} config: {type(err).__name__}: "
+                          f"{safe_line(str(err))}") from None
 
 
 def _known_text() -> str:
@@ -178,15 +237,40 @@ def _bundled_config(key: str) -> ResolvedConfig:
 
 
 def _hub_config(hub_id: str):
-    from ..models.loading import hub_reachable
+    """The config of a hub id outside the catalog, from its config.json (see `_hub_config_file`).
+
+    Raises:
+        ConfigError: the hub cannot provide the file (the reason's first line off a public server), or the
+            file is over a limit or not valid.
+    """
+    from ..models.loading import hub_reachable, public_mode
+    from ..models.sources import safe_line
 
     online = hub_reachable()
     try:
-        return _auto_config(hub_id, local_only=not online)
-    except ConfigError as err:
+        path = _hub_config_file(hub_id, online)
+    except ConfigError:
+        raise
+    except Exception as err:  # noqa: BLE001 - huggingface_hub's many errors (not found, gated, offline) read alike
         where = "the hub did not provide it" if online else "the hub is unreachable from here (no network)"
-        raise ConfigError(f"{hub_id!r} is not in kvlab's catalog and {where}; known: {_known_text()}. "
-                          f"Details: {err}") from err
+        details = "" if public_mode() else f". Details: {safe_line(str(err) or type(err).__name__)}"
+        raise ConfigError(f"{hub_id!r} is not in kvlab's catalog and {where}; known: {_known_text()}"
+                          f"{details}") from None
+    return config_from_file(path)
+
+
+def _hub_config_file(hub_id: str, online: bool) -> Path:
+    """The local copy of a hub repository's config.json: its size asked first when online (a file over
+    `MAX_CONFIG_BYTES` is not downloaded), else the local Hugging Face cache's copy."""
+    from huggingface_hub import get_hf_file_metadata, hf_hub_download, hf_hub_url
+
+    from .config_limits import MAX_CONFIG_BYTES, TOO_LARGE
+
+    if online:
+        size = get_hf_file_metadata(hf_hub_url(hub_id, CONFIG_FILE)).size
+        if size is not None and size > MAX_CONFIG_BYTES:
+            raise ConfigError(TOO_LARGE)
+    return Path(hf_hub_download(hub_id, CONFIG_FILE, local_files_only=not online))
 
 
 def _auto_config(name: str, local_only: bool, **kwargs):
@@ -195,4 +279,6 @@ def _auto_config(name: str, local_only: bool, **kwargs):
     try:
         return AutoConfig.from_pretrained(name, local_files_only=local_only, **kwargs)
     except (OSError, ValueError, KeyError) as err:
-        raise ConfigError(str(err).splitlines()[0] if str(err) else type(err).__name__) from err
+        from ..models.sources import safe_line
+
+        raise ConfigError(safe_line(str(err)) or type(err).__name__) from err

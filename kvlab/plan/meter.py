@@ -12,20 +12,23 @@ the representative layer of each group. It then counts that layer's bytes with
   at any length (10^7 tokens included) and nothing is allocated.
 - Where a cache class cannot run on the meta device (hqq reads values), it runs on
   the CPU at small lengths and the count is extrapolated exactly: the packed size of
-  a quantized tensor depends on its element count through groups of `q_group_size`
-  values packed 8/nbits per byte (or 10 per 32-bit word for 3 bits), so it repeats
-  with a period of `40 * q_group_size` elements; the meter measures three lengths one
+  a quantized tensor repeats with a period its backend gives
+  (`QuantBackend.packing_period_elements`: for quanto and hqq, groups of
+  `q_group_size` values packed 8/nbits per byte, or 10 per 32-bit word for 3 bits,
+  repeat every `40 * q_group_size` elements); the meter measures three lengths one
   period apart, checks that the two steps are equal, and extends the line.
 
-A decode of d tokens one at a time leaves every layer class holding what one update
-of d tokens leaves, except transformers' `QuantizedLayer`: its full-precision
-residual is quantized whenever it reaches `residual_length` tokens. For those
-layers the meter writes the quantized part and the residual as two updates of the
-sizes the step-by-step run ends with, which leaves identical tensors.
+Which layers are quantized, and how, the meter asks each layer's quantization backend
+(`kvlab.caches.quant.backend_of_layer`). A decode of d tokens one at a time leaves
+every layer class holding what one update of d tokens leaves, except a backend
+layer with a full-precision residual (transformers' `QuantizedLayer`): it is
+quantized whenever it reaches `residual_length` tokens. For those layers the meter
+writes the quantized part and the residual as two updates of the sizes the
+step-by-step run ends with, which leaves identical tensors.
 
-Tensors a cache shares between its layers (rotation quantization's rotation and codebooks, which the first
-layer to use them lists in `shared_tables`) are counted once per cache, not once per layer: `group_bytes` gives
-a layer's own bytes and `shared_bytes` what the measured layer of each group lists as shared.
+Tensors a cache shares between its layers (rotation quantization's rotation and codebooks, which the backend
+names: `QuantBackend.shared_tensors`) are counted once per cache, not once per layer: `group_bytes` gives a
+layer's own bytes and `shared_bytes` what the measured layer of each group lists as shared.
 
 Layers that hold recurrent or convolution states (state-space, linear attention)
 are measured by running the shrunk model itself for a prefill and one decode step
@@ -42,13 +45,12 @@ from dataclasses import dataclass
 import torch
 
 from ..accounting import layer_bytes_by_device, tensor_bytes_by_device
+from ..caches.quant import backend_of_layer
+from ..caches.quant.base import PERIOD_ELEMENTS_PER_GROUP
 from .probe import Architecture, LayerGroup, StandIn, meta_model, shrunk_config
 from ..strategies import StrategyError
 
 META = torch.device("meta")
-PERIOD_ELEMENTS_PER_GROUP = 40
-"""Packing period of quantized tensors in elements, per `q_group_size` value (lcm of 8/nbits per byte and 10 per word)."""
-
 MAX_CPU_ELEMENTS = 2**23
 """Most key (or value) elements one CPU measurement may allocate (32 MiB in bfloat16)."""
 
@@ -93,7 +95,8 @@ def split_schedule(layer, prefill: int, decoded: int) -> list[int]:
     decode steps leave (see the module docstring)."""
     if decoded == 0:
         return [prefill]
-    residual = getattr(layer, "residual_length", None)
+    backend = backend_of_layer(layer)
+    residual = backend.residual_length(layer) if backend is not None else None
     if residual is None:
         return [prefill, decoded]
     kept = decoded % residual if residual > 0 else 0
@@ -187,9 +190,11 @@ class StrategyMeter:
             made = getattr(cache, "quantized_layer", None)
             layers = [made() if made is not None and self.strategy.is_evicting and not layer.is_sliding else layer
                       for layer in cache.layers]
-            self.quantized_indices = {index for index, layer in enumerate(layers) if hasattr(layer, "_quantized_keys")}
+            self.quantized_indices = {index for index, layer in enumerate(layers)
+                                      if backend_of_layer(layer) is not None}
             first = layers[min(self.quantized_indices)] if self.quantized_indices else layers[0]
-            self.residual_length = getattr(first, "residual_length", None)
+            backend = backend_of_layer(first)
+            self.residual_length = backend.residual_length(first) if backend is not None else None
             self.quantized = bool(self.quantized_indices)
         return cache
 
@@ -229,7 +234,9 @@ class StrategyMeter:
             keys = make((self.batch, key_heads, tokens, key_width), dtype=self.dtype, device=device)
             values = make((self.batch, value_heads, tokens, value_width), dtype=self.dtype, device=device)
             cache.update(keys, values, group.indices[0])
-        shared = getattr(cache.layers[group.indices[0]], "shared_tables", None)
+        layer = cache.layers[group.indices[0]]
+        backend = backend_of_layer(layer)
+        shared = backend.shared_tensors(layer) if backend is not None else None
         self.shared_bytes[group] = sum(tensor_bytes_by_device(shared).values()) if shared is not None else 0
         return _layer_bytes(cache, group.indices[0]) - self.shared_bytes[group]
 
@@ -255,7 +262,8 @@ class StrategyMeter:
 
     def _period(self, group: LayerGroup, layer) -> int:
         """Tokens after which a quantized tensor of this group's shape repeats its packing (see module docstring)."""
-        elements = PERIOD_ELEMENTS_PER_GROUP * getattr(layer, "q_group_size", 1)
+        backend = backend_of_layer(layer)
+        elements = backend.packing_period_elements(layer) if backend is not None else PERIOD_ELEMENTS_PER_GROUP
         periods = [elements // math.gcd(elements, self.batch * heads * width)
                    for heads, width in (group.key_shape, group.value_shape)]
         return math.lcm(*periods)

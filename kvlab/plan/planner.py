@@ -22,14 +22,21 @@ one token at a time, which matters for quantized caches (their residual).
 `offloaded` and `offloaded_static` need CUDA to run; they are planned from the
 on-device cache they offload (`dynamic`, `static`), with the bytes that stay on the
 GPU counted apart. This module plans; it does not render (see `kvlab.cli.plan`).
+
+Limits: the request's contexts (`MAX_CONTEXT_TOKENS`), batch (`MAX_BATCH`), contexts and strategies per
+request are checked by `PlanRequest.check`, and the model's config by `kvlab.plan.config_limits` before
+anything is built from it. `plan_steps` plans one strategy per step, so a caller can stop a plan between
+steps by closing it.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import torch
 
+from .config_limits import check_config
 from .explain import explain, strategy_notes
 from .meter import FAR_TOKENS, GroupLaw, MeasureError, PlanLimit, StrategyMeter, linear_state_bytes
 from .probe import Architecture, ProbeError, describe_architecture
@@ -183,19 +190,28 @@ class Plan:
                 "strategies": [strategy.to_json() for strategy in self.strategies]}
 
 
-def plan(request: PlanRequest) -> Plan:
-    """Plan every strategy of `request` at every context (see the module docstring).
+@dataclass(frozen=True)
+class PlanProgress:
+    """One step of `plan_steps`: `done` of `total` strategies planned so far, `label` the step just done."""
+
+    done: int
+    total: int
+    label: str
+
+
+def plan_steps(request: PlanRequest) -> Iterator[PlanProgress | Plan]:
+    """`plan` one step at a time: a `PlanProgress` once the model is probed and after each strategy, then the
+    `Plan`. Closing the generator between two steps stops the plan; nothing more is measured.
 
     Raises:
-        PlanError: bad input, an unknown model (the message lists the catalog), or a
-            config transformers cannot build. A strategy the model cannot use is not an
-            error: its `StrategyPlan` has status `unavailable` or `error` and the reason.
+        PlanError: as `plan`, before the first step is yielded.
     """
     from .catalog import ConfigError, resolve_config
 
     strategies = request.check()
     try:
         resolved = resolve_config(request.model)
+        check_config(resolved.config)
         arch = describe_architecture(resolved.config, DTYPES[request.dtype])
     except (ConfigError, ProbeError) as err:
         raise PlanError(str(err)) from err
@@ -203,8 +219,24 @@ def plan(request: PlanRequest) -> Plan:
     if request.batch * widest * FAR_TOKENS >= MAX_ELEMENTS:
         raise PlanError(f"batch {request.batch:,} is too large to plan for this model "
                         f"(at most {MAX_ELEMENTS // (widest * FAR_TOKENS) - 1:,})")
-    planned = [_plan_strategy(arch, strategy, spec, request) for strategy, spec in zip(strategies, request.strategies)]
-    return Plan(_model_info(arch, resolved, request), _settings(request), planned)
+    yield PlanProgress(0, len(strategies), f"probed {resolved.name}")
+    planned = []
+    for strategy, spec in zip(strategies, request.strategies):
+        planned.append(_plan_strategy(arch, strategy, spec, request))
+        yield PlanProgress(len(planned), len(strategies), planned[-1].name)
+    yield Plan(_model_info(arch, resolved, request), _settings(request), planned)
+
+
+def plan(request: PlanRequest) -> Plan:
+    """Plan every strategy of `request` at every context (see the module docstring).
+
+    Raises:
+        PlanError: bad input, an unknown model (the message lists the catalog), a config over one of
+            `kvlab.plan.config_limits`'s limits, or a config transformers cannot build. A strategy the model
+            cannot use is not an error: its `StrategyPlan` has status `unavailable` or `error` and the reason.
+    """
+    *_, result = plan_steps(request)
+    return result
 
 
 def _model_info(arch: Architecture, resolved, request: PlanRequest) -> dict:

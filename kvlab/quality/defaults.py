@@ -8,6 +8,22 @@ from __future__ import annotations
 
 from importlib import resources
 
+MAX_TEXT_CHARS = 2**20
+"""Longest text a visitor pastes into the Report or Perplexity tab, in characters (1 Mi; both tabs score at most
+12,288 tokens, about 50,000 characters of prose): a longer one is refused before it is tokenized."""
+CHARS_PER_TOKEN = 12
+"""Characters of a text tokenized per token wanted (more than any tokenizer's average: prose and code run at
+3-5 characters per token), so a long text is not tokenized whole for a short run."""
+
+
+def pasted_text_refusal(text: str) -> str | None:
+    """The one line refusing a pasted `text` longer than MAX_TEXT_CHARS, or None."""
+    if len(text) <= MAX_TEXT_CHARS:
+        return None
+    return (f"your text is {len(text):,} characters, more than the {MAX_TEXT_CHARS:,} this tab reads: paste the "
+            "part you want scored")
+
+
 EVICTION_METHODS = ("snapkv", "pyramidkv", "tova", "observed_attention", "knorm", "expected_attention", "random")
 """The seven scored-eviction methods (kvpress's presses of the same names)."""
 WINDOWS = (256, 1024)

@@ -5,19 +5,31 @@ A report record (`kind: kvlab.report`) holds per column its split, status and on
 `kvlab.quality.stats`); JSON has no NaN, so a figure not estimated is null. `rows_from_record` reads a report,
 Compare (`kvlab.compare`) or Needle (`kvlab.needle`) record into table rows keyed by (model, column), and
 `merge_rows` puts rows of several records together (a Needle record's hit rate joins the report row of the
-same model and column), so runs made on different machines make one table. Pure: no model, no files written.
+same model and column), so runs made on different machines make one table. A file is read by
+`kvlab.measure.record_json.load_json` (size, depth and numbers capped); each record's parts are checked
+against its shape (`ReportShape`, `NeedleShape`, a Compare record as Compare's replay checks it), types never
+converted, and a version this kvlab does not read is refused as every reader refuses it. Pure: no model, no
+files written.
 """
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
+from typing_extensions import Required, TypedDict
+
+from ..compare.columns import MAX_COLUMNS
+from ..compare.replay import check_record, known_fields
+from ..measure.record_json import RecordJSONError, load_json, shaped, version_refusal
 from .stats import QualityFigures, wilson_interval
 
 RECORD_KIND = "kvlab.report"
 RECORD_VERSION = 1
+NEEDLE_KIND, NEEDLE_VERSION = "kvlab.needle", 1
+"""A Needle record's kind and the version read (`kvlab.needle.record.RECORD_KIND` / `RECORD_VERSION`)."""
+MAX_RECORD_COLUMNS = 64
+"""Most columns a saved report record may hold (a report runs at most 40: `kvlab.quality.report`)."""
 FIGURE_FIELDS = ("scored_tokens", "ppl", "ppl_base", "ppl_ratio", "ppl_ratio_unc", "ppl_diff", "ppl_diff_unc",
                  "ln_ppl_ratio", "ln_ppl_ratio_unc", "kld_mean", "kld_mean_unc", "kld_median", "kld_p99", "kld_max",
                  "same_top", "same_top_low", "same_top_high", "cache_bytes_mean", "cache_bytes_end", "bytes_vs_dense",
@@ -30,6 +42,56 @@ NEEDLE_FIELDS = ("needle_hits", "needle_cells", "needle_hit_rate", "needle_low",
 """A Needle grid's hits over its scored (not gated) cells and seeds, the rate and its Wilson 95 % interval."""
 TABLE_FIELDS = ("model", "column", "status", "context_tokens", *FIGURE_FIELDS, *NEEDLE_FIELDS, "source", "message",
                 "protocol")
+
+_Figures = TypedDict("_Figures", {name: int | float | None for name in FIGURE_FIELDS}, total=False)
+
+
+class _Split(TypedDict, total=False):
+    context_tokens: Required[int]
+    scored_tokens: int
+
+
+class _ReportColumn(TypedDict, total=False):
+    name: Required[str]
+    status: Required[str]
+    message: str
+    split: Required[_Split]
+    figures: _Figures | None
+
+
+class _NeedleRow(TypedDict, total=False):
+    strategy: Required[str]
+    hits: Required[int]
+    scored: Required[int]
+    errors: int
+
+
+class _Needle(TypedDict, total=False):
+    summary: list[_NeedleRow]
+
+
+class _Model(TypedDict, total=False):
+    name: str | None
+    source: str | None
+
+
+class ReportShape(TypedDict, total=False):
+    """The parts of a report record the table reads, and their JSON types."""
+
+    kind: Required[str]
+    version: Required[int]
+    model: _Model | str | None
+    columns: Required[list[_ReportColumn]]
+    needle: _Needle | None
+
+
+class NeedleShape(TypedDict, total=False):
+    """The parts of a Needle record the table reads, and their JSON types."""
+
+    kind: Required[str]
+    version: Required[int]
+    model: _Model | str | None
+    summary: Required[list[_NeedleRow]]
 
 
 def _clean(value):
@@ -79,6 +141,8 @@ def needle_figures(summary_row: dict) -> dict:
     hits, cells = summary_row.get("hits"), summary_row.get("scored")
     if not cells:
         return dict.fromkeys(NEEDLE_FIELDS)
+    if not 0 <= hits <= cells:
+        raise ValueError(f"needle column {summary_row.get('strategy')!r} has {hits} hits of {cells} scored cells")
     low, high = wilson_interval(hits, cells)
     return {"needle_hits": hits, "needle_cells": cells, "needle_hit_rate": hits / cells, "needle_low": low,
             "needle_high": high}
@@ -96,17 +160,38 @@ def rows_from_record(record: dict, source: str = "") -> list[dict]:
     Each row's `protocol` (`report`, `compare`, `needle`) says which figures it holds (`merge_rows`).
 
     Raises:
-        ValueError: not one of those records, or one whose columns do not have a record's shape.
+        ValueError: one line: not one of those records, a version this kvlab does not read, too many columns,
+            or a part whose fields have the wrong type.
     """
     if not isinstance(record, dict):
         raise ValueError("not a report, Compare or Needle record (the JSON is not an object)")
     try:
-        return _rows(record, source)
+        return _rows(_checked(record), source)
     except (AttributeError, KeyError, TypeError) as err:
         raise ValueError(f"not a well-formed {record.get('kind') or record.get('format')} record: its columns "
                          f"lack {err}" if isinstance(err, KeyError) else
                          f"not a well-formed {record.get('kind') or record.get('format')} record: a field has "
                          "the wrong type") from None
+
+
+def _checked(record: dict) -> dict:
+    """`record`'s known parts, its version and types checked (see the module docstring). Raises ValueError."""
+    kind = record.get("kind")
+    if kind in (RECORD_KIND, NEEDLE_KIND):
+        name, readable, shape, key, most = (("report", RECORD_VERSION, ReportShape, "columns", MAX_RECORD_COLUMNS)
+                                            if kind == RECORD_KIND else
+                                            ("Needle", NEEDLE_VERSION, NeedleShape, "summary", MAX_COLUMNS))
+        refusal = version_refusal(name, "version", record.get("version"), (readable,))
+        if refusal:
+            raise ValueError(refusal)
+        if isinstance(record.get(key), list) and len(record[key]) > most:
+            raise ValueError(f"the {name} record has {len(record[key]):,} columns; a {name} run has at most {most}")
+        return shaped(record, shape, f"not a well-formed {kind} record, its")
+    if record.get("format") == "kvlab.compare":
+        check_record(record)
+        return known_fields(record)
+    raise ValueError("not a report, Compare or Needle record (no kind kvlab.report / kvlab.needle, "
+                     "no format kvlab.compare)")
 
 
 def _rows(record: dict, source: str) -> list[dict]:
@@ -120,33 +205,29 @@ def _rows(record: dict, source: str) -> list[dict]:
                          "model": model, "column": column["name"], "status": column["status"],
                          "context_tokens": column["split"]["context_tokens"], "source": source,
                          "message": column.get("message", ""), "protocol": "report"})
-    elif record.get("kind") == "kvlab.needle":
+    elif record.get("kind") == NEEDLE_KIND:
         for row in record.get("summary", []):
             rows.append({**base, **needle_figures(row), "model": model, "column": row["strategy"],
                          "status": "ok" if not row.get("errors") else "error", "source": source, "message": "",
                          "protocol": "needle"})
-    elif record.get("format") == "kvlab.compare":
+    else:
         for column in record["columns"]:
             rows.append({**base, "model": model, "column": column.get("name"), "status": column.get("status"),
                          "same_top": column.get("top1_agreement"), "kld_mean": column.get("mean_kl"),
                          "cache_bytes_end": column.get("peak_cache_bytes"),
                          "decode_tok_s": column.get("decode_tok_s"), "source": source,
                          "message": "Compare: teacher-forced on the baseline's continuation", "protocol": "compare"})
-    else:
-        raise ValueError("not a report, Compare or Needle record (no kind kvlab.report / kvlab.needle, "
-                         "no format kvlab.compare)")
     return rows
 
 
 def load_record(path: str | Path, name: str | None = None) -> dict:
-    """A record from a JSON file. Raises ValueError (one line, naming the file as `name`, default its path) when
-    it cannot be read as JSON; a page passes the uploaded file's own name so no server path is shown."""
-    shown = path if name is None else name
+    """A record from a JSON file, read by `kvlab.measure.record_json.load_json` (size, depth and numbers
+    capped). Raises ValueError (one line, naming the file as `name`, default its file name) when it cannot be read as a
+    JSON object; a page passes the uploaded file's own name so no server path is shown."""
+    shown = Path(path).name if name is None else name
     try:
-        return json.loads(Path(path).read_text(encoding="utf-8"))
-    except OSError as err:
-        raise ValueError(f"cannot read record {shown}: {err.strerror or type(err).__name__}") from None
-    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        return load_json(path)
+    except RecordJSONError as err:
         raise ValueError(f"cannot read record {shown}: {err}") from None
 
 

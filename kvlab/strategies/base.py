@@ -4,7 +4,8 @@ One strategy = one small dataclass in its own module: its fields are its knobs,
 `__post_init__` validates them (messages list the allowed values), `build_cache`
 makes the transformers cache, `forward` feeds tokens through it (the engine,
 `kvlab.engine`, calls it), `unavailable_reason` says in one sentence why it
-cannot run here (or None). Its capabilities are class attributes named in
+cannot run here (or None), `serving_settings` gives the nearest setting in each
+serving engine (the fact beside the method). Its capabilities are class attributes named in
 transformers' style (`is_croppable`, `is_sliding`, `is_compileable`, ...);
 every tab, the report and the bench ask them instead of keeping their own
 lists. Adding a strategy: write the module, register it with `@register`,
@@ -255,6 +256,18 @@ class Strategy:
         """(imports, code building a variable `cache` or '' for none) for the reproduce-it snippet."""
         return [], ""
 
+    def serving_settings(self) -> list:
+        """The nearest setting of this strategy, with its knobs, in each serving engine: one
+        `kvlab.engines.ServingSetting` per engine of `kvlab.engines.ENGINES` (the flag and the version it was
+        checked in, or no serving equivalent and why). Every registered strategy class says its own, beside its
+        method (kvpress-style); `docs/serving.md` is their table.
+
+        Raises:
+            KeyError: the class has none (tests/unit/test_serving_map.py fails the same way, naming it).
+        """
+        raise KeyError(f"strategy {self.name!r} has no serving-engine entry: give its class a serving_settings() "
+                       "method (see kvlab/strategies/serving.py) and a row to docs/serving.md")
+
     def generate_context_code(self) -> tuple[list[str], str]:
         """(imports, a `with ...:` line the snippet's `generate()` call runs inside, or '') for a strategy that
         acts through hooks during the prefill (the scored-eviction strategies)."""
@@ -317,17 +330,10 @@ def names_with(capability: str) -> list[str]:
 
 def sliding_layer_types(loaded) -> list[str]:
     """The model's non-full-attention layer types (e.g. `sliding_attention`), if any, as transformers' caches
-    see them (`get_layer_types_and_kwargs`: a config without `layer_types` but with a `sliding_window`, such as
-    Phi-3.5's, has sliding layers)."""
-    from transformers.cache_utils import get_layer_types_and_kwargs
+    see them (`kvlab.caches.hybrid.non_full_layer_types`)."""
+    from ..caches.hybrid import non_full_layer_types
 
-    cfg = loaded.config.get_text_config(decoder=True)
-    types = set(getattr(cfg, "layer_types", None) or [])
-    try:
-        types |= set(get_layer_types_and_kwargs(cfg)[0])
-    except (AttributeError, TypeError, ValueError):
-        pass  # an inconsistent config (a sliding type without a window): its layer_types alone
-    return sorted(types - {"full_attention", "dummy"})
+    return non_full_layer_types(loaded.config)
 
 
 def cuda_reason() -> str | None:

@@ -11,6 +11,8 @@ same and only the memory differs)."""
 
 from dataclasses import dataclass
 
+from ..engines import ServingSetting
+from ..engines.settings import LLAMA_SERVER, LLAMA_VERSION, SGLANG_ARGS, TRT_RUN, VLLM_ARGS_042
 from .base import Strategy, StrategyError, register
 
 LAYER_TYPES = ("model", "full")
@@ -48,3 +50,11 @@ class Dynamic(Strategy):
     def cache_code(self):
         code = "cache = DynamicCache(config=model.config)" if self.follows_layer_types else "cache = DynamicCache()"
         return ["from transformers import DynamicCache"], code
+
+    def serving_settings(self) -> list:
+        return [ServingSetting("vLLM", "--kv-cache-dtype auto (the default)", "0.4.2", VLLM_ARGS_042,
+                               "a paged cache grown block by block"),
+                ServingSetting("SGLang", "--kv-cache-dtype auto (the default)", "0.5.13", SGLANG_ARGS),
+                ServingSetting("TensorRT-LLM", "the default paged KV cache", "0.9", TRT_RUN),
+                ServingSetting("llama.cpp", "--cache-type-k f16 --cache-type-v f16 (the default)", LLAMA_VERSION,
+                               LLAMA_SERVER)]

@@ -2,6 +2,7 @@
 
 from dataclasses import dataclass
 
+from ..engines import no_equivalent
 from .base import Strategy, register
 
 
@@ -28,3 +29,7 @@ class NoCache(Strategy):
 
     def generate_kwargs_code(self) -> str:
         return "use_cache=False"
+
+    def serving_settings(self) -> list:
+        return no_equivalent("every engine keeps a KV cache; recomputing the whole prefix each step is what a cache "
+                             "avoids")

@@ -7,6 +7,8 @@ unavailable before running."""
 from dataclasses import dataclass
 from typing import ClassVar
 
+from ..engines import ServingSetting
+from ..engines.settings import LLAMA_ARGS, LLAMA_VERSION, VLLM_ARGS
 from .base import Strategy, cuda_reason, register
 from .static import Static
 
@@ -29,6 +31,16 @@ class Offloaded(Strategy):
     def cache_code(self):
         return ["from transformers import DynamicCache"], "cache = DynamicCache(offloading=True)"
 
+    def serving_settings(self) -> list:
+        """No engine prefetches the KV cache layer by layer; vLLM swaps preempted requests' blocks to the CPU and
+        llama.cpp can keep the whole cache in host memory."""
+        return [ServingSetting("vLLM", "--swap-space GiB", "0.5.3", VLLM_ARGS,
+                               "CPU space for the KV blocks of preempted requests, not layer-by-layer prefetch"),
+                ServingSetting("SGLang", None, note="no layer-by-layer KV offload in the server arguments checked"),
+                ServingSetting("TensorRT-LLM", None, note="no layer-by-layer KV offload in the run options checked"),
+                ServingSetting("llama.cpp", "--no-kv-offload (-nkvo)", LLAMA_VERSION, LLAMA_ARGS,
+                               "the KV cache stays in host memory and attention runs there")]
+
 
 @register
 @dataclass
@@ -50,3 +62,5 @@ class OffloadedStatic(Static):
 
     def caveat(self) -> str:
         return ""
+
+    serving_settings = Offloaded.serving_settings

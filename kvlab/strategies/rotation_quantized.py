@@ -10,18 +10,21 @@ Bytes per quantized token and layer: kv_heads·(key_bits·ceil(d/8) + 2 + value_
 counted once (`kvlab.caches.rotation_quant`'s docstring gives the layout byte by byte). On a model with
 sliding-window layers (Gemma 3) only the full-attention layers are quantized and the sliding layers keep their
 window as transformers' default cache does; `sliding: quantize` stores that window rotation-quantized too
-(the oldest positions are dropped from the codes exactly, nothing is quantized twice). The cache class is `kvlab.caches.rotation_cache`; this module
-validates knobs and builds it.
+(the oldest positions are dropped from the codes exactly, nothing is quantized twice). The backend object
+(`kvlab.caches.quant.rotation`) checks the knobs, builds the cache (`kvlab.caches.rotation_cache`) and gives its
+refusal reason, snippet and serving note; this module holds the knobs and asks it.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from .base import Strategy, StrategyError, register
 
 DEFAULT_RESIDUAL_LENGTH = 128
 """transformers' `QuantizedLayer` default, as for `quantized`."""
+BACKEND = "rotation"
+"""The quantization backend (`kvlab.caches.quant`) this strategy is the column of."""
 
 
 @register
@@ -43,51 +46,40 @@ class RotationQuantized(Strategy):
     sliding: str = "keep"
 
     def __post_init__(self):
-        from ..caches.rotation_cache import SLIDING_CHOICES, check_knobs
-
         try:
-            check_knobs(self.key_bits, self.value_bits, self.residual_length, self.seed)
+            self.quantizer.check_knobs(self.knobs(), {f.name: f.default for f in fields(self)})
         except ValueError as err:
             raise StrategyError(str(err)) from err
-        if self.sliding not in SLIDING_CHOICES:
-            raise StrategyError(f"sliding must be one of {list(SLIDING_CHOICES)}, got {self.sliding!r}")
+
+    @property
+    def quantizer(self):
+        """The rotation backend object (`kvlab.caches.quant.rotation.RotationBackend`)."""
+        from ..caches.quant import get_backend
+
+        return get_backend(BACKEND)
 
     @property
     def follows_layer_types(self) -> bool:
         return True
 
     def title(self) -> str:
-        return f"rotation k{self.key_bits}/v{self.value_bits} r{self.residual_length}"
+        return self.quantizer.title(self.knobs())
 
     def caveat(self) -> str:
-        return (f"the prompt is quantized at prefill; then up to residual_length={self.residual_length} new tokens "
-                "wait in full precision before being quantized")
+        return self.quantizer.caveat(self.knobs())
 
     def unavailable_reason(self, loaded) -> str | None:
-        from ..caches.hybrid import FULL_ATTENTION, head_dim_of, layer_types_of
-        from ..caches.lloyd_max import MIN_HEAD_DIM
-
-        width = head_dim_of(loaded.config)
-        if width is not None and width < MIN_HEAD_DIM:
-            return f"rotation quantization needs head_dim >= {MIN_HEAD_DIM}; this model's is {width}"
-        types = set(layer_types_of(loaded.config))
-        if FULL_ATTENTION not in types and not (self.sliding == "quantize" and "sliding_attention" in types):
-            return (f"this model has no full-attention layers to quantize (all its layers are "
-                    f"{', '.join(sorted(set(layer_types_of(loaded.config))))})")
-        return None
+        return self.quantizer.unavailable_reason(loaded.config, self.knobs())
 
     def build_cache(self, loaded, max_total_tokens: int):
-        from ..caches.rotation_cache import RotationQuantizedCache
-
         try:
-            return RotationQuantizedCache(loaded.config, key_bits=self.key_bits, value_bits=self.value_bits,
-                                          residual_length=self.residual_length, seed=self.seed,
-                                          sliding=self.sliding)
+            return self.quantizer.build_cache(loaded.config, self.knobs())
         except ValueError as err:
             raise StrategyError(str(err)) from err
 
     def cache_code(self):
-        return ["from kvlab.caches.rotation_cache import RotationQuantizedCache"], (
-            f"cache = RotationQuantizedCache(model.config, key_bits={self.key_bits}, value_bits={self.value_bits}, "
-            f"residual_length={self.residual_length}, seed={self.seed}"
-            + (f", sliding={self.sliding!r}" if self.sliding != "keep" else "") + ")  # TurboQuant-MSE, arXiv 2504.19874")
+        return self.quantizer.cache_code(self.knobs())
+
+    def serving_settings(self) -> list:
+        """The backend's serving note for these bits (vLLM's TurboQuant types; `QuantBackend.serving`)."""
+        return self.quantizer.serving(self.knobs())

@@ -29,6 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
+from ..engines import ServingSetting, no_equivalent
 from .base import Strategy, StrategyError, require_int
 from .quantize_knob import describe as describe_quantize
 
@@ -49,6 +50,8 @@ def pruned_cache(config, quantized_layer=None):
     return PrunedCache(config, quantized_layer)
 
 
+EVICTION_REASON = ("score-based token eviction is in none of the four engines' documented options (kvpress and the "
+                   "papers' code run on transformers); their paged caches share blocks between requests")
 FEW_KEPT = 0.1
 """A budget keeping at most this fraction of the prunable prompt positions gets a warning (`warning_on`)."""
 
@@ -397,3 +400,17 @@ class ScoredEviction(Strategy):
             f"        {forward}",
             "else:",
             f"    {forward}"]
+
+    def serving_settings(self) -> list:
+        """No engine evicts by score (`EVICTION_REASON`); with `quantize`, its backend's settings are added for the
+        quantized part only."""
+        from .quantize_knob import parse
+
+        settings = no_equivalent(EVICTION_REASON)
+        parsed = parse(self.quantize)
+        if parsed is not None:
+            backend, layer = parsed
+            part = f"for the quantize={self.quantize} part only"
+            settings += [ServingSetting(s.engine, s.setting, s.version, s.source, part + (f"; {s.note}" if s.note else ""))
+                         for s in backend.serving(layer) if s.setting is not None]
+        return settings

@@ -6,6 +6,8 @@ run. `num_sink_tokens: 0` is the paper's window-attention baseline."""
 
 from dataclasses import dataclass
 
+from ..engines import ServingSetting
+from ..engines.settings import LLAMA_SERVER, LLAMA_VERSION, TRT_RUN
 from .base import Strategy, StrategyError, register
 
 
@@ -75,3 +77,15 @@ class Sink(Strategy):
             f"cache = SinkCache.from_model(model, window_length={self.window_length}, "
             f"num_sink_tokens={self.num_sink_tokens})"
         )
+
+    def serving_settings(self) -> list:
+        """TensorRT-LLM's StreamingLLM options take `num_sink_tokens` and `window_length`; llama.cpp's context
+        shift keeps `num_sink_tokens`."""
+        sinks, window = int(self.num_sink_tokens), int(self.window_length)
+        paged = "no attention-sink window: the paged cache keeps every token of a request"
+        return [ServingSetting("vLLM", None, note=paged), ServingSetting("SGLang", None, note=paged),
+                ServingSetting("TensorRT-LLM", f"--sink_token_length {sinks} --max_attention_window_size {window}",
+                               "0.9", TRT_RUN, "StreamingLLM; the engine built with trtllm-build --streamingllm enable"),
+                ServingSetting("llama.cpp", f"--context-shift --keep {sinks}", LLAMA_VERSION, LLAMA_SERVER,
+                               "when the context is full, half of the tokens after the kept ones are dropped at once, "
+                               "not a rolling window")]

@@ -7,6 +7,8 @@ window, and the one that refuses a model without one."""
 
 from dataclasses import dataclass
 
+from ..engines import ServingSetting
+from ..engines.settings import LLAMA_SERVER, LLAMA_VERSION, SGLANG_ARGS, TRT_LONG, VLLM_ARGS
 from .base import Strategy, register, sliding_layer_types
 
 
@@ -34,3 +36,12 @@ class SlidingWindow(Strategy):
 
     def cache_code(self):
         return ["from transformers import DynamicCache"], "cache = DynamicCache(config=model.config)"
+
+    def serving_settings(self) -> list:
+        own = "the model's own sliding layers are honoured by default"
+        return [ServingSetting("vLLM", "the default (--disable-sliding-window turns it off)", "0.5.3", VLLM_ARGS,
+                               own),
+                ServingSetting("SGLang", "the default", "0.5.13", SGLANG_ARGS, own),
+                ServingSetting("TensorRT-LLM", "KvCacheConfig(max_attention_window=[...])", "main", TRT_LONG,
+                               "a cyclic KV cache per layer; also forces a window on full-attention layers"),
+                ServingSetting("llama.cpp", "the default", LLAMA_VERSION, LLAMA_SERVER, own)]

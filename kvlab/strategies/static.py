@@ -3,6 +3,8 @@
 from dataclasses import dataclass, replace
 from typing import ClassVar
 
+from ..engines import ServingSetting
+from ..engines.settings import LLAMA_SERVER, LLAMA_VERSION, SGLANG_ARGS, TRT_RUN, VLLM_ARGS
 from .base import Strategy, StrategyError, register, require_int
 
 COMPILE_BUCKET = 256
@@ -97,3 +99,14 @@ class Static(Strategy):
         offloading = ", offloading=True" if self.offloading else ""
         return (["from transformers import StaticCache"],
                 f"cache = StaticCache(config=model.config, max_cache_len={size}{offloading})")
+
+    def serving_settings(self) -> list:
+        """Every engine allocates its KV pool once at start, as a static cache is."""
+        return [ServingSetting("vLLM", "--gpu-memory-utilization / --max-model-len", "0.5.3", VLLM_ARGS,
+                               "the KV pool is allocated once at start, as a static cache is"),
+                ServingSetting("SGLang", "--mem-fraction-static", "0.5.13", SGLANG_ARGS,
+                               "the KV pool is allocated once at start"),
+                ServingSetting("TensorRT-LLM", "--kv_cache_free_gpu_memory_fraction", "0.9", TRT_RUN,
+                               "the KV pool is allocated once at start"),
+                ServingSetting("llama.cpp", "--ctx-size N", LLAMA_VERSION, LLAMA_SERVER,
+                               "the cache is allocated for N tokens at start")]

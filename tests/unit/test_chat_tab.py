@@ -5,6 +5,8 @@ tiny model; every handler returns or yields `{component: update}` dicts, which
 are checked against the components the event declares as its outputs.
 """
 
+from html import unescape
+
 import pytest
 
 gr = pytest.importorskip("gradio")
@@ -59,7 +61,8 @@ def test_an_empty_message_is_refused(tab):
 
 def test_a_static_cache_too_small_offers_a_way_on(tab):
     refused = last(tab, tab.send("What is the capital of France?", None, form("static", "16")))
-    assert "max_cache_len=16" in refused[tab.notice] and "switch to the dynamic strategy" in refused[tab.notice]
+    notice = unescape(refused[tab.notice])
+    assert "max_cache_len=16" in notice and "switch to the dynamic strategy" in notice
     assert refused[tab.capacity_row]["visible"] is True
     assert refused[tab.message] == "What is the capital of France?"
     state = refused[tab.state]
@@ -93,7 +96,8 @@ def test_undo_clear_and_regenerate(tab):
 
 def test_a_strategy_the_model_cannot_run_is_explained(tab):
     refused = last(tab, tab.send("Hi", None, form("sliding_window")))
-    assert "cannot run here" in refused[tab.notice] and "no sliding-window layers" in refused[tab.notice]
+    notice = unescape(refused[tab.notice])
+    assert "cannot run here" in notice and "no sliding-window layers" in notice
     about = tab.pick_strategy("sliding_window", "bundled")[tab.card.about]["value"]
     assert "unavailable here" in about
 

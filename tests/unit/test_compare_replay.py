@@ -102,7 +102,7 @@ def test_a_share_link_opens_the_same_result_and_a_plain_page_load_changes_nothin
     assert value(opened[fresh.cards[1].text]) == value(final[tab.cards[1].text])
     plain = fresh.open_shared({}, type("Request", (), {"query_params": {}})())
     assert list(plain) == [fresh.run_status]  # a dict keyed by a component: gradio reads it as updates
-    gone = fresh.open_shared({}, type("Request", (), {"query_params": {"run": "run-nosuch"}})())
+    gone = fresh.open_shared({}, type("Request", (), {"query_params": {"run": "run-" + "0" * 32}})())
     assert "not kept on this server any more" in gone[fresh.run_status]
 
 

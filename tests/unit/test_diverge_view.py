@@ -3,6 +3,7 @@ link from Compare's first-divergence cell (built, parsed, rendered as a link in 
 such a link at its token with both strategies; a replayed record's links, or why a cell has none."""
 
 import json
+from html import unescape
 import types
 from pathlib import Path
 from urllib.parse import parse_qsl
@@ -38,7 +39,7 @@ def test_the_figure_and_summary_of_a_sink_session(tiny):
     assert {line.get_label() for line in layers_ax.lines} == {"KV error (relative)", "attention lost (mass)",
                                                              "hidden drift (relative L2)"}
     assert [x for x in kl_ax.lines[0].get_xdata()] == [0, 1, 2, 3, 4, 5]  # tokens count from 0, as in Compare
-    text = diverge_markdown(session)
+    text = unescape(diverge_markdown(session))
     assert "Lockstep with dynamic" in text and "cache holds 12 slots for 15 tokens seen" in text
     assert "attention lost: 0" in text  # layer 0 is the first to lose attention once the window is full
 
@@ -47,7 +48,7 @@ def test_measures_that_cannot_be_computed_are_named_with_the_reason_not_drawn(ti
     session = lockstep(tiny, FullSequenceLoop(), steps=3)
     layers_ax, _ = diverge_figure(session).axes
     assert [line.get_label() for line in layers_ax.lines] == ["hidden drift (relative L2)"]
-    text = diverge_markdown(session)
+    text = unescape(diverge_markdown(session))
     assert "largest KV error: not computed" in text and "not computed — kv_error: holds" in text
     assert "loop mistake: feeds the whole sequence" in text
     assert diverge_markdown(None, "the model cannot be probed").startswith("**compare with:** ✖")
@@ -103,7 +104,7 @@ def test_a_replayed_record_gets_the_same_links_or_says_why_not():
     link = parse_inspect_query(dict(parse_qsl(view.divergence_links[3][1:])))
     assert (link.strategy.split(":")[0], link.step, link.prompt) == ("quantized", 2, record["prompt"]["text"])
     assert list(view.divergence_links) == [3] and "no_cache keeps no cache" in view.divergence_reasons[0]
-    assert "no link into Inspect: no_cache keeps no cache" in view.summary_notes()
+    assert "no link into Inspect: no_cache keeps no cache" in unescape(view.summary_notes())
     record["settings"]["do_sample"] = True
     links, reasons = record_divergence_links(record, view.done.results)
     assert links == {} and "sampled run" in reasons[3]

@@ -7,7 +7,7 @@ import torch
 from transformers import DynamicCache, Gemma3TextConfig
 
 from kvlab.accounting import cache_bytes
-from kvlab.caches.hybrid import HybridQuantizedCache
+from kvlab.caches.quant.transformers_layers import HybridQuantizedCache
 from kvlab.plan.planner import PlanRequest, plan
 
 LAYERS, WINDOW, HEAD_DIM, PROMPT = 18, 512, 256, 4000

@@ -9,6 +9,8 @@
 - Weight-free modules (the planner wing, the preset schema, the columns) import neither the runner nor the
   modules that run a model.
 - No file in the package, benchmarks/ or app.py is longer than 450 lines, and no function longer than 60.
+- No module outside the quantization backends' home (`kvlab/caches/quant/`) branches on a backend's name: a
+  backend is looked up in the registry and asked, so a new one is its module and one registry line.
 """
 
 import ast
@@ -151,6 +153,52 @@ def test_weight_free_modules_do_not_import_the_runtime():
     weight_free = [name for name in SOURCES if starts_with(name, WEIGHT_FREE)]
     assert "kvlab.plan.planner" in weight_free and "kvlab.presets" in weight_free
     assert offenders(weight_free, RUNTIME_MODULES) == {}
+
+
+QUANT_HOME = PACKAGE / "caches" / "quant"
+"""The quantization backends' home: the one place a backend's name may decide anything."""
+
+
+def backend_names() -> set[str]:
+    """The names the backend modules register (`register_backend(SomeBackend(name="..."))`), read from source."""
+    names = set()
+    for path in QUANT_HOME.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "register_backend":
+                names.update(keyword.value.value for call in ast.walk(node) if isinstance(call, ast.Call)
+                             for keyword in call.keywords
+                             if keyword.arg == "name" and isinstance(keyword.value, ast.Constant))
+    return names
+
+
+def name_branches(tree: ast.AST, names: set[str]) -> list[int]:
+    """Lines where a name of `names` is compared (==, !=, in, is, or inside a literal on either side), keys a dict
+    literal, or is a `case` pattern: a branch or a table on it."""
+    def constants(node):
+        items = node.elts if isinstance(node, (ast.Tuple, ast.List, ast.Set)) else [node]
+        return [item.value for item in items if isinstance(item, ast.Constant)]
+
+    lines = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Compare):
+            hit = any(value in names for side in [node.left, *node.comparators] for value in constants(side))
+        elif isinstance(node, ast.Dict):
+            hit = any(key is not None and value in names for key in node.keys for value in constants(key))
+        else:
+            hit = isinstance(node, ast.MatchValue) and any(value in names for value in constants(node.value))
+        if hit:
+            lines.append(node.lineno)
+    return lines
+
+
+def test_no_backend_name_branch_outside_the_backend_objects():
+    names = backend_names()
+    assert {"quanto", "hqq", "fp8", "rotation"} <= names
+    sample = 'if backend == "fp8":\n    pass\nx = {"hqq": 1, "other": 2}\ny = b in ("quanto", "z")\nz = {"backend": "hqq"}'
+    assert name_branches(ast.parse(sample), names) == [1, 3, 4]
+    found = {str(path.relative_to(PACKAGE.parent)): name_branches(ast.parse(path.read_text(encoding="utf-8")), names)
+             for path in sorted(PACKAGE.rglob("*.py")) if QUANT_HOME not in path.parents}
+    assert {path: lines for path, lines in found.items() if lines} == {}
 
 
 MAX_FILE_LINES = 450

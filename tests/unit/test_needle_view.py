@@ -1,5 +1,6 @@
 """The Needle tab's view model, its column parsing with sweeps, the tab's stream on the tiny model, presets."""
 
+from html import unescape
 from pathlib import Path
 
 import gradio as gr
@@ -54,7 +55,7 @@ def test_tab_streams_live_updates_and_reports_bad_input_in_its_status(tiny_pool)
     bad = list(tab.stream({}, "bundled", "dynamic", "120", "7", "0", 2))
     assert "the grid is empty" in bad[-1][tab.status]
     updates = list(tab.stream({}, "bundled", "dynamic, sink:window_length=64|128", "120", "0, 2", "0", 2))
-    assert "depth 2 is outside [0, 1]" in updates[-1][tab.status]
+    assert "depth 2 is outside [0, 1]" in unescape(updates[-1][tab.status])
     frames = [u[tab.heatmaps[0]]["value"] for u in updates[1:] if u[tab.heatmaps[0]].get("value") is not None]
     filled = [len(frame.dropna(subset=["depth"])) for frame in frames]
     assert filled[0] == 0 and filled[-1] == 1 and len(updates) >= 5
@@ -149,9 +150,9 @@ def test_a_preset_fills_the_form_with_what_the_preset_runs(name):
 def test_the_tab_fills_the_form_from_a_preset_and_says_why_one_cannot_be_read():
     values = NeedleTab(None).apply_preset("needle_eviction")
     assert values[0].startswith("dynamic, snapkv, pyramidkv, tova") and values[1] == "512, 1k"
-    assert values[5].startswith("preset **needle_eviction**: The scored eviction methods")
+    assert unescape(values[5]).startswith("preset **needle_eviction**: The scored eviction methods")
     missing = NeedleTab(None).apply_preset("no_such_preset")
-    assert missing[5].startswith("⚠") and "no_such_preset" in missing[5]
+    assert missing[5].startswith("⚠") and "no_such_preset" in unescape(missing[5])
 
 
 def test_columns_that_share_a_point_are_drawn_apart_with_their_true_rate_on_hover():

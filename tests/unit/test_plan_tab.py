@@ -27,6 +27,12 @@ def tabs():
     return plan, compare, app_tabs
 
 
+def final(updates) -> dict:
+    """The last update a streamed handler yields (what the page shows when it ends)."""
+    *_, last = updates
+    return last
+
+
 def page(plan: PlanTab, **values) -> dict:
     """The event's {component: value} inputs: the page as it opens, with `values` typed in by field name."""
     data = {component: component.value for component in plan.inputs}
@@ -37,7 +43,7 @@ def page(plan: PlanTab, **values) -> dict:
 
 def test_plan_fills_the_status_table_plot_and_explanations(tabs):
     plan, _, _ = tabs
-    updates = plan.plan(page(plan, model=GEMMA, contexts="1k, 128k"))
+    updates = final(plan.plan(page(plan, model=GEMMA, contexts="1k, 128k")))
     assert set(updates) == {plan.status, plan.model_info, plan.table, plan.plot, plan.explain}
     assert "planned 6 strategies × 2 contexts" in updates[plan.status]
     table = updates[plan.table]["value"]
@@ -54,7 +60,7 @@ def test_plan_fills_the_status_table_plot_and_explanations(tabs):
 ])
 def test_bad_input_changes_the_status_line_only(tabs, values, message):
     plan, _, _ = tabs
-    updates = plan.plan(page(plan, **values))
+    updates = final(plan.plan(page(plan, **values)))
     assert list(updates) == [plan.status]
     assert "✖" in updates[plan.status] and html.escape(message) in updates[plan.status]
 
@@ -70,3 +76,28 @@ def test_measure_it_for_real_fills_compare_and_switches_to_it(tabs):
     assert picked == ["dynamic", "static", "quantized", "quantized", "sink", "sliding_window", "(none)", "(none)"]
     assert updates[compare.cards[3].knobs[0]]["value"] == "hqq"
     assert updates[compare.cards[4].knobs[0]]["value"] == "1024"
+
+
+def test_a_closed_plan_stream_stops_before_the_next_strategy(tabs, monkeypatch):
+    """Stop and a closed page both close the handler's generator (gradio's cancel and its disconnect)."""
+    from kvlab.plan import planner
+
+    plan, _, _ = tabs
+    planned = []
+    real = planner._plan_strategy
+    monkeypatch.setattr(planner, "_plan_strategy", lambda *args: planned.append(args[1].name) or real(*args))
+    stream = plan.plan(page(plan, model=GEMMA, contexts="1k"))
+    first, second = next(stream), next(stream)
+    assert list(first) == list(second) == [plan.status]
+    assert "planning google/gemma-3-27b-it: 1 of 6 strategies done" in second[plan.status]
+    stream.close()
+    assert planned == ["dynamic"]
+
+
+def test_stop_cancels_both_plan_triggers():
+    with gr.Blocks() as demo:
+        plan = PlanTab(ModelPool()).build()
+    events = {event["id"] for event in plan.plan_events}
+    cancelling = [fn for fn in demo.fns.values()
+                  if fn.cancels and any(target[0] == plan.stop_button._id for target in fn.targets)]
+    assert len(events) == 2 and [set(fn.cancels) for fn in cancelling] == [events]

@@ -3,6 +3,8 @@ budget, batch, cards), bad input -> one clear message, a catalog plan -> table r
 longest context in the budget, the plot's series and budget line, and the columns "measure it for real"
 hands to Compare."""
 
+from html import unescape
+
 import pytest
 from matplotlib.figure import Figure
 
@@ -103,14 +105,15 @@ def test_a_folder_without_config_json_is_refused(tmp_path):
 
 
 def test_a_catalog_plan_gives_gib_fits_and_the_longest_context_in_budget():
-    calls = []
+    steps = []
 
-    def runner(fn, *args):
-        calls.append(fn.__name__)
-        return fn(*args)
+    def iterate(items):
+        for item in items:
+            steps.append(type(item).__name__)
+            yield item
 
-    view = run_plan(form(model=LLAMA, contexts="1k, 128k", budget="24"), runner)
-    assert calls == ["plan"]
+    view = run_plan(form(model=LLAMA, contexts="1k, 128k", budget="24"), iterate)
+    assert steps == ["PlanProgress"] * 3 + ["Plan"]  # probed, then one step per strategy, then the plan
     assert view.headers() == ["strategy", "cache GiB at 1k", "cache GiB at 128k", "weights GiB",
                               "total GiB at 128k", "max context in 24 GiB", "note"]
     dynamic, sink = view.rows()
@@ -120,7 +123,7 @@ def test_a_catalog_plan_gives_gib_fits_and_the_longest_context_in_budget():
     text, kind = view.status()
     assert kind == "ok" and text.startswith("✔ planned 2 strategies × 2 contexts")
     assert "LlamaForCausalLM" in view.model_text() and "15.0 GiB of weights in bfloat16" in view.model_text()
-    assert "grow exactly 4,096 B per token" in view.explanations()
+    assert "grow exactly 4,096 B per token" in unescape(view.explanations())
 
 
 def test_strategies_the_model_cannot_use_say_why_as_compare_does():
@@ -139,7 +142,7 @@ def test_strategies_the_model_cannot_use_say_why_as_compare_does():
 def test_contexts_past_max_position_embeddings_are_marked():
     view = run_plan(form(model=LLAMA, contexts="128k, 256k", budget="none"))
     assert view.headers()[1:3] == ["cache GiB at 128k", "cache GiB at 256k" + PAST_LIMIT_MARK]
-    assert "exceed the model's max_position_embeddings" in view.model_text()
+    assert "exceed the model's max_position_embeddings" in unescape(view.model_text())
     assert view.rows()[0][1] == "16.0" and view.rows()[0][-2] == "—"  # no budget: no marks, no max context
 
 

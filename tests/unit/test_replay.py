@@ -71,7 +71,7 @@ def test_a_record_replays_into_the_same_summary(record, tmp_path):
     (json.dumps({"format": "other-tool", "format_version": 1}).encode(), "not a kvlab Compare run record"),
     (json.dumps({"model": {}, "columns": [{}]}).encode(), "before records carried a format_version"),
     (json.dumps({"format": "kvlab.compare", "format_version": 99, "columns": [{}]}).encode(),
-     "format_version 99 cannot be replayed"),
+     "format_version 99 cannot be read by this kvlab"),
     (json.dumps({"format": "kvlab.compare", "format_version": RECORD_FORMAT_VERSION, "columns": []}).encode(),
      "no columns"),
     (json.dumps({"format": "kvlab.compare", "format_version": RECORD_FORMAT_VERSION,

@@ -124,7 +124,7 @@ def test_records_merge_into_one_table_with_the_pareto_front(tiny, tmp_path):
     record = json.loads(json.dumps(record))  # as saved
     assert all(v is None or not (isinstance(v, float) and math.isnan(v))
                for c in record["columns"] for v in c["figures"].values())
-    needle = {"kind": "kvlab.needle", "model": record["model"],
+    needle = {"kind": "kvlab.needle", "version": 1, "model": record["model"],
               "summary": [{"strategy": "sink 2+6", "hits": 3, "scored": 4, "errors": 0}]}
     rows = merge_rows([rows_from_record(record, "a.json"), rows_from_record(needle, "b.json")])
     assert len(rows) == 2
@@ -215,24 +215,25 @@ def test_a_compare_row_never_fills_a_report_row_and_a_malformed_record_is_one_li
     from kvlab.cli import main
 
     model = {"name": "m"}
-    report = {"kind": "kvlab.report", "model": model, "columns": [
+    report = {"kind": "kvlab.report", "version": 1, "model": model, "columns": [
         {"name": "sink 4+28", "status": "ok", "split": {"context_tokens": 80, "scored_tokens": 48},
          "figures": {"kld_mean": 0.30333, "same_top": 0.594, "same_top_low": 0.423, "same_top_high": 0.745}}]}
-    compare = {"format": "kvlab.compare", "model": model, "columns": [
-        {"name": "sink 4+28", "status": "ok", "top1_agreement": 1.0, "mean_kl": 0.01099, "peak_cache_bytes": 5}]}
+    compare = {"format": "kvlab.compare", "format_version": 3, "model": model, "columns": [
+        {"index": 0, "name": "sink 4+28", "strategy": "sink", "knobs": {}, "status": "ok", "top1_agreement": 1.0,
+         "mean_kl": 0.01099, "peak_cache_bytes": 5}]}
     for order in ((compare, report), (report, compare)):
         rows = merge_rows([rows_from_record(r) for r in order])
         by = {row["protocol"]: row for row in rows}
         assert len(rows) == 2 and by["report"]["kld_mean"] == 0.30333 and by["report"]["same_top"] == 0.594
         assert by["compare"]["kld_mean"] == 0.01099 and by["compare"]["same_top_low"] is None
-    for bad in ({"kind": "kvlab.report", "columns": "oops"}, {**report, "model": "x", "columns": [{}]}):
+    for bad in ({"kind": "kvlab.report", "version": 1, "columns": "oops"}, {**report, "model": "x", "columns": [{}]}):
         with pytest.raises(ValueError, match="not a well-formed kvlab.report record"):
             rows_from_record(bad)
     path = tmp_path / "mangled.json"
-    path.write_text(json.dumps({"kind": "kvlab.report", "columns": "oops"}))
+    path.write_text(json.dumps({"kind": "kvlab.report", "version": 1, "columns": "oops"}))
     assert main(["report", "--from", str(path)]) == 2
     assert capsys.readouterr().err.count("\n") == 1
     empty = tmp_path / "empty.json"
-    empty.write_text(json.dumps({"kind": "kvlab.report", "model": model, "columns": []}))
+    empty.write_text(json.dumps({"kind": "kvlab.report", "version": 1, "model": model, "columns": []}))
     assert main(["report", "--from", str(empty)]) == 2
     assert "no rows" in capsys.readouterr().err

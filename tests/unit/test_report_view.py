@@ -4,6 +4,7 @@ model (figures fill in, Stop keeps what was scored, the exported record replays)
 
 import json
 import threading
+from html import unescape
 from pathlib import Path
 
 import gradio as gr
@@ -97,7 +98,7 @@ def test_saved_records_merge_and_an_unreadable_one_is_one_line(tmp_path):
     other = tmp_path / "other.json"
     other.write_text(json.dumps(record([("quanto", "ok", "", 8, figures(8, 0.01, 2.0))], model="n")))
     needle = tmp_path / "needle.json"
-    needle.write_text(json.dumps({"kind": "kvlab.needle", "model": {"name": "m"},
+    needle.write_text(json.dumps({"kind": "kvlab.needle", "version": 1, "model": {"name": "m"},
                                   "summary": [{"strategy": "sink 4+60", "hits": 4, "scored": 5}]}))
     broken = tmp_path / "broken.json"
     broken.write_text("{not json")
@@ -111,7 +112,7 @@ def test_saved_records_merge_and_an_unreadable_one_is_one_line(tmp_path):
     table = table_frame(rows)
     assert list(table["model"]) == ["m", "n"] and table["needle [95% CI]"][0].startswith("4/5")
     assert list(plot_frame(rows)["series"]) == ["m · sink 4+60", "n · quanto"]
-    status = replay_status(rows, 3, problems)
+    status = unescape(replay_status(rows, 3, problems))
     assert status.startswith("2 row(s) from 3 saved record(s) · models: m, n  \n⚠️ cannot read record broken.json")
     assert replay_status(rows[:1], 1, []) == "1 row(s) from 1 saved record(s) · model: m"
 
@@ -180,11 +181,14 @@ def test_stop_keeps_what_was_scored_and_bad_input_leaves_the_page_as_it_was(tab)
     assert "stopped after" in final[tab.status] and final[tab.table]["status"][0] == "stopped"
     assert 4 <= int(final[tab.table]["scored"][0]) < 64 and final[tab.download]
     bad = list(tab.stream(ReportRequest(columns="", context_tokens=16, scored_tokens=8), threading.Event(), {}))
-    assert bad[-1] == {tab.status: "⚠️ pick at least one column, e.g. quantized:backend=quanto:nbits=4"}
+    assert list(bad[-1]) == [tab.status]
+    assert unescape(bad[-1][tab.status]) == "⚠️ pick at least one column, e.g. quantized:backend=quanto:nbits=4"
     broken = Path(final[tab.download][0]).with_name("broken.json")
     broken.write_text("{")
-    assert list(tab.replay({}, [broken], "mean KL")) == [{tab.status: "⚠️ cannot read record broken.json: "
-                                                          "Expecting property name enclosed in double quotes: line 1 "
-                                                          "column 2 (char 1)"}]
+    replayed = list(tab.replay({}, [broken], "mean KL"))
+    assert [list(update) for update in replayed] == [[tab.status]]
+    assert unescape(replayed[0][tab.status]) == ("⚠️ cannot read record broken.json: not a JSON file, so not a kvlab "
+                                                 "record (Expecting property name enclosed in double quotes at line "
+                                                 "1 column 2)")
     nothing = list(tab.replay({}, [], "mean KL"))
     assert nothing == [{tab.status: "⚠️ no rows: pick report, Compare or Needle records"}]

@@ -1,13 +1,13 @@
-"""Every registered strategy has its nearest serving-engine settings (or the reason there is none) for vLLM,
-SGLang, TensorRT-LLM and llama.cpp, the "view code" shows them, and docs/serving.md lists them."""
+"""Every registered strategy class has its own nearest serving-engine settings (or the reason there is none) for
+vLLM, SGLang, TensorRT-LLM and llama.cpp, the "view code" shows them, and docs/serving.md is their table."""
 
 from pathlib import Path
 
 import pytest
 
 from kvlab.generation import GenerationSettings
-from kvlab.strategies import STRATEGIES, make_strategy
-from kvlab.strategies.serving import ENGINES, SERVING, serving_settings
+from kvlab.strategies import STRATEGIES, Strategy, make_strategy
+from kvlab.strategies.serving import ENGINES, serving_settings, serving_table
 from kvlab.ui.shared.code import code_snippet
 
 pytestmark = pytest.mark.unit
@@ -15,11 +15,31 @@ pytestmark = pytest.mark.unit
 DOC = Path(__file__).resolve().parents[2] / "docs" / "serving.md"
 
 
+def answering_class(cls: type) -> type:
+    """The class in `cls`'s MRO whose `serving_settings` `cls` uses."""
+    return next(base for base in cls.__mro__ if "serving_settings" in vars(base))
+
+
 def test_every_registered_strategy_has_an_entry():
-    missing = sorted(set(STRATEGIES) - set(SERVING))
-    assert not missing, (f"strategies without a serving-engine entry: {missing}; add each to SERVING in "
-                         "kvlab/strategies/serving.py (an engine setting or the reason there is none) and a row "
+    """Beside its own method: a class's answer is its own or an unregistered base's (the eviction base), never the
+    contract's default nor another registered strategy's (offloaded_static is a Static, and says its own)."""
+    registered = set(STRATEGIES.values())
+    missing = sorted(name for name, cls in STRATEGIES.items()
+                     if answering_class(cls) is Strategy or answering_class(cls) in registered - {cls})
+    assert not missing, (f"strategies without a serving-engine entry of their own: {missing}; give each class a "
+                         "serving_settings() method (an engine setting or the reason there is none) and a row "
                          "to docs/serving.md")
+
+
+def test_a_registered_subclass_without_its_own_entry_is_caught():
+    from kvlab.strategies.dynamic import Dynamic
+
+    class Renamed(Dynamic):
+        name = "renamed_dynamic"
+
+    assert answering_class(Renamed) is Dynamic and Dynamic in set(STRATEGIES.values())
+    with pytest.raises(KeyError, match="'bare' has no serving-engine entry"):
+        type("Bare", (Strategy,), {"name": "bare"})().serving_settings()
 
 
 @pytest.mark.parametrize("name", sorted(STRATEGIES))
@@ -56,6 +76,10 @@ def test_the_doc_table_lists_every_default_setting():
         for s in serving_settings(name, make_strategy({"strategy": name}).knobs()):
             if s.setting:
                 assert s.setting in text and s.source in text, (name, s.engine)
+
+
+def test_the_doc_table_is_the_classes_output():
+    assert serving_table() in DOC.read_text()
 
 
 def test_eviction_composed_with_quantization_maps_its_quantized_part():

@@ -4,6 +4,7 @@ without it, and the shared strategy-card form lists choices by capability."""
 import ast
 import subprocess
 import sys
+from html import unescape
 from pathlib import Path
 
 import pytest
@@ -62,7 +63,7 @@ def test_choices_filter_by_capability_and_mark_what_cannot_run():
 
 def test_card_form_and_strategy_from_card():
     unknown = card_form("nonsense", {}, None, 3)
-    assert unknown["about"]["value"] == "unknown strategy 'nonsense'" and not unknown["status"]["visible"]
+    assert unescape(unknown["about"]["value"]) == "unknown strategy 'nonsense'" and not unknown["status"]["visible"]
     static = card_form("static", {"max_cache_len": 64}, None, 3)
     assert [f["value"] for f in static["knobs"]] == ["64", "false", ""] and static["knobs"][0]["placeholder"] == "auto"
     assert "kv-s-ready" in static["status"]["value"]

@@ -40,6 +40,7 @@ from .view import (
     prefix_refusal,
     prompt_lines,
     ready_session,
+    shown_messages,
     start_view,
     turn_markdown,
     turns_frame,
@@ -47,6 +48,7 @@ from .view import (
 from ..shared import zerogpu
 from ..shared.live_plots import line_plot, roster_colors, roster_update
 from ..shared.knobs import card_form, knob_index, max_knobs, strategy_choices
+from ..shared.markup import md_text
 from ..shared.model_picker import model_dropdown
 from ..shared.plot_frames import (
     TURN_COLORS,
@@ -110,7 +112,9 @@ class ChatTab:
     def _build_conversation(self) -> None:
         self.model_source = model_dropdown(self.spec0.source, elem_id="kvlab-chat-model")
         self.system = gr.Textbox(label="System prompt", lines=2, placeholder="(empty: the chat template's default)")
-        self.chatbot = gr.Chatbot(label="Conversation", height=360, elem_id="kvlab-chatbot", buttons=["copy", "copy_all"])
+        # render_markdown=False, no LaTeX: a message is its literal text (`shown_messages` escapes it)
+        self.chatbot = gr.Chatbot(label="Conversation", height=360, elem_id="kvlab-chatbot",
+                                  buttons=["copy", "copy_all"], render_markdown=False, latex_delimiters=[])
         with gr.Row():
             self.message = gr.Textbox(label="Message", placeholder="Type a message and press Enter", scale=5,
                                       elem_id="kvlab-chat-message")
@@ -223,7 +227,8 @@ class ChatTab:
         session = state.session if state else None
         history = [dict(m) for m in session.history] if session else []
         turns = session.turns if session else []
-        updates = {self.chatbot: history, self.notice: note, self.capacity_row: gr.update(visible=capacity),
+        updates = {self.chatbot: shown_messages(history), self.notice: note,
+                   self.capacity_row: gr.update(visible=capacity),
                    self.turn_info: turn_markdown(turns[-1] if turns else None), self.turn_table: turns_frame(turns),
                    **self.turn_plots(turns),
                    self.state: state}
@@ -269,9 +274,9 @@ class ChatTab:
             state.stop.clear()
             return state, start(state.session, state.stop), note, False
         except ChatCapacityError as err:
-            return state, None, f"⚠️ {err}", True
+            return state, None, f"⚠️ {md_text(err)}", True
         except (ChatInputError, StrategyError, ModelLoadError, ValueError) as err:
-            return state, None, f"⚠️ {err}", False
+            return state, None, f"⚠️ {md_text(err)}", False
 
     def _run_turn(self, state: ChatTabState, events, shown_history: list[dict], user_text: str | None, keep,
                   note: str = ""):
@@ -280,20 +285,20 @@ class ChatTab:
         view = start_view(shown_history, user_text)
         state.idle.clear()
         try:
-            yield {self.chatbot: view.messages, self.message: "", self.notice: note.rstrip("; "),
-                   self.capacity_row: gr.update(visible=False), self.turn_info: f"_{view.status}_",
+            yield {self.chatbot: shown_messages(view.messages), self.message: "", self.notice: note.rstrip("; "),
+                   self.capacity_row: gr.update(visible=False), self.turn_info: f"_{md_text(view.status)}_",
                    self.state: state}
             for event in events:
                 apply_event(view, event)
                 if isinstance(event, (ChatToken, ChatStatus)):
-                    yield {self.chatbot: view.messages, self.turn_info: f"_{view.status}_"}
+                    yield {self.chatbot: shown_messages(view.messages), self.turn_info: f"_{md_text(view.status)}_"}
             # A control that stopped this reply (Clear, Undo) acts here, before the last update, so this update
             # and the control's own show the same page whichever reaches the browser last.
             action, state.after_stop = state.after_stop, None
             if action is not None:
                 yield action()
             elif view.failed is not None:
-                yield self.idle(state, f"⚠️ {note}the turn failed: {view.failed}", message=keep)
+                yield self.idle(state, f"⚠️ {note}the turn failed: {md_text(view.failed)}", message=keep)
             else:
                 yield self.idle(state, note.rstrip("; "))
         finally:
@@ -331,7 +336,7 @@ class ChatTab:
             state.stop_reply()
         except ChatInputError as err:
             state.after_stop = None
-            return self.idle(state, f"⚠️ {err}")
+            return self.idle(state, f"⚠️ {md_text(err)}")
         return done["updates"] if "updates" in done else act(state, True)
 
     def stop(self, state: ChatTabState | None) -> None:
@@ -345,7 +350,7 @@ class ChatTab:
         try:
             capacity = state.session.grow_cache()
         except (StrategyError, ChatInputError) as err:
-            return self.idle(state, f"⚠️ {err}")
+            return self.idle(state, f"⚠️ {md_text(err)}")
         updates = self.idle(state, f"the static cache will be rebuilt with max_cache_len={capacity} at the next "
                                    "turn: press Send again")
         updates[self.card.knobs[knob_index(state.session.strategy.name, "max_cache_len")]] = str(capacity)
@@ -382,10 +387,11 @@ class ChatTab:
             report = run_prefix_reuse(loaded, chosen, prefix or "", prompt_lines(prompts_text), form.settings(),
                                       chat=loaded.has_chat_template)
         except (StrategyError, ModelLoadError, ValueError) as err:
-            return {self.prefix_info: f"⚠️ {err}", self.prefix_table: None}
+            return {self.prefix_info: f"⚠️ {md_text(err)}", self.prefix_table: None}
         except Exception as err:  # noqa: BLE001 - the panel says what failed; the tab keeps working
             logger.exception("prefix reuse failed")
-            return {self.prefix_info: f"⚠️ prefix reuse failed: {type(err).__name__}: {err}", self.prefix_table: None}
+            return {self.prefix_info: f"⚠️ prefix reuse failed: {type(err).__name__}: {md_text(err)}",
+                    self.prefix_table: None}
         return {self.prefix_info: prefix_markdown(report), self.prefix_table: prefix_frame(report)}
 
 

@@ -7,7 +7,8 @@
 - `ready_session` creates or updates a browser session's `ChatSession` to match the form.
 - `start_view` / `apply_event` fold a turn's events into a `TurnView`
   (messages, status line, final stats or failure); `turn_markdown`,
-  `turns_frame`, `prefix_markdown`, `prefix_frame` render stats.
+  `turns_frame`, `prefix_markdown`, `prefix_frame` render stats; `shown_messages` is what the chatbot gets
+  (every message's text literal: the visitor's and the model's text is never markup on the page).
 - `prefix_refusal` says why the prefix panel cannot use a strategy (its
   `usable_in_prefix` capability), before any model is loaded.
 
@@ -31,6 +32,7 @@ from kvlab.strategies.base import names_with
 
 from .sessions import ChatTabState
 from ..shared.knobs import column_budget, strategy_from_card
+from ..shared.markup import chat_text, md_text
 
 CHAT_CAPABILITY = "usable_in_chat"
 PREFIX_CAPABILITY = "usable_in_prefix"
@@ -164,6 +166,14 @@ def apply_event(view: TurnView, event) -> TurnView:
     return view
 
 
+def shown_messages(messages: list[dict]) -> list[dict]:
+    """The chatbot's value for `messages` (role/content dicts): copies whose text content is escaped
+    (`kvlab.ui.shared.markup.chat_text`) for the tab's `gr.Chatbot(render_markdown=False)`, so a message shows
+    as typed or generated, tags, code and angle brackets included; the conversation itself keeps the text."""
+    return [{**message, "content": chat_text(message["content"])} if isinstance(message.get("content"), str)
+            else dict(message) for message in messages]
+
+
 def _fmt_s(value: float | None) -> str:
     return "–" if value is None else f"{value:.3f} s"
 
@@ -174,7 +184,7 @@ def turn_markdown(stats: TurnStats | None) -> str:
         return ""
     tok_s = "–" if stats.decode_tok_s is None else f"{stats.decode_tok_s:.1f} tok/s"
     lines = [
-        f"**Turn {stats.turn}** · {stats.strategy} · cache **{stats.action}**",
+        f"**Turn {stats.turn}** · {md_text(stats.strategy)} · cache **{md_text(stats.action)}**",
         f"- tokens: **{stats.reused_tokens} reused** from the cache, **{stats.prefilled_tokens} newly prefilled** "
         f"(of {stats.input_tokens} in the conversation), {stats.generated_tokens} generated"
         + (" (stopped)" if stats.stop_reason == "stopped" else "")
@@ -189,7 +199,7 @@ def turn_markdown(stats: TurnStats | None) -> str:
         verdict = "identical" if stats.match else "different" + (" (lossy cache)" if stats.lossy else "")
         lines.append(f"- reply without reuse: **{verdict}**")
     if stats.note:
-        lines.append(f"- {stats.note}")
+        lines.append(f"- {md_text(stats.note)}")
     return "\n".join(lines)
 
 
@@ -231,7 +241,7 @@ def prefix_markdown(report) -> str:
     matches = sum(r.match for r in report.results)
     lossy = " (lossy cache: differences are expected)" if report.lossy and matches < len(report.results) else ""
     return (
-        f"**{report.strategy}** · prefix of **{report.prefix_tokens} tokens** prefilled once in "
+        f"**{md_text(report.strategy)}** · prefix of **{report.prefix_tokens} tokens** prefilled once in "
         f"{report.prefix_prefill_s:.3f} s · {len(report.results)} prompts answered from copies of its cache\n\n"
         f"- total with reuse: **{report.total_with_s:.3f} s** (prefix prefill + copies + prompt prefills) · "
         f"without reuse: **{report.total_without_s:.3f} s** · saved **{report.total_saved_s:.3f} s**\n"

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import re
 import threading
 from pathlib import Path
 
@@ -22,17 +21,20 @@ from kvlab.compare.events import RunDone
 from kvlab.compare.runner import collect, run_compare
 from kvlab.compare.summary import rows_to_csv, run_record
 from kvlab.generation import GenerationSettings, encode_prompt
+from kvlab.models.atomic import write_atomic
 from kvlab.models.loading import ModelSpec
 from kvlab.presets import load_preset, parse_preset
 
 from ..shared.code import code_snippet
-from ..shared.exports import EXPORTS_DIR, fresh_export_folder
+from ..shared.exports import EXPORTS_DIR, export_id_pattern, fresh_export_folder
 from .form import RunPlan
 from .view import RunView
 
 SHARE_PARAM = "run"
 """The URL query parameter of a share link: `?run=<share id>`."""
-_SHARE_ID = re.compile(r"run-[A-Za-z0-9_]{1,64}")
+SHARE_PREFIX = "run-"
+SHARE_ID = export_id_pattern(SHARE_PREFIX)
+"""The exact form of a share id: `run-` and 32 hex digits (the export folder's name, `fresh_export_folder`)."""
 EXPORT_NAMES = ("kvlab-run.json", "kvlab-summary.csv")
 
 
@@ -66,11 +68,13 @@ def record_for(plan: RunPlan, loaded, done: RunDone, view: RunView | None = None
 def write_exports(record: dict, rows: list[dict]) -> list[str]:
     """JSON record and summary CSV in a fresh folder under EXPORTS_DIR; returns their paths.
 
-    Folders older than EXPORTS_KEEP_S are removed first (gradio serves its own copies of the files).
+    Folders older than EXPORTS_KEEP_S are removed first (gradio serves its own copies of the files). Each file
+    is written whole (`kvlab.models.atomic.write_atomic`) and a share link needs both, so a process killed while
+    writing leaves no share link to half a record; its temporaries go with their folder after EXPORTS_KEEP_S.
     """
-    folder = fresh_export_folder("run-")
-    (folder / EXPORT_NAMES[0]).write_text(json.dumps(record, indent=1))
-    (folder / EXPORT_NAMES[1]).write_text(rows_to_csv(rows))
+    folder = fresh_export_folder(SHARE_PREFIX)
+    write_atomic(folder / EXPORT_NAMES[0], json.dumps(record, indent=1))
+    write_atomic(folder / EXPORT_NAMES[1], rows_to_csv(rows))
     return [str(folder / name) for name in EXPORT_NAMES]
 
 
@@ -79,10 +83,16 @@ def share_id(exports: list[str]) -> str:
     return Path(exports[0]).parent.name
 
 
+def valid_share_id(run_id) -> bool:
+    """Whether `run_id` has the exact form kvlab makes (SHARE_ID): checked before any file is touched, so no
+    `..`, slash, other folder's name or over-long text ever reaches a path."""
+    return isinstance(run_id, str) and SHARE_ID.fullmatch(run_id) is not None
+
+
 def shared_exports(run_id: str | None) -> list[str] | None:
     """The export paths (record first) of the result `run_id` names, or None when it names none kept here
-    (not a share id, or removed after EXPORTS_KEEP_S)."""
-    if not run_id or not _SHARE_ID.fullmatch(run_id):
+    (not a share id, or removed after EXPORTS_KEEP_S). Nothing is touched unless `valid_share_id(run_id)`."""
+    if not valid_share_id(run_id):
         return None
     paths = [EXPORTS_DIR / run_id / name for name in EXPORT_NAMES]
     return [str(path) for path in paths] if all(path.is_file() for path in paths) else None

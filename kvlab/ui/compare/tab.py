@@ -8,9 +8,8 @@ components it updates), `kvlab.ui.shared.knobs` (the strategy cards' fields), `k
 plots; the matplotlib PNG only on request) and `kvlab.ui.compare.extras` (replay, share links, the `compare`
 API, ZeroGPU sizing); running is `kvlab.compare.runner`'s job. Per-session state lives
 in `gr.State`; the one shared object is the `ModelPool` of loaded weights
-(through a `BackgroundLoader`). Model-bound events (Run, the `compare` API)
-take their turn in kvlab's scheduler (`kvlab.ui.shared.turns`): a waiting Run
-shows its position and wait in the status line.
+(through a `BackgroundLoader`). Model-bound events (Run, the `compare` API) take their turn in kvlab's
+scheduler (`kvlab.ui.shared.turns`): a waiting Run shows its position and wait in the status line.
 """
 
 from __future__ import annotations
@@ -27,6 +26,7 @@ from kvlab.generation import MAX_NEW_TOKENS_CAP, encode_prompt
 from kvlab.measure import POLICIES
 from kvlab.models.loading import DEVICES, DTYPES, ModelLoadError, ModelSpec
 from kvlab.presets import Preset, PresetError, list_presets, load_preset
+from kvlab.measure.record_json import cap_text
 
 from ..shared import turns, zerogpu
 from ..shared.cards import StrategyCard, build_card
@@ -178,8 +178,8 @@ class CompareTab:
                 self.share = gr.HTML("", elem_id="kv-share")
         with gr.Accordion("Replay a recorded run (the JSON record of the export or `kvlab compare --json`)",
                           open=False, elem_id="kv-replay-box"):
-            self.replay_file = gr.File(label="run record (.json)", file_types=[".json"], type="filepath",
-                                       elem_id="kv-replay")
+            self.replay_file = gr.File(label=f"run record: .json, {cap_text()}", file_types=[".json"],
+                                       type="filepath", elem_id="kv-replay")
         with gr.Accordion("View code: reproduce each column with plain transformers", open=False,
                           elem_id="kv-code-box"):
             self.code = gr.Code(language="python", label="generate(..., cache=...)", elem_id="kv-code",

@@ -35,6 +35,7 @@ from kvlab.compare.events import (
 from kvlab.compare.summary import LABELS, best_marks, best_sets, by_layer_type_text, candidates, summary_rows
 
 from ..shared.figures import MIB
+from ..shared.markup import md_text
 from .timing_text import TIMING_HELP, phase_text, policy_readout, timing_line
 
 BEST_MARK = " ★"
@@ -361,7 +362,8 @@ class RunView:
     def summary_notes(self) -> str:
         """Markdown: every column's note in full, each distinct note once with the columns it belongs to, and the
         run's timing note (kept off the one-line status), in a closed `<details>` (the summary cells show the
-        first NOTE_CHARS characters); '' when there is nothing more to say."""
+        first NOTE_CHARS characters); '' when there is nothing more to say. Column names and notes (a replayed
+        record's own text) are literal text (`kvlab.ui.shared.markup.md_text`)."""
         rows, _ = self.summary()
         timing_note = (self.done.timing or {}).get("note") if self.done is not None else None
         notes: dict[str, list[str]] = {timing_note: ["timing"]} if timing_note else {}
@@ -374,12 +376,16 @@ class RunView:
                     str(rows[index]["column"]))
         if not notes:
             return ""
-        items = "\n".join(f"- **{', '.join(columns)}**: {note}" for note, columns in notes.items())
+        items = "\n".join(f"- **{md_text(', '.join(columns))}**: {md_text(note)}" for note, columns in notes.items())
         return f"<details class=\"kv-more\"><summary>notes in full</summary>\n\n{items}\n\n</details>"
 
     def _cell(self, row: int, key: str, text: str) -> str:
-        link = self.divergence_links.get(row) if key == "first_divergence" else None
-        return f"[{text}]({link})" if link else text
+        """A summary cell: the first divergence (a Markdown cell, SUMMARY_DATATYPES) as literal text, linked into
+        Inspect when it has a link; any other cell (plain text) as it is."""
+        if key != "first_divergence":
+            return text
+        link = self.divergence_links.get(row)
+        return f"[{md_text(text)}]({link})" if link else md_text(text)
 
 
 def best_rows(rows: list[dict], metric: str, best: int) -> set[int]:

@@ -17,6 +17,7 @@ from matplotlib.ticker import MaxNLocator
 
 from kvlab.inspect.diverge import DivergeSession, DivergeStep, first_layer_with
 
+from ..shared.markup import md_text
 from ..shared.theme import COLORS
 
 COMPARE_CHOICES = ("none", "dynamic", "static")
@@ -77,21 +78,24 @@ def _top_layers(record: DivergeStep, name: str) -> str:
 
 
 def diverge_markdown(session: DivergeSession | None, error: str = "") -> str:
-    """The summary under the figure: first divergence, the shown step's measures, what was not computed and why."""
+    """The summary under the figure: first divergence, the shown step's measures, what was not computed and why
+    (Markdown; the model's tokens and any message are literal, `kvlab.ui.shared.markup.md_text`)."""
     if error:
-        return f"**compare with:** ✖ {error}"
+        return f"**compare with:** ✖ {md_text(error)}"
     if session is None:
         return NO_COMPARE
     if not session.records:
-        return f"_{session.strategy.describe()} will be stepped beside {session.reference.describe()}: press Step._"
+        return (f"_{md_text(session.strategy.describe())} will be stepped beside "
+                f"{md_text(session.reference.describe())}: press Step._")
     record = session.records[-1]
     first = session.first_divergence
     explanation = getattr(session.strategy, "explanation", "")
-    lines = [f"**Lockstep with {session.reference.describe()}** (the reference is fed this run's tokens) · first "
+    lines = [f"**Lockstep with {md_text(session.reference.describe())}** (the reference is fed this run's tokens) · first "
              f"divergence: {'none yet' if first is None else f'token {first}'}"
-             + (f" · loop mistake: {explanation}" if explanation else ""),
-             f"- token {record.index}: KL {record.kl_nats:.4f} nats · top-1 {record.top[0].text!r} vs "
-             f"reference {record.reference_top[0].text!r} · cache holds {record.cache_length} slots for "
+             + (f" · loop mistake: {md_text(explanation)}" if explanation else ""),
+             f"- token {record.index}: KL {record.kl_nats:.4f} nats · top-1 "
+             f"{md_text(repr(record.top[0].text))} vs "
+             f"reference {md_text(repr(record.reference_top[0].text))} · cache holds {record.cache_length} slots for "
              f"{record.seen_tokens} tokens seen",
              f"- first layer with KV error: {_first(record, 'kv_error')} · attention lost: "
              f"{_first(record, 'attention_lost')} · hidden drift: {_first(record, 'hidden_rel_l2')} · logit lens "
@@ -99,7 +103,7 @@ def diverge_markdown(session: DivergeSession | None, error: str = "") -> str:
              f"- largest KV error: {_top_layers(record, 'kv_error')} · largest drift: "
              f"{_top_layers(record, 'hidden_rel_l2')}"]
     reasons = sorted({f"{name}: {why}" for layer in record.layers for name, why in layer.reasons.items()})
-    lines += [f"- not computed — {reason}" for reason in reasons]
+    lines += [f"- not computed — {md_text(reason)}" for reason in reasons]
     return "\n".join(lines)
 
 

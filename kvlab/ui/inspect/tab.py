@@ -54,6 +54,7 @@ from ..shared.knobs import card_form, knob_defaults, knob_text, max_knobs, strat
 from ..shared.model_picker import chat_box
 from ..shared.model_picker import model_dropdown
 from ..shared.costs import whole
+from ..shared.markup import md_code, md_text
 from ..shared.theme import line_html
 
 STREAM_EVERY_S = 0.5
@@ -150,8 +151,8 @@ class InspectTab:
         """The strategy card greyed while a loop mistake is picked (the mistake runs on a dynamic cache, so the
         card is not used), with a line saying so; usable again with kvlab's loop."""
         mistake = loop in LOOP_VARIANTS
-        about = (f"**not used:** `{loop}` runs on a dynamic cache (the mistake is the loop, not the cache); pick "
-                 f"{CORRECT_LOOP!r} to step this strategy" if mistake else gr.update())
+        about = (f"**not used:** {md_code(loop)} runs on a dynamic cache (the mistake is the loop, not the cache); "
+                 f"pick {md_text(repr(CORRECT_LOOP))} to step this strategy" if mistake else gr.update())
         return [gr.update(interactive=not mistake)] * (1 + len(self.card.knobs)) + [about]
 
     def gpu_s_for(self, count: int):

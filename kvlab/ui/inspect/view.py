@@ -15,7 +15,6 @@ No gradio, no model work: the tab (`kvlab.ui.inspect.tab`) lays this out and run
 
 from __future__ import annotations
 
-import html
 import threading
 from dataclasses import dataclass, field
 
@@ -26,6 +25,7 @@ from kvlab.strategies import Strategy, StrategyError
 
 from ..shared.code import loop_snippet
 from ..shared.knobs import knob_defaults, strategy_from_card
+from ..shared.markup import html_text, md_text
 
 INSPECT_STATE_TTL_S = 900
 """An idle session's Inspect run (its cache) is released after this many seconds."""
@@ -143,14 +143,16 @@ def _fed_text(record: StepRecord) -> str:
 
 
 def step_markdown(record: StepRecord | None, session: InspectSession | None) -> str:
-    """The step's summary: what it fed and chose, its forwards' positions and mask, bytes, KL."""
+    """The step's summary: what it fed and chose, its forwards' positions and mask, bytes, KL (Markdown; the
+    prompt's and the model's text is literal, `kvlab.ui.shared.markup.md_text`)."""
     if record is None or session is None:
         return NO_STEP
     total = session.settings.max_new_tokens
     kind = "prefill + first token" if record.index == 0 else "decode"
     lines = [f"**Token {record.index}** (step {record.index + 1} of at most {total}, {kind}; tokens count from 0 "
              "as in Compare and the CLI)"
-             f" · fed `input_ids` {record.input_shape} ending {_fed_text(record)} · chose **{record.token_text!r}** "
+             f" · fed `input_ids` {record.input_shape} ending {md_text(_fed_text(record))} · chose "
+             f"**{md_text(repr(record.token_text))}** "
              f"(id {record.token_id}) · {1000 * record.per_token_s:.1f} ms"]
     for i, forward in enumerate(record.forwards):
         chunk = f"forward {i + 1} of {len(record.forwards)}: " if len(record.forwards) > 1 else ""
@@ -161,7 +163,7 @@ def step_markdown(record: StepRecord | None, session: InspectSession | None) -> 
                      f"`cache_position` {_span(*forward.cache_position)} · `position_ids` "
                      f"[{_span(*forward.position_ids)}] · {mask}")
     held = record.layers[0].held_tokens if record.layers else 0
-    extra = (f" · KL(dynamic ‖ {session.strategy.describe()}) = {record.kl_nats:.4f} nats"
+    extra = (f" · KL(dynamic ‖ {md_text(session.strategy.describe())}) = {record.kl_nats:.4f} nats"
              if record.kl_nats is not None else "")
     lines.append(f"- {record.seen_tokens} ids went through the cache; layer 0 holds {held} · cache "
                  f"{record.cache_bytes / 2**20:.2f} MiB{extra}")
@@ -232,11 +234,11 @@ def _strip_row(label: str, runs, width: int, per_cell: int, tokens: list[str] | 
         token = f" {tokens[start]!r}" if tokens and per_cell == 1 and start < len(tokens) else ""
         value = scores[start] if per_cell == 1 and start < len(scores) else None
         score = "" if value is None else f" score {value:.4g}"
-        cells.append(f'<i class="kv-tok kv-st-{state or "none"}" title="{html.escape(where + token)}: '
-                     f'{html.escape(STATE_LABELS.get(state, "not seen") + score)}"></i>')
+        cells.append(f'<i class="kv-tok kv-st-{state or "none"}" title="{html_text(where + token)}: '
+                     f'{html_text(STATE_LABELS.get(state, "not seen") + score)}"></i>')
     counts = ", ".join(f"{state} {stop - start}" for state, start, stop in runs)
     return (f'<div class="kv-strip-row" data-layers="{key}"><span class="kv-strip-label">'
-            f'{html.escape(label)}<br><small>{html.escape(counts)}</small></span>'
+            f'{html_text(label)}<br><small>{html_text(counts)}</small></span>'
             f'<span class="kv-strip-cells">{"".join(cells)}</span></div>')
 
 
@@ -246,7 +248,7 @@ def strip_html(record: StepRecord | None, tokens: list[str] | None = None) -> st
     by a scored-eviction strategy gets a row per KV head, each position's score in its tooltip."""
     if record is None or not record.layers:
         why = "no cache: every step recomputes the whole sequence" if record is not None else "no step yet"
-        return f'<div class="kv-strip-empty">{html.escape(why)}</div>'
+        return f'<div class="kv-strip-empty">{html_text(why)}</div>'
     end = max(run[2] for row in record.layers for run in row.strip)
     per_cell = -(-end // STRIP_MAX_CELLS)
     width = -(-end // per_cell)
@@ -260,7 +262,7 @@ def strip_html(record: StepRecord | None, tokens: list[str] | None = None) -> st
             key = f"{first}-{last}/{head}"
             parts.append(_strip_row(f"  KV head {head}", runs, width, per_cell, tokens, scores, key))
     scale = "" if per_cell == 1 else f" · one cell = {per_cell} positions"
-    legend = "".join(f'<span><i class="kv-tok kv-st-{state}"></i>{html.escape(STATE_LABELS[state])}</span>'
+    legend = "".join(f'<span><i class="kv-tok kv-st-{state}"></i>{html_text(STATE_LABELS[state])}</span>'
                      for state in STRIP_STATES)
     parts.append(f'<div class="kv-strip-legend">{legend}<span>positions 0–{end - 1}{scale}</span></div></div>')
     return "".join(parts)

@@ -29,6 +29,7 @@ from kvlab.sharing.cost import RunCost
 from ..shared.costs import needle_cost
 from ..shared.live_plots import plot_update, roster_colors
 from ..shared.exports import fresh_export_folder
+from ..shared.markup import md_text
 from ..shared.model_picker import model_dropdown
 from ..shared.runs import PRIVATE, session_stop, wire_run
 from .view import NO_PRESET, OUTCOME_COLORS, RATE_LIMITS, NeedleView, preset_fields
@@ -128,11 +129,11 @@ class NeedleTab:
         try:
             fields = preset_fields(name)
         except PresetError as err:
-            return *[gr.update()] * 5, f"⚠ {err}"
+            return *[gr.update()] * 5, f"⚠ {md_text(err)}"
         if fields is None:
             return *[gr.update()] * 5, ""
         return (fields["columns"], fields["lengths"], fields["depths"], fields["seeds"], fields["new_tokens"],
-                f"preset **{name}**: {fields['description']}")
+                f"preset **{md_text(name)}**: {md_text(fields['description'])}")
 
     def redraw(self, view: NeedleView, primer: bool = False) -> dict:
         """Every heatmap, the Pareto plot, the status and the table, from `view`.
@@ -182,7 +183,7 @@ class NeedleTab:
                               min_tokens=min_context_tokens(loaded.tokenizer),
                               key_tokens=functools.partial(key_tokens, loaded.tokenizer))
         except (ValueError, GridError, ModelLoadError) as err:
-            yield {self.status: f"⚠️ {err}"}
+            yield {self.status: f"⚠️ {md_text(err)}"}
             return
         view = NeedleView()
         for event in run_needle(loaded, columns, grid, stop):

@@ -17,6 +17,8 @@ import pandas as pd
 from kvlab.needle.record import CellRecord, summarize
 from kvlab.needle.runner import NeedleCell, NeedleColumnError, NeedleDone, NeedleStarted
 
+from ..shared.markup import md_text
+
 NAN = float("nan")
 HIT, MISS, GATED, ERROR = "hit", "miss", "beyond the model", "error"
 OUTCOME_COLORS = {HIT: "#2e7d32", MISS: "#c62828", GATED: "#9e9e9e", ERROR: "#6a1b9a"}
@@ -132,12 +134,13 @@ class NeedleView:
         return pd.DataFrame(rows)
 
     def status_text(self) -> str:
-        """Progress (cells finished of cells planned), the grid's problems and how it ended."""
+        """Progress (cells finished of cells planned), the grid's problems and how it ended (Markdown; the problems,
+        which may quote the typed columns, literal)."""
         planned = len(self.cells) * max(1, len(self.columns) - len(self.messages))
         lines = [f"{len([r for r in self.records if r.status == 'ok'])} of {planned} cells done"]
         if not self.dense:
             lines.append("no column keeps every token on this model, so no cell is gated")
-        lines += [f"⚠️ {problem}" for problem in self.problems]
+        lines += [f"⚠️ {md_text(problem)}" for problem in self.problems]
         if self.record is not None:
             lines.append(f"stopped after {self.record['wall_s']:.1f} s" if self.stopped
                          else f"finished in {self.record['wall_s']:.1f} s")

@@ -26,6 +26,7 @@ from kvlab.strategies import StrategyError
 from ..shared import zerogpu
 from ..shared.costs import stream_cost
 from ..shared.live_plots import line_plot, roster_update
+from ..shared.markup import md_text
 from ..shared.model_picker import model_dropdown
 from ..shared.plot_frames import PPL, PPL_BYTES
 from ..shared.runs import PRIVATE, session_stop, wire_run
@@ -140,12 +141,12 @@ class PerplexityTab:
             loaded = self.pool.get(ModelSpec(source=(request.source or "").strip() or "bundled"))
             plan = plan_perplexity(request, loaded)
         except (ValueError, ModelLoadError, StrategyError) as err:
-            yield {self.status: f"⚠️ {err}"}
+            yield {self.status: f"⚠️ {md_text(err)}"}
             return
         # 2. Stream every cache in turns, redrawing at most every PLOT_EVERY_S.
         view = PerplexityView(list(plan.strategies), int(request.window), plan.input_ids.shape[1] - 1, plan.skipped,
                               plan.model_window)
-        yield {**self.plots(view, primer=True), self.status: view.progress_text()}
+        yield {**self.plots(view, primer=True), self.status: md_text(view.progress_text())}
         last_plot = 0.0
         try:
             for step in stream_many(loaded, plan.input_ids, plan.strategies, stop):
@@ -153,14 +154,15 @@ class PerplexityTab:
                 now = time.perf_counter()
                 if now - last_plot >= PLOT_EVERY_S:
                     last_plot = now
-                    yield {**self.plots(view), self.status: view.progress_text()}
+                    yield {**self.plots(view), self.status: md_text(view.progress_text())}
         except Exception as err:  # noqa: BLE001 - the page shows what failed and keeps the curves so far
             logger.exception("perplexity run failed")
             yield {**self.plots(view), self.table: view.table(),
-                   self.status: f"⚠️ the run failed after {view.progress_text()}: {type(err).__name__}: {err}"}
+                   self.status: "⚠️ " + md_text(f"the run failed after {view.progress_text()}: "
+                                                f"{type(err).__name__}: {err}")}
             return
         # 3. The final curves, the per-segment table and how it ended.
-        yield {**self.plots(view), self.table: view.table(), self.status: view.final_text(stop.is_set())}
+        yield {**self.plots(view), self.table: view.table(), self.status: md_text(view.final_text(stop.is_set()))}
 
 
 def build_perplexity_tab(pool) -> PerplexityTab:

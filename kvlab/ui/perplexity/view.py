@@ -29,6 +29,7 @@ from kvlab.accounting import layer_windows
 from kvlab.models.bundled import bundled_model
 from kvlab.engine import NllStep
 from kvlab.models.gguf_cache import ModelLoadError
+from kvlab.quality.defaults import CHARS_PER_TOKEN, pasted_text_refusal
 from kvlab.quality.perplexity import (DEFAULT_SINKS, DEFAULT_WINDOW, default_text, parse_perplexity_strategies,
                                       ppl_by_segment)
 from kvlab.strategies import Strategy, StrategyError
@@ -109,10 +110,14 @@ class PerplexityRequest:
         return parse_perplexity_strategies(self.spec_text(), int(self.window), int(self.sinks))
 
     def text(self) -> str:
-        """The text to stream: the pasted one, or the built-in long text."""
+        """The text to stream: the pasted one, or the built-in long text. Raises ValueError when it is empty or a
+        pasted one is longer than `kvlab.quality.defaults.MAX_TEXT_CHARS` (checked before it is tokenized)."""
         text = self.pasted if self.text_choice == PASTED else default_text()
         if not text or not text.strip():
             raise ValueError("the text is empty: paste a long text or pick the built-in one")
+        refusal = pasted_text_refusal(text) if self.text_choice == PASTED else None
+        if refusal:
+            raise ValueError(refusal)
         return text
 
 
@@ -134,10 +139,12 @@ def plan_perplexity(request: PerplexityRequest, loaded) -> PerplexityPlan:
 
     Raises:
         StrategyError: nothing usable picked, a bad spec, or no picked cache can run on this model.
-        ValueError: the text is empty or shorter than 2 tokens, a knob not written as key=value.
+        ValueError: the text is empty, shorter than 2 tokens or longer than MAX_TEXT_CHARS, a knob not written as
+            key=value. Only the text's first `tokens * CHARS_PER_TOKEN` characters are tokenized.
     """
     strategies = request.strategies()
-    ids = loaded.tokenizer(request.text(), return_tensors="pt")["input_ids"][:, : int(request.tokens)]
+    tokens = int(request.tokens)
+    ids = loaded.tokenizer(request.text()[: tokens * CHARS_PER_TOKEN], return_tensors="pt")["input_ids"][:, :tokens]
     if ids.shape[1] < 2:
         raise ValueError("the text has fewer than 2 tokens")
     skipped = {label: reason for label, s in strategies.items() if (reason := s.unavailable_reason(loaded))}

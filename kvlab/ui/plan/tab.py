@@ -3,8 +3,10 @@
 This module lays out the components and wires their events; nothing else. The
 form, the table, the plot and the texts are `kvlab.ui.plan.view`'s, the strategy
 cards are Compare's (`kvlab.ui.shared.knobs`, `kvlab.ui.shared.cards`), and planning is
-`kvlab.plan.planner`'s, run on kvlab's compute thread (`kvlab.compute`) so that its
-CPU measurements (hqq) never compete with a Compare run's torch threads. When
+`kvlab.plan.planner`'s, run one strategy per step on kvlab's compute thread
+(`kvlab.compute.compute_iter`) so that its CPU measurements (hqq) never compete
+with a Compare run's torch threads. Plan streams a status line per step; Stop
+(gradio's `cancels`) or a closed page ends the plan between two steps. When
 the app preloads the bundled model, one warm-up plan (`kvlab.plan.planner.warm_up`)
 follows it on that thread, so the first plan a user asks for pays no one-time
 set-up. "Measure it for real", shown for the bundled model and any model the
@@ -20,9 +22,10 @@ import threading
 import gradio as gr
 import pandas as pd
 
-from kvlab.compute import compute
+from kvlab.compute import compute, compute_iter
 from kvlab.models.bundled import bundled_model
 from kvlab.models.loading import ModelLoadError, ModelSpec
+from kvlab.models.sources import allow_local_folders, safe_line
 from kvlab.plan.planner import DTYPES, warm_up
 
 from ..shared.cards import StrategyCard, build_card
@@ -42,7 +45,7 @@ from .view import (
     budget_choices,
     compare_columns,
     model_choices,
-    run_plan,
+    plan_progress,
     slot_forms,
 )
 from ..shared.theme import line_html
@@ -52,6 +55,9 @@ logger = logging.getLogger(__name__)
 PRIVATE = {"concurrency_limit": None, "api_visibility": "private"}
 """Planning is light (no weights) and queues on the compute thread itself; it stays out of the API."""
 CARDS_PER_ROW = 4
+MODEL_INFO = "the catalog or 'bundled'; or type a hub id or a folder with config.json"
+PUBLIC_MODEL_INFO = "the catalog or 'bundled'; or type a hub id (owner/name)"
+"""The model box's hint where local folders are off (`kvlab.models.sources.allow_local_folders`)."""
 TABLE_MAX_HEIGHT_PX = 1200
 """Tall enough for eight strategies whose notes wrap, so the table does not scroll."""
 
@@ -91,7 +97,7 @@ class PlanTab:
         with gr.Row(equal_height=False):
             self.model = gr.Dropdown(model_choices(), value=DEFAULT_MODEL, allow_custom_value=True, label="Model",
                                      scale=3, elem_id="plan-model",
-                                     info="the catalog or 'bundled'; or type a hub id or a folder with config.json")
+                                     info=MODEL_INFO if allow_local_folders() else PUBLIC_MODEL_INFO)
             self.dtype = gr.Dropdown(list(DTYPES), value=DEFAULT_DTYPE, label="dtype", scale=1, elem_id="plan-dtype",
                                      info="weights and cache")
             self.batch = gr.Number(1, precision=0, label="batch", scale=1, elem_id="plan-batch", info="sequences")
@@ -103,6 +109,7 @@ class PlanTab:
         self._build_cards()
         with gr.Row(equal_height=True, elem_classes=["kv-runbar"]):
             self.plan_button = gr.Button("Plan", variant="primary", scale=0, min_width=120, elem_id="plan-run")
+            self.stop_button = gr.Button("Stop", variant="stop", scale=0, min_width=120, elem_id="plan-stop")
             self.status = gr.HTML(line_html("ready: pick a model, contexts, a budget and strategies, then Plan"),
                                   elem_id="plan-status")
         with gr.Row(equal_height=True, visible=self.measurable(DEFAULT_MODEL), elem_id="plan-measure-box") as box:
@@ -140,9 +147,11 @@ class PlanTab:
         self.inputs = {self.model, self.contexts, self.batch, self.dtype, self.budget,
                        *[card.strategy for card in self.cards], *[box for card in self.cards for box in card.knobs]}
         outputs = [self.status, self.model_info, self.table, self.plot, self.explain]
-        for trigger in (self.plan_button.click, self.contexts.submit):
-            trigger(self.plan, self.inputs, outputs, show_progress="minimal", show_progress_on=[self.status],
-                    **PRIVATE)
+        self.plan_events = [trigger(self.plan, self.inputs, outputs, show_progress="minimal",
+                                    show_progress_on=[self.status], **PRIVATE)
+                            for trigger in (self.plan_button.click, self.contexts.submit)]
+        self.stop_button.click(lambda: line_html("stopped: press Plan to plan again"), None, self.status,
+                               cancels=self.plan_events, show_progress="hidden", **PRIVATE)
         self.model.change(lambda source: gr.update(visible=self.measurable(source)), self.model, self.measure_box,
                           show_progress="hidden", **PRIVATE)
         if self.compare is not None:
@@ -162,15 +171,22 @@ class PlanTab:
                         dtype=data[self.dtype], budget=data[self.budget],
                         slots=[(data[card.strategy], [data[box] for box in card.knobs]) for card in self.cards])
 
-    def plan(self, data: dict) -> dict:
-        """Plan: the table, plot, model line and explanations; bad input changes the status line only."""
+    def plan(self, data: dict):
+        """Plan, streamed: the status line after each step, then the table, plot, model line and explanations;
+        bad input changes the status line only. Closing the generator (Stop, a closed page) stops the plan
+        between two steps."""
         try:
-            view = run_plan(self.form_from(data), compute)
+            for item in plan_progress(self.form_from(data), compute_iter):
+                yield {self.status: line_html(item, "busy")} if isinstance(item, str) else self.shown(item)
         except PlanRejected as err:
-            return {self.status: line_html(f"✖ {err}", "error")}
+            yield {self.status: line_html(f"✖ {err}", "error")}
         except Exception as err:  # noqa: BLE001 - the page shows what went wrong; the app keeps serving
             logger.exception("plan failed")
-            return {self.status: line_html(f"✖ the plan failed: {type(err).__name__}: {err}", "error")}
+            yield {self.status: line_html(f"✖ the plan failed: {type(err).__name__}: {safe_line(str(err))}",
+                                          "error")}
+
+    def shown(self, view) -> dict:
+        """The outputs of a finished plan's `PlanView`."""
         text, kind = view.status()
         return {self.status: line_html(text, kind), self.model_info: view.model_text(),
                 self.table: gr.update(value=pd.DataFrame(view.rows(), columns=view.headers()),

@@ -6,10 +6,12 @@
   same cards and knob fields as Compare, `kvlab.ui.shared.knobs`), and returns the
   request with the cards it could not read, or raises `PlanRejected` with a
   message for the status line.
-- `run_plan(form, runner)` resolves the model (a catalog hub id, `bundled`, a
-  folder or a hub id; in the caller's thread, since a hub id reads the
-  network), then plans on `runner` (the app passes `kvlab.compute.compute`)
-  and returns a `PlanView`.
+- `plan_progress(form, iterate)` resolves the model (a catalog hub id,
+  `bundled`, a folder or a hub id; in the caller's thread, since a hub id reads
+  the network), then plans one strategy per step through `iterate` (the app
+  passes `kvlab.compute.compute_iter`), yielding a status line per step and
+  then a `PlanView`; closing it between steps stops the plan. `run_plan` is
+  the same, run to the end.
 - `PlanView`: one table row per strategy (cache GiB at each context with ✔/✖
   against the budget, weights, total at the longest context, the longest
   context that fits, why a strategy cannot serve the model), the plot's series
@@ -24,17 +26,19 @@ from __future__ import annotations
 
 import re
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 
 from kvlab.models.bundled import MODELS as BUNDLED_MODELS
 from kvlab.compare.columns import MAX_COLUMNS
 from kvlab.models.loading import BUNDLED
 from kvlab.plan.catalog import ConfigError, known_models, resolve_config
-from kvlab.plan.planner import GIB, Plan, PlanError, PlanRequest, plan
+from kvlab.plan.planner import GIB, Plan, PlanError, PlanRequest, plan_steps
 from kvlab.plan.token_counts import parse_token_counts
 
 from ..shared.figures import plan_figure, tokens_label
 from ..shared.knobs import NO_STRATEGY, column_spec, plan_columns
+from ..shared.markup import md_text
 
 DEFAULT_MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 DEFAULT_CONTEXTS = "1k, 4k, 16k, 64k, 128k"
@@ -169,25 +173,38 @@ def _slot_errors_text(errors: dict[int, str]) -> str:
     return "; ".join(f"card {slot + 1}: {message}" for slot, message in errors.items())
 
 
-def _call(fn, *args):
-    return fn(*args)
-
-
-def run_plan(form: PlanForm, runner=_call) -> PlanView:
-    """Check the form, resolve its model here, plan on `runner(fn, *args)`; returns the view.
+def plan_progress(form: PlanForm, iterate=iter) -> Iterator[str | PlanView]:
+    """Check the form and resolve its model here, then plan it one step at a time through `iterate` (each step
+    of `kvlab.plan.planner.plan_steps`); yields a status line after each step, then the `PlanView`. Closing
+    the generator between two steps stops the plan (nothing more is measured).
 
     Raises:
-        PlanRejected: bad input, an unknown model (the message lists the catalog), a folder without
-            config.json, or a config transformers cannot build.
+        PlanRejected: bad input, an unknown or refused model (the message lists the catalog), a folder without
+            config.json, a config over a limit, or a config transformers cannot build.
     """
     request, slots, errors = plan_request(form)
     started = time.perf_counter()
     try:
         resolved = resolve_config(request.model)
-        result = runner(plan, replace(request, model=resolved))
+        steps = iterate(plan_steps(replace(request, model=resolved)))
+        for item in steps:
+            if isinstance(item, Plan):
+                yield PlanView(item, slots, errors, time.perf_counter() - started)
+                return
+            yield (f"planning {resolved.name}: {item.done} of {item.total} "
+                   f"strateg{'y' if item.total == 1 else 'ies'} done…")
     except (ConfigError, PlanError) as err:
         raise PlanRejected(str(err)) from None
-    return PlanView(result, slots, errors, time.perf_counter() - started)
+
+
+def run_plan(form: PlanForm, iterate=iter) -> PlanView:
+    """`plan_progress(form, iterate)` run to the end: the view.
+
+    Raises:
+        PlanRejected: see `plan_progress`.
+    """
+    *_, view = plan_progress(form, iterate)
+    return view
 
 
 def compare_columns(slots: list[tuple[str, list[str]]]) -> list[tuple[str, dict]]:
@@ -313,14 +330,16 @@ class PlanView:
                            self.plan.model["name"], absent)
 
     def model_text(self) -> str:
-        """The model line (name, origin, class, layers by type, parameters, weights, limit) and its notes."""
+        """The model line (name, origin, class, layers by type, parameters, weights, limit) and its notes
+        (Markdown; what the model's source and config say is literal, `kvlab.ui.shared.markup.md_text`)."""
         model, settings = self.plan.model, self.plan.settings
-        groups = ", ".join(f"{count} {label}" for label, count in model["layer_groups"].items())
+        groups = ", ".join(f"{count} {md_text(label)}" for label, count in model["layer_groups"].items())
         limit = f"; max_position_embeddings {self.limit:,}" if self.limit else ""
-        lines = [f"**{model['name']}** ({model['origin']}, {model['model_class']}): {model['layers']} layers "
+        lines = [f"**{md_text(model['name'])}** ({md_text(model['origin'])}, {md_text(model['model_class'])}): "
+                 f"{model['layers']} layers "
                  f"({groups}), {model['parameters'] / 1e9:.2f} B parameters = {gib_text(self.weights_bytes)} GiB of "
                  f"weights in {settings['dtype']}, batch {settings['batch']}{limit}"]
-        lines += [f"- {note}" for note in model["notes"]]
+        lines += [f"- {md_text(note)}" for note in model["notes"]]
         if any(self.past_limit(c) for c in self.contexts):
             lines.append(f"- {PAST_LIMIT_MARK.strip()} marks contexts past max_position_embeddings")
         return "\n".join(lines)
@@ -338,10 +357,12 @@ class PlanView:
         return text, "error" if len(refused) == len(planned) or self.slot_errors else "ok"
 
     def explanations(self) -> str:
-        """Markdown: per strategy, how its bytes grow, and its notes."""
+        """Markdown: per strategy, how its bytes grow, and its notes (literal text: they name the config's layer
+        types)."""
         lines = []
         for strategy in self.plan.strategies:
-            lines.append(f"- **{strategy.name}**: {strategy.explanation.removeprefix(strategy.name + ': ')}")
-            lines += [f"  - {note}" for note in strategy.notes]
+            explanation = strategy.explanation.removeprefix(strategy.name + ": ")
+            lines.append(f"- **{md_text(strategy.name)}**: {md_text(explanation)}")
+            lines += [f"  - {md_text(note)}" for note in strategy.notes]
         return "\n".join(lines)
 

@@ -24,6 +24,7 @@ import gradio as gr
 from kvlab.models.loading import ModelLoadError, ModelSpec
 from kvlab.quality.report import ReportDone, ReportProgress, ReportStarted, run_report
 from kvlab.quality.table import rows_to_csv
+from kvlab.measure.record_json import cap_text
 from kvlab.sharing.cost import RunCost
 from kvlab.strategies import StrategyError
 
@@ -31,6 +32,7 @@ from ..shared import zerogpu
 from ..shared.costs import stream_cost
 from ..shared.exports import fresh_export_folder
 from ..shared.live_plots import plot_update, roster_colors
+from ..shared.markup import md_text
 from ..shared.model_picker import model_dropdown
 from ..shared.runs import PRIVATE, session_stop, wire_run
 from ..shared.theme import COLORS
@@ -93,7 +95,8 @@ class ReportTab:
             self.download = gr.File(label="record (JSON) and table (CSV)", file_count="multiple", interactive=False,
                                     elem_id="report-download", scale=1)
             self.saved = gr.File(label="load saved records (report, Compare, Needle JSON; several merge into one "
-                                       "table)", file_count="multiple", file_types=[".json"], type="filepath",
+                                       f"table): each {cap_text()}", file_count="multiple",
+                                 file_types=[".json"], type="filepath",
                                  elem_id="report-saved", scale=1)
         self.session = gr.State({})
         self._wire()
@@ -165,7 +168,7 @@ class ReportTab:
             loaded = self.pool.get(ModelSpec(source=(request.source or "").strip() or "bundled"))
             plan = plan_report(request, loaded)
         except (ValueError, ModelLoadError, StrategyError) as err:
-            yield {self.status: f"⚠️ {err}"}
+            yield {self.status: f"⚠️ {md_text(err)}"}
             return
         view, y = ReportView(loaded.info()["name"]), session.get("y", "kld_mean")
         yield {self.status: "warming up the caches and prefilling the context…", self.download: None}
@@ -187,7 +190,7 @@ class ReportTab:
         except Exception as err:  # the page says what failed and keeps what was scored
             logger.exception("report run failed")
             kept = self.show(view, y) if view.split is not None else {}
-            yield {**kept, self.status: f"⚠️ the report failed: {type(err).__name__}: {err}"}
+            yield {**kept, self.status: f"⚠️ the report failed: {type(err).__name__}: {md_text(err)}"}
 
     def switch_y(self, session: dict, y_label: str):
         """The radio: the plot redrawn from the rows shown against the other figure (twice, the second time

@@ -25,12 +25,14 @@ from dataclasses import dataclass
 import pandas as pd
 
 from kvlab.quality.defaults import DEFAULT_COLUMNS as CLI_COLUMNS
-from kvlab.quality.defaults import SHIPPED_TEXT_INFO, shipped_text
+from kvlab.quality.defaults import CHARS_PER_TOKEN, SHIPPED_TEXT_INFO, pasted_text_refusal, shipped_text
 from kvlab.quality.record import TABLE_FIELDS, load_record, merge_rows, rows_from_record
 from kvlab.quality.report import (REFERENCE, ReportColumnError, ReportDone, ReportProgress, ReportStarted, Split,
                                   check_split, parse_columns)
 from kvlab.quality.stats import pareto_front
 from kvlab.quality.table import HEADERS, MIB, cells, pareto_marks
+
+from ..shared.markup import md_code, md_text
 
 DEFAULT_COLUMNS = "sink:window_length=128, quantized:backend=quanto:nbits=4, snapkv:compression_ratio=0.5"
 """A first run's columns: one of each family (window + sinks, quantization, scored eviction)."""
@@ -43,9 +45,6 @@ CLI_COLUMN_COUNT = len([item for item in CLI_COLUMNS.split(",") if item.strip()]
 """Columns `kvlab report` runs by default (`kvlab.quality.defaults.DEFAULT_COLUMNS`), named in the form's note."""
 BUILT_IN = "the shipped text: The Python Language Reference (PSF-2.0)"
 PASTED = "your own text (pasted below)"
-CHARS_PER_TOKEN = 12
-"""Characters of the text tokenized per token wanted (more than any tokenizer's average: prose and code run at
-3-5 characters per token), so a long text is not tokenized whole for a short run."""
 Y_CHOICES = {"mean KL": "kld_mean", "ΔPPL": "ppl_diff"}
 """The plot's y axis: radio label -> figure field."""
 Y_TITLES = {"kld_mean": "mean KL(dense ‖ column) (nats)", "ppl_diff": "ΔPPL = PPL(column) − PPL(dense)"}
@@ -71,10 +70,14 @@ class ReportRequest:
     scored_tokens: float | int = DEFAULT_SCORED_TOKENS
 
     def text(self) -> str:
-        """The text to score: the pasted one or the shipped long text. Raises ValueError when it is empty."""
+        """The text to score: the pasted one or the shipped long text. Raises ValueError when it is empty or
+        longer than `kvlab.quality.defaults.MAX_TEXT_CHARS` (checked before it is tokenized)."""
         text = self.pasted if self.text_choice == PASTED else shipped_text()
         if not text or not text.strip():
             raise ValueError("the text is empty: paste a long text or pick the shipped one")
+        refusal = pasted_text_refusal(text)
+        if refusal:
+            raise ValueError(refusal)
         return text
 
     def text_info(self) -> dict:
@@ -229,13 +232,14 @@ def _models(rows: list[dict]) -> list[str]:
 def replay_status(rows: list[dict], records_read: int, problems: list[str]) -> str:
     """The status line after saved records load: how many rows from how many records, the models they are of
     (the table names the model only when there are several), then one ⚠️ line per file that could not be read;
-    with no rows, only those lines (or what to pick when there are none)."""
-    lines = [f"⚠️ {problem}" for problem in problems]
+    with no rows, only those lines (or what to pick when there are none). Markdown; what the files hold or are
+    named (models, problems) is literal text (`kvlab.ui.shared.markup.md_text`)."""
+    lines = [f"⚠️ {md_text(problem)}" for problem in problems]
     if not rows:
         return "  \n".join(lines) or "⚠️ no rows: pick report, Compare or Needle records"
     models = _models(rows)
     head = (f"{len(rows)} row(s) from {records_read} saved record(s) · model{'s' if len(models) > 1 else ''}: "
-            f"{', '.join(models)}")
+            f"{', '.join(md_text(model) for model in models)}")
     return "  \n".join([head, *lines])
 
 
@@ -320,9 +324,9 @@ def plot_limits(frame: pd.DataFrame) -> list[float]:
 
 
 def plot_caption(rows: list[dict], y: str) -> str:
-    """The line under the plot: the columns on its Pareto front (Markdown)."""
+    """The line under the plot: the columns on its Pareto front (Markdown; each name literal, in a code element)."""
     front = [name for name, on in zip(series_names(rows), plot_front(rows, y)) if on]
     what = "mean KL" if y == "kld_mean" else "|ΔPPL|"
     text = f"**Pareto front** (no other column holds fewer bytes with a smaller {what}): "
-    return text + (", ".join(f"`{name}`" for name in front) if front else "none yet") + \
+    return text + (", ".join(md_code(name) for name in front) if front else "none yet") + \
         ". Hover a point for every figure."

@@ -1,11 +1,16 @@
 """Where the page's downloadable files go: one fresh folder per export under `EXPORTS_DIR`, kept a day.
 
-Compare's record and CSV (and so its share links) and every tab's PNG exports live here; gradio serves its own
-copies of the files. No gradio.
+Compare's record and CSV (and so its share links) and every tab's PNG exports live here. Each folder is
+`<prefix><token>`, the token EXPORT_TOKEN_BYTES random bytes from `secrets` in hex (`export_id`), so a folder,
+and the share id that names a Compare result's folder, cannot be guessed; folders are made readable by this
+user only. Gradio never serves this folder: it serves its own copies of the files a component shows, under its
+cache folder, by a hash of their content (`gradio_api/file=`), and lists no folder. No gradio.
 """
 
 from __future__ import annotations
 
+import re
+import secrets
 import shutil
 import tempfile
 import time
@@ -14,13 +19,24 @@ from pathlib import Path
 EXPORTS_DIR = Path(tempfile.gettempdir()) / "kvlab-exports"
 EXPORTS_KEEP_S = 24 * 3600
 """Exported files of a run (and so its share link) stay this long on the server (seconds)."""
+EXPORT_TOKEN_BYTES = 16
+"""Random bytes in an export folder's name (128 bits, written as 32 hex digits)."""
+_TOKEN = f"[0-9a-f]{{{2 * EXPORT_TOKEN_BYTES}}}"
+
+
+def export_id_pattern(prefix: str) -> re.Pattern:
+    """The exact form of a folder name `fresh_export_folder(prefix)` makes: `prefix` and 32 hex digits."""
+    return re.compile(re.escape(prefix) + _TOKEN)
 
 
 def fresh_export_folder(prefix: str) -> Path:
-    """A new folder `<prefix><random>` under EXPORTS_DIR, after removing folders older than EXPORTS_KEEP_S."""
+    """A new folder `<prefix><token>` under EXPORTS_DIR (the token: EXPORT_TOKEN_BYTES from `secrets`, in
+    hex; the folder readable by this user only), after removing folders older than EXPORTS_KEEP_S."""
     EXPORTS_DIR.mkdir(parents=True, exist_ok=True)
     cutoff = time.time() - EXPORTS_KEEP_S
     for old in EXPORTS_DIR.iterdir():
         if old.is_dir() and old.stat().st_mtime < cutoff:
             shutil.rmtree(old, ignore_errors=True)
-    return Path(tempfile.mkdtemp(prefix=prefix, dir=EXPORTS_DIR))
+    folder = EXPORTS_DIR / f"{prefix}{secrets.token_hex(EXPORT_TOKEN_BYTES)}"
+    folder.mkdir(mode=0o700)
+    return folder

@@ -24,6 +24,7 @@ from kvlab.budget import Budget, format_chain, parse_budget, parse_chain
 from kvlab.strategies import STRATEGIES, Strategy, StrategyError, make_strategy
 from kvlab.strategies.base import names_with
 
+from .markup import md_text
 from .theme import status_html
 from .zerogpu import hidden_knobs
 
@@ -179,7 +180,7 @@ def card_form(name: str, knobs: dict, loaded, knob_count: int) -> dict:
         knob_count: how many knob fields the card has; the ones `name` does not need are hidden.
     """
     if name == NO_STRATEGY or name not in STRATEGIES:
-        about = "Pick a strategy to add a column." if name == NO_STRATEGY else f"unknown strategy {name!r}"
+        about = "Pick a strategy to add a column." if name == NO_STRATEGY else md_text(f"unknown strategy {name!r}")
         return {
             "about": {"value": about, "visible": True},
             "knobs": [{"value": "", "label": "", "visible": False} for _ in range(knob_count)],

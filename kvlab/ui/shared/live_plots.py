@@ -12,7 +12,6 @@ every plot from a `RunView`; `cleared()` hides them for a new run. The data come
 
 from __future__ import annotations
 
-import html
 from pathlib import Path
 
 import gradio as gr
@@ -21,6 +20,7 @@ import pandas as pd
 from . import plot_frames as frames
 from .figures import figure_png, render_figure
 from .exports import fresh_export_folder
+from .markup import html_text, md_text
 
 PLOT_HEIGHT_PX = 300
 BUTTONS = ["fullscreen", "export"]
@@ -121,7 +121,7 @@ def legend_html(frames_: list, colors: dict[str, str]) -> str:
         hollow = (f'<i class="kv-sw-pred" style="--c:{colors.get(column + " " + frames.PREDICTED, NO_COLOR)}"></i>'
                   if column in predicted else "")
         entries.append(f'<span class="kv-leg"><i class="kv-sw" style="--c:{color}"></i>{hollow}'
-                       f'{html.escape(column)}</span>')
+                       f'{html_text(column)}</span>')
     if predicted:
         entries.append('<span class="kv-leg kv-leg-key"><i class="kv-sw-pred" style="--c:#999999"></i>'
                        "lighter: the dense prediction</span>")
@@ -180,9 +180,9 @@ class LivePlots:
             self.memory: plot_update(memory, frames.MEMORY_COLORS, sent.get("memory") or None,
                                      caption=memory_caption),
             self.by_type: plot_update(by_type, colors, sent.get("by_type") or None, visible=not by_type.empty),
-            self.notes: " · ".join(filter(None, [frames.switch_notes(view), frames.overlap_note(cache),
-                                                 frames.clipped_note(latency, top),
-                                                 NOT_RECORDED if memory_caption == NOT_RECORDED else ""])),
+            self.notes: md_text(" · ".join(filter(None, [frames.switch_notes(view), frames.overlap_note(cache),
+                                                         frames.clipped_note(latency, top),
+                                                         NOT_RECORDED if memory_caption == NOT_RECORDED else ""]))),
         }
 
     def settle(self, view) -> dict:

@@ -1,6 +1,6 @@
 """The model picker every tab shows: a dropdown of the bundled models, one line each (family, size, layer
 types, chat or base model, licence), that also takes any typed source (a hub id, a local folder, a `.gguf`
-file). Lays out one component; the list is `kvlab.models.bundled.picker_choices`, what a source may be is
+file; where local sources are off, its hint offers hub ids only). Lays out one component; the list is `kvlab.models.bundled.picker_choices`, what a source may be is
 `kvlab.models.ModelSpec`'s. `chat_box` is what the "chat message" checkbox of a tab becomes when its model
 changes."""
 
@@ -10,15 +10,19 @@ import gradio as gr
 
 from kvlab.models.bundled import bundled_model, picker_choices
 from kvlab.models.loading import ModelLoadError
+from kvlab.models.sources import allow_local_folders
 
 from .theme import line_html
 
 PICKER_INFO = "a bundled model (offline), or type a hub id, a local folder or a local .gguf file"
+PUBLIC_PICKER_INFO = "a bundled model (offline), or type a Hugging Face hub id (owner/name)"
+"""The picker's hint where local sources are off (`kvlab.models.sources.allow_local_folders`)."""
 
 
 def model_dropdown(value: str = "bundled", label: str = "Model", **kwargs) -> gr.Dropdown:
     """A `gr.Dropdown` of the bundled models that accepts free text; its value is the model source."""
-    return gr.Dropdown(picker_choices(), value=value, label=label, allow_custom_value=True, info=PICKER_INFO,
+    info = PICKER_INFO if allow_local_folders() else PUBLIC_PICKER_INFO
+    return gr.Dropdown(picker_choices(), value=value, label=label, allow_custom_value=True, info=info,
                        filterable=True, **kwargs)
 
 

@@ -5,7 +5,9 @@ Pure strings: no gradio, no model. `app.py` passes `CSS` to `launch()`.
 
 from __future__ import annotations
 
-import html
+from urllib.parse import quote
+
+from .markup import html_text
 
 COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf")
 """One colour per column slot (matplotlib's tab10 without grey and olive), the same in every plot."""
@@ -17,27 +19,28 @@ PERPLEXITY_COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c
 def status_html(title: str, status: str, readout: str = "", message: str = "", keeps: str = "") -> str:
     """A column's status block: title, what its cache keeps (on a hybrid model), a coloured status badge, the
     live readout and any message."""
-    parts = [f'<div class="kv-status kv-s-{html.escape(status)}">',
-             f'<div class="kv-title">{html.escape(title)}</div>']
+    parts = [f'<div class="kv-status kv-s-{html_text(status)}">',
+             f'<div class="kv-title">{html_text(title)}</div>']
     if keeps:
-        parts.append(f'<div class="kv-keeps">{html.escape(keeps)}</div>')
-    parts.append(f'<span class="kv-badge">{html.escape(status)}</span>')
+        parts.append(f'<div class="kv-keeps">{html_text(keeps)}</div>')
+    parts.append(f'<span class="kv-badge">{html_text(status)}</span>')
     if readout:
-        parts.append(f'<span class="kv-readout">{html.escape(readout)}</span>')
+        parts.append(f'<span class="kv-readout">{html_text(readout)}</span>')
     if message:
-        parts.append(f'<div class="kv-msg">{html.escape(message)}</div>')
+        parts.append(f'<div class="kv-msg">{html_text(message)}</div>')
     parts.append("</div>")
     return "".join(parts)
 
 
 def line_html(text: str, kind: str = "info") -> str:
     """The run or model status line. kind: info, busy, ok, error."""
-    return f'<div class="kv-line kv-line-{kind}">{html.escape(text)}</div>'
+    return f'<div class="kv-line kv-line-{html_text(kind)}">{html_text(text)}</div>'
 
 
 def share_html(run_id: str, param: str = "run") -> str:
-    """The link that opens a result again in any browser (`?run=<run_id>` on this page's address)."""
-    link = f"?{param}={html.escape(run_id)}"
+    """The link that opens a result again in any browser (`?run=<run_id>` on this page's address; the id
+    percent-encoded, so whatever it holds stays one query value)."""
+    link = html_text(f"?{quote(param, safe='')}={quote(run_id, safe='')}")
     return (f'<div class="kv-share">🔗 <a href="{link}" target="_blank" id="kv-share-link">link to this result</a> '
             '<span class="kv-small">(copy it to share; kept on this server for a day)</span></div>')
 
@@ -55,6 +58,8 @@ CSS = """
 /* the chatbot's label and icons sit in a bar of their own above the scrolling messages, never over a bubble */
 #kvlab-chatbot .wrapper { padding-top: 28px; }
 #kvlab-chatbot .bubble-wrap { border-top: 1px solid var(--border-color-primary); }
+/* messages are literal text (no Markdown): keep their spaces and line breaks, so code keeps its indentation */
+#kvlab-chatbot .message-content { white-space: pre-wrap; }
 /* gradio pulses the border of a streaming output for as long as it streams (an endless opacity animation: the
    browser draws a frame 60 times a second, on the cores a same-machine run is timed on); the border stays, still */
 .wrap.generating { animation: none !important; }

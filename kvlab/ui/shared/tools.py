@@ -21,6 +21,7 @@ disconnects stops its run and frees its place within a step.
 from __future__ import annotations
 
 import json
+import math
 import os
 import threading
 
@@ -169,7 +170,7 @@ class AgentTools:
         context that does.
 
         Args:
-            model: "bundled", "bundled:gemma-3-270m", or a catalog hub id such as "meta-llama/Llama-3.1-8B" (see `python -m kvlab plan --list-models`).
+            model: "bundled", "bundled:gemma-3-270m", a catalog hub id such as "meta-llama/Llama-3.1-8B" (see `python -m kvlab plan --list-models`), or another hub id whose config.json is at most 1 MiB with at most 1024 layers.
             contexts: comma list of context lengths in tokens, k = 1024, e.g. "1k,32k,128k".
             strategies: comma list as compare takes it, e.g. "dynamic,quantized:backend=quanto:nbits=4,sink:window_length=1024".
             batch: sequences in the batch (1 or more).
@@ -185,8 +186,9 @@ class AgentTools:
         try:
             if int(batch) < 1:
                 raise ValueError(f"batch must be 1 or more, got {batch}")
-            if budget_gib is not None and budget_gib < 0:
-                raise ValueError(f"budget_gib must be 0 (no budget) or above, got {budget_gib}")
+            if budget_gib is not None and not (math.isfinite(budget_gib) and budget_gib >= 0):
+                raise ValueError(f"budget_gib must be 0 (no budget) or a finite number of GiB above it, got "
+                                 f"{budget_gib}")
             specs = parse_strategy_list(strategies or "")
             if not specs:
                 raise ValueError("strategies is empty: name at least one, e.g. dynamic")
