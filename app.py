@@ -146,7 +146,7 @@ try:
     from kvlab.ui.shared.tools import mcp_enabled, register_tools
     from kvlab.ui.shared.turns import configure as configure_turns
 except ImportError as missing:
-    sys.exit(f"kvlab: the package {missing.name or missing} is not installed here: {SETUP_HINT}")
+    sys.exit(f"kvlab: the package {(missing.name or str(missing)).split('.')[0]} is not installed here: {SETUP_HINT}")
 
 TITLE = "kvlab: KV-cache strategies side by side"
 COMPARE_TAB = "compare"
