@@ -19,7 +19,7 @@ import time
 import pytest
 from gradio_client import Client
 
-from conftest import wait_until
+from pagekit import wait_until
 from test_compare_browser import RUN_TIMEOUT_S, pick_preset, snapshot, wait_for_model
 
 PRESET = "sampling"
