@@ -5,9 +5,10 @@ What the authors' `scripts/calibrate.py` (github.com/WeianMao/triattention at
 c3744ee6a50522a1559a577f85aef2b165a344f2) computes and TensorRT-LLM 1.3.0rc27 loads through
 `calibration_path` (it does not calibrate): over every token of the text, q_f = q[f] + i q[f + d/2] per frequency
 pair f of each head's query before RoPE, and the statistics E[q_f] (`q_mean`) and E|q_f| (`q_abs_mean`).
-kvlab runs it itself on `CALIBRATION_TOKENS` tokens of the shipped Python Language Reference text
-(`kvlab/quality/texts/python_reference.txt`), prefilled in chunks of `CHUNK_TOKENS` through a dynamic cache
-(the same queries as one forward, bounded memory). The queries are the layer's own (`q_proj`, then `q_norm`
+kvlab runs it itself on the last `CALIBRATION_TOKENS` tokens of the shipped Python Language Reference text
+(`kvlab/quality/texts/python_reference.txt`; the quality report reads the text from its start, so the two stay
+apart), prefilled in chunks of `CHUNK_TOKENS` through a dynamic cache (the same queries as one forward, bounded
+memory). The queries are the layer's own (`q_proj`, then `q_norm`
 where the model has one, as Qwen 3 and Gemma 3 attend with); the authors' script reads `q_proj` alone.
 
 Cache: in memory (per process) and on disk, one file per model under kvlab's cache folder
@@ -44,8 +45,8 @@ SmolLM2 tokens of English technical prose with code."""
 CALIBRATION_FORMAT = 1
 """Version of the stored file and of what it holds (bump when the statistics change)."""
 CALIBRATION_TOKENS = 4096
-"""Tokens of the calibration text fed (the text's first ones). The authors suggest up to 32,768; 4,096 tokens
-estimate a per-head mean well and take about 30 s for SmolLM2-135M on 2 CPU cores."""
+"""Tokens of the calibration text fed (its last ones). The authors suggest up to 32,768; 4,096 tokens estimate a
+per-head mean well and take about 30 s for SmolLM2-135M on 2 CPU cores."""
 CHUNK_TOKENS = 1024
 """Tokens per forward of the calibration pass."""
 SAMPLED_VALUES = 4096
@@ -148,7 +149,7 @@ def model_key(model) -> str:
 
 
 def calibrate(model, tokenizer, tokens: int | None = None) -> QueryCentres:
-    """Compute a model's `QueryCentres` from the first `tokens` (default `CALIBRATION_TOKENS`) tokens of the
+    """Compute a model's `QueryCentres` from the last `tokens` (default `CALIBRATION_TOKENS`) tokens of the
     calibration text (one pass, in chunks of `CHUNK_TOKENS`).
 
     Raises:
@@ -173,7 +174,7 @@ def calibrate(model, tokenizer, tokens: int | None = None) -> QueryCentres:
 
     text_name, text = calibration_text()
     tokens = CALIBRATION_TOKENS if tokens is None else tokens
-    ids = tokenizer(text, return_tensors="pt").input_ids[:, :tokens].to(next(model.parameters()).device)
+    ids = tokenizer(text, return_tensors="pt").input_ids[:, -tokens:].to(next(model.parameters()).device)
     started = time.perf_counter()
     handles = [module.register_forward_pre_hook(hook, with_kwargs=True) for module in attention.values()]
     try:

@@ -41,9 +41,9 @@ def counted(monkeypatch):
 
 
 def test_the_centres_are_the_mean_pre_rope_queries_of_the_text(tiny, folder):
-    """By hand: one forward over the same tokens, q_proj's output per head split into complex pairs, averaged (the
+    """By hand: one forward over the text's last tokens, q_proj's output per head split into complex pairs, averaged (the
     calibration feeds them in chunks of 128 through a cache; the queries are the same)."""
-    ids = tiny.tokenizer(calibration.calibration_text()[1], return_tensors="pt").input_ids[:, :TOKENS]
+    ids = tiny.tokenizer(calibration.calibration_text()[1], return_tensors="pt").input_ids[:, -TOKENS:]
     captured = {}
     layers = tiny.model.model.layers
     handles = [layer.self_attn.q_proj.register_forward_hook(
