@@ -253,3 +253,24 @@ def test_plan_counts_the_whole_prompt_then_the_budget():
     assert result["strategies"][1]["status"] != "error"
     assert cells[1] == cells[0]  # a context is a prompt here, and TriAttention keeps the prompt whole
     assert "keep the whole prompt" in str(result["strategies"][1])
+
+
+def test_chat_pins_the_first_prompt_and_counts_later_turns_as_decoded(gqa):
+    """A turn that reuses the cache feeds its tokens one by one, so they count toward the next round; a turn that
+    rebuilds the cache pins the whole conversation as its prompt."""
+    import dataclasses
+
+    from kvlab.chat.session import ChatSession, ChatTurnDone
+
+    settings = GenerationSettings(max_new_tokens=6, stop_at_eos=False, fidelity=False)
+    chat = ChatSession(gqa, make_strategy({"strategy": "triattention", "budget": 4, "beta": 3}),
+                       dataclasses.replace(settings))
+    stats = [next(e.stats for e in chat.send(message, baseline=False) if isinstance(e, ChatTurnDone))
+             for message in ("Tell me about the rain in the mountains, please.", "And then, what of the rivers?")]
+    pinned = stats[0].input_tokens if stats[1].action == "reuse" else stats[1].input_tokens
+    record = chat.cache.eviction
+    assert record.prompt_tokens == pinned
+    fed = len(chat.cached_ids) - pinned
+    held = held_after(pinned, fed, 3, pinned + 4)
+    assert [layer.keys.shape[2] for layer in chat.cache.layers] == [held, held]
+    assert stats[1].action != "reuse" or held < len(chat.cached_ids)
