@@ -12,20 +12,20 @@ memory). The queries are the layer's own (`q_proj`, then `q_norm`
 where the model has one, as Qwen 3 and Gemma 3 attend with); the authors' script reads `q_proj` alone.
 
 Cache: in memory (per process) and on disk, one file per model under kvlab's cache folder
-(`KVLAB_CACHE_DIR`, default `~/.cache/kvlab`) in `triattention/`, written atomically (a temporary file in the
-same folder, then `os.replace`). The key is a SHA-256 of the calibration's settings (format, text, tokens), the
-model's config and dtype, and 4,096 evenly spaced values of every parameter (`model_key`; not every weight,
-which would take longer than calibrating a large model). A file that cannot be read or does not fit the model
-is computed again and replaced; a folder that cannot be written leaves the calibration in memory only, and the
-note says so. Each result carries its cost (seconds, tokens) and where it came from (`QueryCentres.note`).
+(`KVLAB_CACHE_DIR`, default `~/.cache/kvlab`) in `triattention/`, written whole by
+`kvlab.models.atomic.write_atomic` (a temporary file in the same folder, fsynced, then `os.replace`). The key is
+a SHA-256 of the calibration's settings (format, text, tokens), the model's config and dtype, and 4,096 evenly
+spaced values of every parameter (`model_key`; not every weight, which would take longer than calibrating a
+large model). A file that cannot be read or does not fit the model is computed again and replaced; a folder
+that cannot be written leaves the calibration in memory only, and the note says so. Each result carries its
+cost (seconds, tokens) and where it came from (`QueryCentres.note`).
 This module does not score or evict (`kvlab.eviction.triattention`).
 """
 
 from __future__ import annotations
 
 import hashlib
-import os
-import tempfile
+import io
 import threading
 import time
 import weakref
@@ -211,23 +211,18 @@ def _payload(centres: QueryCentres) -> dict:
 
 
 def save(centres: QueryCentres) -> str:
-    """Write `centres` to its `calibration_file` atomically. Returns '' or, when it cannot, why (one phrase)."""
+    """Write `centres` to its `calibration_file` whole (`kvlab.models.atomic.write_atomic`). Returns '' or, when it
+    cannot, why (one phrase)."""
+    from ..models.atomic import write_atomic
+
     path = calibration_file(centres.key)
-    temporary = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=path.parent, prefix=".tmp-", suffix=".pt", delete=False) as handle:
-            temporary = handle.name
-            torch.save(_payload(centres), handle)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temporary, path)
-        temporary = None
+        buffer = io.BytesIO()
+        torch.save(_payload(centres), buffer)
+        write_atomic(path, buffer.getvalue())
     except OSError as err:
         return err.strerror or type(err).__name__
-    finally:
-        if temporary is not None:
-            Path(temporary).unlink(missing_ok=True)
     return ""
 
 

@@ -72,3 +72,25 @@ def test_inspect_shows_the_positions_each_kv_head_kept(bundled, prompt, short_ca
     held = session.cache.layers[0].held_positions()
     assert held.shape == (3, prompt_tokens + BUDGET) and torch.equal(held[:, :prompt_tokens],
                                                                       torch.arange(prompt_tokens).expand(3, -1))
+
+
+def test_the_report_scores_triattention_beside_snapkv_at_the_same_bytes(bundled, short_calibration):
+    """The Done-when comparison at CI size (docs/strategies.md has the full size, tests/slow the check): SnapKV
+    compressing back to context + budget every beta tokens holds exactly TriAttention's bytes at every scored
+    token, so their mean KL compares at the same mean bytes; TriAttention is lossy only once it has evicted."""
+    from kvlab.quality.defaults import shipped_text
+    from kvlab.quality.report import ReportDone, run_report
+
+    context, scored, budget, beta = 32, 128, 32, 16
+    ids = bundled.tokenizer(shipped_text(), return_tensors="pt")["input_ids"][:, :context + scored]
+    columns = (f"triattention:budget={budget}:beta={beta},"
+               f"snapkv:target_tokens={context + budget}:compress_every={beta}:window_size=8")
+    events = list(run_report(bundled, ids, columns, scored_tokens=scored, context_tokens=context, warm_up=False))
+    tri, snap = next(e for e in events if isinstance(e, ReportDone)).record["columns"]
+    assert tri["status"] == snap["status"] == "ok", (tri["message"], snap["message"])
+    per_token = bytes_per_token(bundled.config, bundled.model.dtype)
+    held = [held_after(context, fed, beta, context + budget) for fed in range(scored)]
+    assert tri["figures"]["cache_bytes_mean"] == snap["figures"]["cache_bytes_mean"] == per_token * sum(held) / scored
+    assert tri["figures"]["cache_bytes_end"] == per_token * (context + budget + (scored - 1) % beta)
+    assert 0 < tri["figures"]["bytes_vs_dense"] < 1 and tri["figures"]["kld_mean"] > 0
+    assert "tokens of python_reference.txt" in tri["note"]

@@ -11,6 +11,7 @@ import torch
 
 from kvlab.eviction import calibration
 from kvlab.eviction.calibration import calibrate, calibration_file, clear_memory, model_key, query_centres
+from kvlab.models import atomic
 
 TOKENS = 300
 
@@ -113,11 +114,10 @@ def test_the_file_is_written_atomically(tiny, folder, monkeypatch):
     path = calibration_file(first.key)
     before = path.read_bytes()
 
-    def half_then_fail(payload, handle):
-        handle.write(b"PK\x03\x04 half a file")
+    def disk_full(handle):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(calibration.torch, "save", half_then_fail)
+    monkeypatch.setattr(atomic.os, "fsync", disk_full)  # the temporary file is written, then its flush fails
     assert calibration.save(first) == "No space left on device"
     assert path.read_bytes() == before and sorted(p.name for p in folder.iterdir()) == [path.name]
     clear_memory()
