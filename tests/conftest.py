@@ -33,6 +33,9 @@ MARKED_FOLDERS = ("faults",)
 """Folders whose test files name their own tier (`pytestmark`): the fault catalogue mixes unit and
 integration cases."""
 BUNDLED_MODEL_FIXTURES = frozenset({"pool", "bundled", "tokenizer", "gemma"})
+CALIBRATION_FOLDER = "triattention"
+"""`kvlab.eviction.calibration.FOLDER`, spelled out: this file is also run where kvlab cannot be imported
+(tests/unit/test_tiers.py); tests/unit/test_triattention_calibration.py checks the two agree."""
 
 TINY_VOCAB_SIZE = 1000
 TINY_SPECIAL_TOKENS = {"unk": "<unk>", "bos": "<|im_start|>", "eos": "<|im_end|>", "pad": "<pad>"}
@@ -114,10 +117,8 @@ def unit_tests_leave_the_model_cache_empty(request, tmp_path_factory):
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("KVLAB_CACHE_DIR", str(folder))
         yield
-    from kvlab.eviction.calibration import FOLDER
-
     written = sorted(str(path.relative_to(folder)) for path in folder.rglob("*")
-                     if path.relative_to(folder).parts[0] != FOLDER)
+                     if path.relative_to(folder).parts[0] != CALIBRATION_FOLDER)
     assert not written, (f"a unit test wrote into the model cache ({', '.join(written[:5])}): it converted or "
                          "loaded the bundled model; move it to tests/integration")
 

@@ -5,6 +5,7 @@ column's note and the report's record."""
 
 import copy
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -154,3 +155,10 @@ def test_the_column_note_and_the_report_record_show_the_calibrations_cost(tiny, 
     record = next(e for e in events if isinstance(e, ReportDone)).record
     tri, knorm = record["columns"]
     assert tri["status"] == "ok" and "300 tokens of python_reference.txt" in tri["note"] and "note" not in knorm
+
+
+def test_the_folder_unit_tests_may_write_is_the_calibrations():
+    """tests/conftest.py lets unit tests leave calibration files in their cache folder, and names that folder
+    without importing kvlab: the two names must agree."""
+    conftest = (Path(__file__).resolve().parents[1] / "conftest.py").read_text(encoding="utf-8")
+    assert f'CALIBRATION_FOLDER = "{calibration.FOLDER}"' in conftest
