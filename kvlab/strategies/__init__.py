@@ -2,6 +2,7 @@
 
 from . import no_cache, dynamic, static, offloaded, quantized, rotation_quantized, vllm_kv_cache, sliding_window, sink  # noqa: F401,I001  (registration order)
 from . import snapkv, pyramidkv, tova, observed_attention, knorm, expected_attention, random_eviction  # noqa: F401,I001
+from . import triattention  # noqa: F401,I001
 from .base import STRATEGIES, Strategy, StrategyError, make_strategy, register
 
 __all__ = ["STRATEGIES", "Strategy", "StrategyError", "make_strategy", "register"]

@@ -24,6 +24,7 @@ MATRIX = {
     "knorm": {},
     "expected_attention": {},
     "random": {"seed": 1},
+    "triattention": {"budget": 4, "beta": 2},
 }
 
 
