@@ -179,8 +179,9 @@ def test_quantized_group_size_must_divide_head_dim_before_compute(tiny):
 
 
 @pytest.mark.parametrize("spec, works", [
-    ({"backend": "hqq", "nbits": 4, "axis_key": 1}, False),
-    ({"backend": "hqq", "nbits": 2, "axis_value": 1}, False),
+    ({"backend": "hqq", "nbits": 4, "axis_key": 1}, True),
+    ({"backend": "hqq", "nbits": 2, "axis_value": 1}, True),
+    ({"backend": "hqq", "nbits": 3, "axis_key": 1, "axis_value": 1}, True),
     ({"backend": "hqq", "nbits": 8, "axis_key": 1, "axis_value": 1}, True),
     ({"backend": "quanto", "nbits": 4, "axis_key": -1}, False),
 ])
