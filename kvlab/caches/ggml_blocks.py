@@ -216,11 +216,12 @@ def hadamard(n: int, device: str = "cpu") -> torch.Tensor:
     """
     if n < 1 or n & (n - 1):
         raise ValueError(f"a Hadamard size must be a power of two, got {n}")
-    first = torch.tensor(1.0 / float(torch.tensor(float(n), dtype=torch.float32).sqrt()), dtype=torch.float32)
-    matrix = first.reshape(1, 1)
-    while matrix.shape[0] < n:
-        matrix = torch.cat([torch.cat([matrix, matrix], 1), torch.cat([matrix, -matrix], 1)], 0)
-    return matrix.to(device)
+    with torch.inference_mode(False):  # a normal tensor, usable in and out of inference mode
+        first = torch.tensor(1.0 / float(torch.tensor(float(n), dtype=torch.float32).sqrt()), dtype=torch.float32)
+        matrix = first.reshape(1, 1)
+        while matrix.shape[0] < n:
+            matrix = torch.cat([torch.cat([matrix, matrix], 1), torch.cat([matrix, -matrix], 1)], 0)
+        return matrix.to(device)
 
 
 def rotate(values: torch.Tensor, n: int | None) -> torch.Tensor:

@@ -170,6 +170,23 @@ def test_bytes_per_token_on_the_bundled_models_shapes():
         assert sum(sum(part.values()) for part in layer_parts(layer).values()) == 7 * per_token(1, 3, 64, kind)
 
 
+def test_a_copied_cache_goes_on_exactly_as_the_original_in_and_out_of_inference_mode():
+    from transformers.cache_utils import Cache
+
+    from kvlab.caches.copying import copy_cache
+
+    ggml_blocks.hadamard.cache_clear()
+    torch.manual_seed(0)
+    layer = GGMLQuantizedLayer("q5_1", "q4_0")
+    with torch.inference_mode():
+        layer.update(torch.randn(1, 2, 5, 64), torch.randn(1, 2, 5, 64))
+    copied = copy_cache(Cache(layers=[layer])).layers[0]
+    state = torch.randn(1, 2, 1, 64)
+    with torch.no_grad():
+        assert all(torch.equal(a, b) for a, b in zip(layer.update(state, state), copied.update(state, state)))
+    assert copied._quantized_keys.qs.data_ptr() != layer._quantized_keys.qs.data_ptr()
+
+
 def test_a_hybrid_models_sliding_layers_are_stored_the_same_way_unless_kept(tiny_hybrid):
     stored = make_strategy({"strategy": "llamacpp_quantized"}).build_cache(tiny_hybrid, 40)
     assert [type(layer).__name__ for layer in stored.layers] == ["GGMLSlidingLayer", "GGMLQuantizedLayer"] * 2
