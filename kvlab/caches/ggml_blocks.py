@@ -10,10 +10,16 @@ for every type but q8_0, see below). Each run of 32 consecutive values along hea
 - q4_1, 20 bytes: d = (max - min)/15 and m = min (both float16), codes min(15, trunc((x - min)/d + 0.5));
 - q5_0, 22 bytes: d = m/-16, codes min(31, trunc(x/d + 16.5)): the low 4 bits packed as q4_0's, the fifth bits
   as one little-endian uint32 qh (bit j = code j's fifth bit);
-- q5_1, 24 bytes: d = (max - min)/31, m = min, codes trunc((x - min)/d + 0.5), packed as q5_0's.
-Dequantized: d·(code - 8), d·code + m, d·(code - 16), d·code + m, d·code, in float32, as ggml's `dequantize_row_*`.
-All arithmetic runs in float32 in the reference's order (1/d, then x·(1/d)), so the stored blocks are ggml's bit
-for bit (`tests/unit/test_ggml_blocks.py` holds them to `gguf.quants`). llama.cpp's x86 CPU backend quantizes
+- q5_1, 24 bytes: d = (max - min)/31, m = min, codes trunc((x - min)/d + 0.5), packed as q5_0's;
+- iq4_nl, 18 bytes: 4-bit indices into the non-linear table IQ4_NL_VALUES, packed as q4_0's: each value's index
+  is the table entry nearest x·(-127/m) (`best_index_int8`), and d is then the least-squares scale
+  Σ w·q·x / Σ w·q² with weights w = x², summed in order (`quantize_row_iq4_nl_ref`, which llama.cpp's CPU backend
+  runs for the cache: no search over scales); a block of magnitudes below 1e-15 gets d = 0 and, here, codes 0
+  (ggml leaves its codes to whatever its buffer held; both de-quantize to 0).
+Dequantized: d·(code - 8), d·code + m, d·(code - 16), d·code + m, d·code, d·IQ4_NL_VALUES[code], in float32, as
+ggml's `dequantize_row_*`. All arithmetic runs in float32 in the reference's order (1/d, then x·(1/d)), so the
+stored blocks are ggml's bit for bit (`tests/unit/test_llamacpp_kv.py` holds them to `gguf.quants`, and
+`tests/integration/test_llamacpp_agreement.py` to ggml's own C reference). llama.cpp's x86 CPU backend quantizes
 q8_0 with its own AVX path (`ggml-cpu/arch/x86/quants.c`: 127/amax as the inverse scale, round half to even),
 which can differ from the reference in the last bit of a code: about one block in 8,000 of random data.
 
@@ -71,8 +77,12 @@ class BlockType:
 
 TYPES: dict[str, BlockType] = {t.name: t for t in (
     BlockType("q8_0", 8, 0, False), BlockType("q4_0", 4, 8, False), BlockType("q4_1", 4, 0, True),
-    BlockType("q5_0", 5, 16, False), BlockType("q5_1", 5, 0, True))}
-"""The quantized KV types llama.cpp accepts that kvlab stores (its `-ctk`/`-ctv` list also has iq4_nl)."""
+    BlockType("iq4_nl", 4, 0, False), BlockType("q5_0", 5, 16, False), BlockType("q5_1", 5, 0, True))}
+"""llama.cpp's quantized KV types (`-ctk`/`-ctv`, `common/arg.cpp` `kv_cache_types`), in its order."""
+IQ4_NL_VALUES = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)
+"""ggml's `kvalues_iq4nl`: the values an iq4_nl index stands for, times d."""
+EPSILON = 1e-15
+"""ggml's GROUP_MAX_EPS: an iq4_nl block whose largest magnitude is below it is stored as zeros."""
 PLAIN_TYPES: dict[str, torch.dtype] = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
 """llama.cpp's unquantized KV types: stored as that dtype, never rotated."""
 
@@ -133,6 +143,8 @@ def quantize(values: torch.Tensor, kind: str) -> Blocks:
         d = x.abs().amax(-1, keepdim=True) / 127
         codes = _roundf(x * _inverse(d)).to(torch.int8).view(torch.uint8)
         return Blocks(codes, None, d.to(SCALE_DTYPE), kind)
+    if kind == "iq4_nl":
+        return _quantize_iq4_nl(x)
     top = 2 ** block_type.bits - 1
     if block_type.has_min:
         low = x.amin(-1, keepdim=True)
@@ -149,6 +161,26 @@ def quantize(values: torch.Tensor, kind: str) -> Blocks:
     return Blocks(_pack_nibbles(codes), qh, scales, kind)
 
 
+def _quantize_iq4_nl(x: torch.Tensor) -> Blocks:
+    """(..., blocks, 32) float32 -> iq4_nl blocks, as ggml's `quantize_row_iq4_nl_impl` with ntry -1."""
+    table = torch.tensor(IQ4_NL_VALUES, dtype=COMPUTE_DTYPE, device=x.device)
+    peak = x.gather(-1, x.abs().argmax(-1, keepdim=True))
+    scaled = _inverse(peak / table[0]) * x
+    upper = torch.searchsorted(table, scaled.contiguous(), right=True).clamp(1, len(table) - 1)
+    index = torch.where(scaled - table[upper - 1] < table[upper] - scaled, upper - 1, upper)
+    index = torch.where(scaled <= table[0], 0, torch.where(scaled >= table[-1], len(table) - 1, index))
+    value, weight = table[index], x * x
+    sum_qx = sum_q2 = torch.zeros_like(x[..., 0])
+    for j in range(BLOCK):  # ggml sums in this order, in float32
+        weighted = weight[..., j] * value[..., j]
+        sum_qx, sum_q2 = sum_qx + weighted * x[..., j], sum_q2 + weighted * value[..., j]
+    d = torch.where(sum_q2 > 0, sum_qx / torch.where(sum_q2 > 0, sum_q2, torch.ones_like(sum_q2)), 0.0)
+    flat = x.abs().amax(-1) < EPSILON
+    d = torch.where(flat, 0.0, d)
+    index = torch.where(flat.unsqueeze(-1), 0, index).to(torch.uint8)
+    return Blocks(_pack_nibbles(index), None, d.unsqueeze(-1).to(SCALE_DTYPE), "iq4_nl")
+
+
 def dequantize(blocks: Blocks) -> torch.Tensor:
     """(..., n) float32 values from `quantize`'s blocks, as ggml's `dequantize_row_<kind>`."""
     block_type = _block_type(blocks.kind)
@@ -161,7 +193,9 @@ def dequantize(blocks: Blocks) -> torch.Tensor:
             shifts = torch.arange(8, dtype=torch.uint8, device=codes.device)
             fifth = ((blocks.qh.unsqueeze(-1) >> shifts) & 1).reshape(*codes.shape)
             codes = codes | (fifth << 4)
-        if block_type.has_min:
+        if blocks.kind == "iq4_nl":
+            x = d * torch.tensor(IQ4_NL_VALUES, dtype=COMPUTE_DTYPE, device=codes.device)[codes.long()]
+        elif block_type.has_min:
             x = d * codes.to(COMPUTE_DTYPE) + blocks.scales[..., 1:].to(COMPUTE_DTYPE)
         else:
             x = d * (codes.to(torch.int16) - block_type.offset).to(COMPUTE_DTYPE)

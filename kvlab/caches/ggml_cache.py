@@ -203,7 +203,7 @@ class GGMLQuantizedCache(Cache):
 
     Args:
         config: the model's config (its layer types are read).
-        type_k, type_v: llama.cpp's cache types (KV_TYPES: q8_0, q4_0, q4_1, q5_0, q5_1, f32, f16, bf16).
+        type_k, type_v: llama.cpp's cache types (KV_TYPES: q8_0, q4_0, q4_1, iq4_nl, q5_0, q5_1, f32, f16, bf16).
         attn_rot: rotate as llama.cpp does (False: as `LLAMA_ATTN_ROT_DISABLE=1`).
         residual_length: newest decoded tokens kept in full precision (0, llama.cpp's: none).
         sliding: `quantize` (sliding-window layers stored the same way, as llama.cpp does) or `keep`

@@ -1,8 +1,8 @@
 """`llamacpp_quantized`: the KV cache as llama.cpp stores it with `-ctk <type_k> -ctv <type_v>`, inside
 transformers, so one setting can be judged on the same weights in both engines.
 
-Keys and values are stored per token in ggml's block types along head_dim (q8_0, q4_0, q4_1, q5_0, q5_1: 32 values
-per block with a float16 scale, and a float16 minimum for the _1 types; or plain f32/f16/bf16), bit for bit as
+Keys and values are stored per token in ggml's block types along head_dim (q8_0, q4_0, q4_1, iq4_nl, q5_0, q5_1:
+32 values per block with a float16 scale, and a float16 minimum for the _1 types; or plain f32/f16/bf16), bit for bit as
 ggml's reference quantization, and Hadamard-rotated as llama.cpp (PR #21038) rotates a quantized cache when
 head_dim is divisible by 64 (`attn_rot: false` is its `LLAMA_ATTN_ROT_DISABLE=1`). llama.cpp keeps no
 full-precision part, so `residual_length` is 0 by default; on a model with sliding-window layers (Gemma 3) those
@@ -25,14 +25,14 @@ BACKEND = "llamacpp"
 @register
 @dataclass
 class LlamaCppQuantized(Strategy):
-    """Knobs: `type_k`, `type_v` (llama.cpp's cache types: q8_0, q4_0, q4_1, q5_0, q5_1, f32, f16, bf16),
+    """Knobs: `type_k`, `type_v` (llama.cpp's cache types: q8_0, q4_0, q4_1, iq4_nl, q5_0, q5_1, f32, f16, bf16),
     `attn_rot` (rotate as llama.cpp does; false as `LLAMA_ATTN_ROT_DISABLE=1`), `residual_length` (newest decoded
     tokens kept in full precision; 0, llama.cpp's, keeps none) and `sliding` (`quantize`: a hybrid model's
     sliding layers stored the same way, as llama.cpp does; `keep`: left to transformers)."""
 
     name = "llamacpp_quantized"
-    summary = ("llama.cpp's KV cache types (-ctk/-ctv: q8_0, q4_0, q4_1, q5_0, q5_1 blocks of 32 with a float16 "
-               "scale), Hadamard-rotated as llama.cpp does, every token stored as it arrives. Lossy.")
+    summary = ("llama.cpp's KV cache types (-ctk/-ctv: q8_0, q4_0, q4_1, iq4_nl, q5_0, q5_1 blocks of 32 with a "
+               "float16 scale), Hadamard-rotated as llama.cpp does, every token stored as it arrives. Lossy.")
     lossy = True
     title_knobs = ("type_k", "type_v")
     type_k: str = "q4_0"

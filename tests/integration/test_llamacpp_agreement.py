@@ -33,32 +33,31 @@ pytestmark = pytest.mark.integration
 
 TOKENS = 300
 """Token ids both engines score (the shipped text's first ones): under a minute for both on 2 cores."""
-GGML_TYPES = {"f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8}
+GGML_TYPES = {"f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8, "iq4_nl": 20}
 """ggml's type ids (`ggml.h` enum ggml_type)."""
 LLAMA_CPP = importlib.util.find_spec("llama_cpp")
 needs_llama_cpp = pytest.mark.skipif(LLAMA_CPP is None, reason="llama_cpp (llama-cpp-python) is not importable "
                                      "here: the comparison with llama.cpp itself needs it")
 
 
-def ggml_library() -> ctypes.CDLL:
-    """llama-cpp-python's own libggml-base (ggml's reference quantizers, `ggml_quantize_chunk`)."""
+def ggml_quantizer(kind: str):
+    """ggml's C reference quantizer of `kind` from llama-cpp-python's own libggml-base:
+    `quantize_row_<kind>_ref(const float *, block *, int64_t)`, what llama.cpp's CPU backend runs to store a
+    cache row (`from_float`; x86's q8_0 has its own AVX variant, see kvlab.caches.ggml_blocks)."""
     folder = Path(LLAMA_CPP.submodule_search_locations[0]) / "lib"
-    library = ctypes.CDLL(str(next(folder.glob("libggml-base.*"))))
-    library.ggml_quantize_chunk.restype = ctypes.c_size_t
-    library.ggml_quantize_chunk.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
-                                            ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]
-    return library
+    function = getattr(ctypes.CDLL(str(next(folder.glob("libggml-base.*")))), f"quantize_row_{kind}_ref")
+    function.restype, function.argtypes = None, [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
+    return function
 
 
 @needs_llama_cpp
 @pytest.mark.parametrize("kind", list(ggml_blocks.TYPES))
 def test_the_stored_blocks_are_ggmls_own_c_codes(kind):
     rng = np.random.default_rng(1)
-    rows = (rng.standard_normal((512, 64)) * rng.exponential(1.0, (512, 1))).astype(np.float32)
-    type_size = ggml_blocks.TYPES[kind].type_size
-    engine = np.zeros((512, 2 * type_size), dtype=np.uint8)
-    ggml_library().ggml_quantize_chunk(GGML_TYPES[kind], rows.ctypes.data, engine.ctypes.data, 0, 512, 64, None)
-    ours = ggml_blocks.ggml_bytes(ggml_blocks.quantize(torch.from_numpy(rows), kind)).reshape(512, -1).numpy()
+    rows = (rng.standard_normal((4096, 64)) * rng.exponential(1.0, (4096, 1))).astype(np.float32)
+    engine = np.zeros((4096, 2 * ggml_blocks.TYPES[kind].type_size), dtype=np.uint8)
+    ggml_quantizer(kind)(rows.ctypes.data, engine.ctypes.data, rows.size)
+    ours = ggml_blocks.ggml_bytes(ggml_blocks.quantize(torch.from_numpy(rows), kind)).reshape(4096, -1).numpy()
     assert np.array_equal(ours, engine)
 
 

@@ -27,8 +27,10 @@ from kvlab.ui.shared.code import code_snippet
 
 pytestmark = pytest.mark.unit
 
-TYPE_SIZES = {"q8_0": 34, "q4_0": 18, "q4_1": 20, "q5_0": 22, "q5_1": 24}
-"""ggml's bytes per block of 32 values (`ggml-common.h`: block_q8_0 ... block_q5_1)."""
+TYPE_SIZES = {"q8_0": 34, "q4_0": 18, "q4_1": 20, "iq4_nl": 18, "q5_0": 22, "q5_1": 24}
+"""ggml's bytes per block of 32 values (`ggml-common.h`: block_q8_0 ... block_q5_1, block_iq4_nl)."""
+REFERENCE_QUANTIZERS = [kind for kind in TYPE_SIZES if kind != "iq4_nl"]
+"""Types gguf-py quantizes (it de-quantizes iq4_nl only; ggml's C holds that one: tests/integration)."""
 
 
 def awkward_values(seed=0, shape=(2, 3, 37, 64)):
@@ -43,7 +45,7 @@ def awkward_values(seed=0, shape=(2, 3, 37, 64)):
     return x
 
 
-@pytest.mark.parametrize("kind", list(TYPE_SIZES))
+@pytest.mark.parametrize("kind", REFERENCE_QUANTIZERS)
 def test_stored_blocks_and_dequantized_values_are_ggml_bit_for_bit(kind):
     values = awkward_values()
     qtype = GGMLQuantizationType[kind.upper()]
@@ -53,6 +55,22 @@ def test_stored_blocks_and_dequantized_values_are_ggml_bit_for_bit(kind):
     assert np.array_equal(ggml_blocks.dequantize(blocks).numpy(), gguf_dequantize(reference, qtype))
     assert ggml_blocks.TYPES[kind].type_size == TYPE_SIZES[kind] == reference.shape[-1] // 2
     assert blocks.scales.dtype == torch.float16 and blocks.qs.dtype == torch.uint8
+
+
+def test_iq4_nl_blocks_read_back_as_gguf_reads_them_and_pick_the_nearest_table_entry():
+    values = awkward_values(seed=2)
+    blocks = ggml_blocks.quantize(torch.from_numpy(values), "iq4_nl")
+    stored = ggml_blocks.ggml_bytes(blocks).numpy().reshape(*values.shape[:-1], -1)
+    assert stored.shape[-1] == 2 * TYPE_SIZES["iq4_nl"]
+    assert np.array_equal(ggml_blocks.dequantize(blocks).numpy(), gguf_dequantize(stored, GGMLQuantizationType.IQ4_NL))
+    x = torch.from_numpy(values).reshape(-1, 32)
+    peak = x.gather(-1, x.abs().argmax(-1, keepdim=True))
+    table = torch.tensor(ggml_blocks.IQ4_NL_VALUES, dtype=torch.float32)
+    codes = torch.cat([blocks.qs & 0x0F, blocks.qs >> 4], dim=-1).reshape(-1, 32).long()
+    live = (peak.abs() > 0).squeeze(-1)
+    nearest = ((x * (-127 / peak))[..., None] - table).abs().argmin(-1)
+    assert (codes[live] == nearest[live]).float().mean() > 0.999  # ties aside, the nearest entry
+    assert (codes[~live] == 0).all() and (blocks.scales.reshape(-1)[~live] == 0).all()
 
 
 def test_the_hadamard_matrix_is_ggmls_sylvester_matrix_and_its_own_inverse():
@@ -138,7 +156,7 @@ def run(loaded, spec, prompt_tokens=10, new_tokens=4):
     return cache, list(Decoder(loaded, strategy, cache, ids, settings, measure_bytes=True))
 
 
-@pytest.mark.parametrize("type_k, type_v", [("q4_0", "q4_0"), ("q8_0", "q4_1"), ("q5_0", "q5_1"), ("f16", "q4_0")])
+@pytest.mark.parametrize("type_k, type_v", [("q4_0", "q4_0"), ("q8_0", "q4_1"), ("q5_0", "q5_1"), ("f16", "iq4_nl")])
 def test_bytes_are_exact_to_the_layout_in_accounting_and_inspect(tiny, type_k, type_v):
     """The tiny Llama: 2 layers, 1 KV head, head_dim 64 (two blocks per vector)."""
     cache, steps = run(tiny, {"strategy": "llamacpp_quantized", "type_k": type_k, "type_v": type_v})
@@ -162,7 +180,7 @@ def test_bytes_per_token_on_the_bundled_models_shapes():
         return layers * heads * head_dim // 32 * 2 * TYPE_SIZES[kind]
 
     assert {kind: per_token(30, 3, 64, kind) for kind in TYPE_SIZES} == {
-        "q8_0": 12240, "q4_0": 6480, "q4_1": 7200, "q5_0": 7920, "q5_1": 8640}
+        "q8_0": 12240, "q4_0": 6480, "q4_1": 7200, "iq4_nl": 6480, "q5_0": 7920, "q5_1": 8640}
     assert per_token(18, 1, 256, "q4_0") == 5184 and per_token(3, 1, 256, "q4_0") == 864
     for kind in TYPE_SIZES:
         layer = GGMLQuantizedLayer(kind, kind)
@@ -196,7 +214,7 @@ def test_a_hybrid_models_sliding_layers_are_stored_the_same_way_unless_kept(tiny
 
 def test_knob_messages_name_the_allowed_values():
     for knobs, message in (({"type_k": "q3_k"}, r"type_k must be one of llama.cpp's cache types \['q8_0', 'q4_0', "
-                                                r"'q4_1', 'q5_0', 'q5_1', 'f32', 'f16', 'bf16'\], got 'q3_k'"),
+                                                r"'q4_1', 'iq4_nl', 'q5_0', 'q5_1', 'f32', 'f16', 'bf16'\], got 'q3_k'"),
                            ({"type_v": "int4"}, "type_v must be one of"),
                            ({"attn_rot": "off"}, "attn_rot must be true or false, got 'off'"),
                            ({"residual_length": -1}, "residual_length must be an integer >= 0, got -1"),
@@ -214,7 +232,8 @@ def test_names_follow_llama_cpps_type_names_in_both_knobs():
     assert make_strategy({"strategy": "knorm", "quantize": "q8_0/q4_0"}).describe() == "knorm 0.5 + llama.cpp q8_0/q4_0"
     assert make_strategy({"strategy": "snapkv", "quantize": "q5_1"}).describe() == "snapkv 0.5 + llama.cpp q5_1/q5_1"
     for bad in ("q3_0", "f16", "f16/f16", "q4_0/q4_0/q4_0"):
-        with pytest.raises(StrategyError, match=r"quantize must be one of .*q8_0, q4_0, q4_1, q5_0, q5_1 \(llama.cpp's"):
+        with pytest.raises(StrategyError, match=r"quantize must be one of .*q8_0, q4_0, q4_1, iq4_nl, q5_0, q5_1 "
+                                                r"\(llama.cpp's"):
             make_strategy({"strategy": "snapkv", "quantize": bad})
 
 

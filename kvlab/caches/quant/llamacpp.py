@@ -1,9 +1,9 @@
 """The llamacpp backend: keys and values stored as llama.cpp's KV cache stores them (`-ctk`/`-ctv`), kvlab's own
 `GGMLQuantizedLayer` (`kvlab.caches.ggml_cache`; the formats and their sources: `kvlab.caches.ggml_blocks`).
 
-Each token's key and value vectors are stored in ggml block types along head_dim (q8_0, q4_0, q4_1, q5_0, q5_1:
-32 values per block, a float16 scale and, for the _1 types, a float16 minimum per block; or plain f32, f16,
-bf16), bit for bit as ggml's reference quantization, Hadamard-rotated where llama.cpp rotates (quantized type,
+Each token's key and value vectors are stored in ggml block types along head_dim (q8_0, q4_0, q4_1, iq4_nl,
+q5_0, q5_1: 32 values per block, a float16 scale and, for the _1 types, a float16 minimum per block; or plain
+f32, f16, bf16), bit for bit as ggml's reference quantization, Hadamard-rotated where llama.cpp rotates (quantized type,
 head_dim divisible by 64; off with `attn_rot=false`, llama.cpp's `LLAMA_ATTN_ROT_DISABLE=1`). Bytes per token
 and layer: kv_heads·head_dim/32·(type_size(type_k) + type_size(type_v)), e.g. 18 bytes per 32 values for q4_0,
 34 for q8_0, and nothing else (llama.cpp keeps no full-precision part: `residual_length` 0 by default). Its knobs
@@ -24,13 +24,16 @@ LLAMA_CPP_COMMIT = "0c1e570"
 """The llama.cpp commit whose KV cache the formats, the rotation and the serving note were read from (2026-10-01,
 the one llama-cpp-python 0.3.36 vendors; PR #21038 added the rotation)."""
 LLAMA_CPP_VERSION = f"{LLAMA_CPP_COMMIT} (llama-cpp-python 0.3.36)"
-QUANTIZED_TYPES = ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1")
+QUANTIZED_TYPES = ("q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
 """ggml block types a `quantize=` value names (`kvlab.caches.ggml_blocks.TYPES`)."""
 PLAIN = ("f32", "f16", "bf16")
 
 
 def _bits(kind: str) -> int:
-    return {"q8_0": 8, "q5_0": 5, "q5_1": 5}.get(kind, 4 if kind.startswith("q4") else 16)
+    """Bits per code of a cache type (16 for the plain ones but f32)."""
+    from ..ggml_blocks import TYPES
+
+    return TYPES[kind].bits if kind in TYPES else 32 if kind == "f32" else 16
 
 
 @dataclass(frozen=True)
@@ -170,7 +173,8 @@ class LlamaCppBackend(QuantBackend):
         coarser = "" if bits >= 8 else f"8 bits against {bits}: the nearest the engine ships"
         rotation = ("Hadamard-rotated when head_dim % 64 == 0, as here" if knobs.get("attn_rot", True)
                     else "rotation off, as attn_rot=false")
-        v_note = "; a quantized V needs -fa on: llama.cpp refuses it with -fa off" if kinds[1] in QUANTIZED_TYPES else ""
+        v_note = ("; a quantized V needs -fa on: llama.cpp refuses it with -fa off" if kinds[1] in QUANTIZED_TYPES
+                  else "")
         return [ServingSetting("vLLM", "--kv-cache-dtype fp8", "0.4.2", VLLM_KV, coarser or "per-tensor scale"),
                 ServingSetting("SGLang", "--kv-cache-dtype fp8_e4m3", "0.5.13", SGLANG_KV, coarser),
                 ServingSetting("TensorRT-LLM", f"quantize.py --kv_cache_dtype {'int8' if bits == 8 else 'fp8'}",
