@@ -141,7 +141,7 @@ try:
     from kvlab.ui.shared.theme import CSS
     from kvlab.ui.shared.tools import mcp_enabled, register_tools
 except ImportError as missing:
-    sys.exit(f"kvlab: the package {missing.name or missing} is not installed here: {SETUP_HINT}")
+    sys.exit(f"kvlab: the package {(missing.name or str(missing)).split('.')[0]} is not installed here: {SETUP_HINT}")
 
 TITLE = "kvlab: KV-cache strategies side by side"
 COMPARE_TAB = "compare"

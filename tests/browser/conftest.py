@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from pagekit import open_page  # noqa: F401  (the fixtures below use it)
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = REPO_ROOT / "artifacts"
 CHROMIUM = "/usr/bin/chromium"
@@ -94,16 +96,6 @@ def browser():
             browser.close()
 
 
-def open_page(browser, url: str):
-    """A new browser context (its own gradio session) with the app loaded; close its `.context` when done."""
-    context = browser.new_context(viewport={"width": 1600, "height": 1000})
-    page = context.new_page()
-    page.set_default_timeout(60_000)
-    page.goto(url)
-    page.wait_for_selector("#kv-run")
-    return page
-
-
 @pytest.fixture
 def page(browser, app_url):
     """A fresh tab on the app, 1600×1000, with its Compare tab loaded."""
@@ -122,17 +114,3 @@ def other_page(browser, app_url):
         yield page
     finally:
         page.context.close()
-
-
-def wait_until(page, expression: str, timeout_s: float, poll_s: float = 0.25):
-    """Evaluate `expression` (JavaScript) in `page` from here until it is truthy; returns its value. Unlike
-    `page.wait_for_function`, whose checks run on the page's own animation frames or timers, this works on a
-    page that is not in front (headless chromium pauses those); raises AssertionError with the last value."""
-    deadline = time.monotonic() + timeout_s
-    value = None
-    while time.monotonic() < deadline:
-        value = page.evaluate(expression)
-        if value:
-            return value
-        time.sleep(poll_s)
-    raise AssertionError(f"{expression!r} stayed {value!r} for {timeout_s} s")

@@ -19,7 +19,7 @@ import shutil
 import time
 from pathlib import Path
 
-from conftest import wait_until
+from pagekit import wait_until
 
 QUICKSTART_PROMPT = "Explain in three sentences why the sky is blue."
 SAMPLING_PROMPT = "Give me three creative names for a coffee shop run by cats."

@@ -49,7 +49,7 @@ def test_inspect_reset_stops_a_long_run_and_no_step_click_is_dropped(page):
 
 
 def test_a_closed_page_ends_its_compare_run_and_frees_the_queue(browser, app_url, page):
-    from conftest import open_page
+    from pagekit import open_page
 
     closing = open_page(browser, app_url)
     wait_for_model(closing)
