@@ -12,8 +12,10 @@ What agreement means here. At q4_0 the format dominates both engines' figure, an
 of 2 of llama.cpp's. At q8_0 llama.cpp's figure is its own arithmetic, not the format: its f16 run differs from
 itself by about as much when only the batch size changes (its CPU flash-attention kernel takes another path, f16
 query and value accumulation against float32), while kvlab's exact float32 run isolates the format's cost, which is
-far below that floor. The test holds both facts. The full bar (x0.8-1.25 over >= 1,024 tokens on both models) is
-a slow-tier job; docs/strategies.md gives the measured table and its command.
+far below that floor. The test holds both facts, and that turning the Hadamard rotation off
+(`LLAMA_ATTN_ROT_DISABLE=1`, kvlab's `attn_rot=False`) costs both engines more at q4_0. The full bar
+(x0.8-1.25 over >= 1,024 tokens on both models) is a slow-tier job; docs/strategies.md gives the measured
+table and its command.
 """
 
 import ctypes
@@ -113,10 +115,15 @@ def test_the_same_format_costs_the_same_order_in_both_engines(bundled, ids, monk
         figures[kind] = (ours, mean_kl(base, llama_cpp_logits(ids, kind)))
     print(f"\nmean KL over {len(ids)} tokens of SmolLM2-135M; llama.cpp's own f16 floor (n_ubatch 8 against 512): "
           f"{floor:.5f}; engines' dense runs against each other: {mean_kl(base, dense):.5f}")
+    monkeypatch.setenv("LLAMA_ATTN_ROT_DISABLE", "1")  # read when llama.cpp builds its cache
+    figures["q4_0 unrotated"] = (
+        mean_kl(dense, kvlab_logits(bundled, ids, GGMLQuantizedCache(bundled.config, "q4_0", "q4_0", attn_rot=False))),
+        mean_kl(base, llama_cpp_logits(ids, "q4_0")))
     for kind, (ours, theirs) in figures.items():
         print(f"{kind}: kvlab {ours:.5f}  llama.cpp {theirs:.5f}  ratio {ours / theirs:.3f}")
     ours, theirs = figures["q4_0"]
     assert 0.5 <= ours / theirs <= 2.0
+    assert ours < figures["q4_0 unrotated"][0] and theirs < figures["q4_0 unrotated"][1]
     ours, theirs = figures["q8_0"]
     assert ours < floor and theirs < 2 * floor
 
