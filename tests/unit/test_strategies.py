@@ -15,6 +15,7 @@ MATRIX = {
     "quantized": {"backend": "quanto", "nbits": 2, "residual_length": 4},
     "rotation_quantized": {"key_bits": 4, "value_bits": 2, "residual_length": 4},
     "vllm_kv_cache": {"kv_cache_dtype": "turboquant_k3v4_nc", "boundary_layers": 0},
+    "llamacpp_quantized": {"type_k": "q8_0", "type_v": "q4_0"},
     "sliding_window": {},
     "sink": {"window_length": 32, "num_sink_tokens": 4},
     "snapkv": {"window_size": 8},
@@ -180,8 +181,9 @@ def test_quantized_group_size_must_divide_head_dim_before_compute(tiny):
 
 
 @pytest.mark.parametrize("spec, works", [
-    ({"backend": "hqq", "nbits": 4, "axis_key": 1}, False),
-    ({"backend": "hqq", "nbits": 2, "axis_value": 1}, False),
+    ({"backend": "hqq", "nbits": 4, "axis_key": 1}, True),
+    ({"backend": "hqq", "nbits": 2, "axis_value": 1}, True),
+    ({"backend": "hqq", "nbits": 3, "axis_key": 1, "axis_value": 1}, True),
     ({"backend": "hqq", "nbits": 8, "axis_key": 1, "axis_value": 1}, True),
     ({"backend": "quanto", "nbits": 4, "axis_key": -1}, False),
 ])
