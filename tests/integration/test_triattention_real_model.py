@@ -74,6 +74,7 @@ def test_inspect_shows_the_positions_each_kv_head_kept(bundled, prompt, short_ca
                                                                       torch.arange(prompt_tokens).expand(3, -1))
 
 
+@pytest.mark.slow
 def test_the_report_scores_triattention_beside_snapkv_at_the_same_bytes(bundled, short_calibration):
     """The Done-when comparison at CI size (docs/strategies.md has the full size, tests/slow the check): SnapKV
     compressing back to context + budget every beta tokens holds exactly TriAttention's bytes at every scored
