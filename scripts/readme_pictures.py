@@ -12,14 +12,23 @@ with Playwright, and writes each PNG into docs/. NAME is a picture's file name w
 - diverge: Inspect opened from a greedy sampling-preset run's first-divergence link;
 - needle: the Needle tab, three columns at 160 and 256 tokens, three depths.
 
-Runs are kept small where the picture allows; the quickstart run is the preset's own (64 tokens) and takes
-minutes on a CPU.
+Runs are kept small where the picture allows; the quickstart run is the preset's own (64 tokens).
+
+A picture shows what a visitor on a quiet machine gets, or it is not taken: before each picture the script waits
+(up to QUIET_WAIT_S) until the machine is quiet by the app's own busy rule (`kvlab.measure.noise.busy_reasons`:
+the 1-minute load average beyond this run's threads by more than half a core per core), each picture is first
+written to artifacts/ and copied into docs/ only when the load during it stayed quiet too, and the Compare
+picture only when its status line carries no busy mark and its summary came within SUMMARY_SLACK x
+QUIET_SUMMARY_S (`--quiet-summary-s`). A refused picture is named on stderr with its reason, docs/ keeps the
+old one, and the exit status is 3.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -37,6 +46,17 @@ VIEWPORT = {"width": 1600, "height": 1000}
 LONG_MS = 1_800_000
 APP_START_S = 300
 DONE = ("finished", "stopped", "✖")
+ARTIFACTS = REPO_ROOT / "artifacts"
+QUIET_SUMMARY_S = 32.0
+"""Seconds from Run to the summary of the default quickstart preset on a quiet 2-vCPU machine (docs/bench.md,
+the bench's warm section)."""
+SUMMARY_SLACK = 1.5
+"""A Compare picture whose summary took longer than this many times QUIET_SUMMARY_S is refused."""
+QUIET_WAIT_S = 600
+"""How long the script waits for a quiet machine before a picture."""
+PICTURE_THREADS = 2
+"""Threads the app's run uses on a 2-vCPU machine, which the busy rule discounts from the load while a picture's
+run is going."""
 SNAPKV_PROMPT = (
     "Read the notes below and answer the question at the end.\n"
     "The lighthouse on Gull Rock was built in 1871 from granite quarried on the mainland. Its first keeper, "
@@ -45,6 +65,48 @@ SNAPKV_PROMPT = (
     "The station was automated in 1968, and the keeper's cottage became a small museum that opens each summer. "
     "Visitors can climb the 112 steps to the lantern room, where the old lens still turns on calm evenings.\n"
     "Question: who was the first keeper of the lighthouse, and when was the lens replaced?")
+
+
+class Refused(Exception):
+    """A picture that would not show what a visitor on a quiet machine gets; the message says why."""
+
+
+def busy_now(threads: int) -> list[str]:
+    """The app's busy rule on the load average now, `threads` of it this script's own run ([] when quiet)."""
+    from kvlab.measure.noise import busy_reasons, sample_load
+
+    return busy_reasons(sample_load(), None, threads, os.cpu_count() or 1)
+
+
+def wait_for_quiet(timeout_s: float = QUIET_WAIT_S) -> None:
+    """Return once the machine is quiet with no run of ours going; raises Refused after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while reasons := busy_now(0):
+        if time.monotonic() > deadline:
+            raise Refused(f"the machine stayed busy for {timeout_s:.0f} s ({'; '.join(reasons)})")
+        time.sleep(5)
+
+
+def compare_refusal(status: str, quiet_summary_s: float) -> str | None:
+    """Why a Compare run's status line cannot be a README picture (None when it can): the app's busy mark, or a
+    summary later than SUMMARY_SLACK x `quiet_summary_s` seconds."""
+    if "too busy" in status:
+        return "the app marked the run too busy for a fair comparison"
+    found = re.search(r"summary after ([0-9.]+) s", status)
+    if found is None:
+        return "the status line gives no summary time"
+    if float(found.group(1)) > SUMMARY_SLACK * quiet_summary_s:
+        return (f"the summary came after {float(found.group(1)):.1f} s, more than {SUMMARY_SLACK} x the quiet "
+                f"{quiet_summary_s:.0f} s")
+    return None
+
+
+def keep(shot: Path) -> None:
+    """Copy a picture taken into artifacts/ over docs/' one, unless the load while it was taken was busy."""
+    if reasons := busy_now(PICTURE_THREADS):
+        raise Refused(f"{shot.name}: the machine got busy while it was taken ({'; '.join(reasons)})")
+    shutil.copyfile(shot, DOCS / shot.name)
+    print("wrote", DOCS / shot.name)
 
 
 def free_port() -> int:
@@ -118,21 +180,27 @@ def hover_cache_plot(page) -> None:
     print("native-plots: no tooltip appeared; the picture shows none", file=sys.stderr)
 
 
-def take_compare(browser, url: str, names: set[str]) -> None:
-    """One run of the default quickstart preset (the page opens on it): the whole page, then its plots hovered."""
+def take_compare(browser, url: str, names: set[str], quiet_summary_s: float) -> None:
+    """One run of the default quickstart preset (the page opens on it): the whole page, then its plots hovered;
+    refused (Refused) when the run's status line is not a quiet one."""
     page = open_page(browser, url)
     wait_for_model(page)
     page.click("#kv-run")
     status = wait_for_run(page)
     print("compare:", status.splitlines()[0])
+    if reason := compare_refusal(status, quiet_summary_s):
+        page.context.close()
+        raise Refused(f"screenshot, native-plots: {reason}")
     page.locator("#kv-plot-cache svg.marks").wait_for(state="visible")
     page.wait_for_timeout(1000)
     if "screenshot" in names:
-        page.screenshot(path=str(DOCS / "screenshot.png"), full_page=True)
+        page.screenshot(path=str(ARTIFACTS / "screenshot.png"), full_page=True)
+        keep(ARTIFACTS / "screenshot.png")
     if "native-plots" in names:
         page.locator("#kv-plots").scroll_into_view_if_needed()
         hover_cache_plot(page)
-        page.locator("#kv-plots").screenshot(path=str(DOCS / "native-plots.png"))
+        page.locator("#kv-plots").screenshot(path=str(ARTIFACTS / "native-plots.png"))
+        keep(ARTIFACTS / "native-plots.png")
     page.context.close()
 
 
@@ -146,7 +214,7 @@ def take_plan(browser, url: str) -> None:
     page.click("#plan-run")
     page.wait_for_function("/planned|✖/.test(document.querySelector('#plan-status .kv-line').innerText)")
     page.locator("#plan-plot img").wait_for(state="visible")
-    page.screenshot(path=str(DOCS / "plan-tab.png"), full_page=True)
+    page.screenshot(path=str(ARTIFACTS / "plan-tab.png"), full_page=True)
     page.context.close()
 
 
@@ -165,7 +233,7 @@ def take_inspect(browser, url: str) -> None:
     for index in (10, 20):
         page.click("#kvi-step10")
         wait_for_token(page, index)
-    page.screenshot(path=str(DOCS / "inspect.png"), full_page=True)
+    page.screenshot(path=str(ARTIFACTS / "inspect.png"), full_page=True)
     page.context.close()
 
 
@@ -179,7 +247,7 @@ def take_inspect_snapkv(browser, url: str) -> None:
     strip.scroll_into_view_if_needed()
     box = strip.bounding_box()  # in the viewport; a full-page clip counts from the page's top
     top = box["y"] + page.evaluate("window.scrollY")
-    page.screenshot(path=str(DOCS / "inspect-snapkv.png"), full_page=True,
+    page.screenshot(path=str(ARTIFACTS / "inspect-snapkv.png"), full_page=True,
                     clip={"x": box["x"], "y": top, "width": box["width"], "height": min(box["height"], 420)})
     page.context.close()
 
@@ -204,7 +272,7 @@ def take_diverge(browser, url: str) -> None:
     step = int(dict(p.split("=", 1) for p in href.split("?", 1)[1].split("&"))["step"])
     wait_for_token(inspect, step)
     inspect.locator("#kvi-diverge-plot img").wait_for(state="visible")
-    inspect.screenshot(path=str(DOCS / "diverge.png"), full_page=True)
+    inspect.screenshot(path=str(ARTIFACTS / "diverge.png"), full_page=True)
     page.context.close()
 
 
@@ -217,7 +285,7 @@ def take_needle(browser, url: str) -> None:
     page.locator("#needle-run").click()
     page.locator("#needle-status").filter(has_text="finished in").wait_for(timeout=LONG_MS)
     page.wait_for_timeout(1500)
-    page.screenshot(path=str(DOCS / "needle.png"), full_page=True)
+    page.screenshot(path=str(ARTIFACTS / "needle.png"), full_page=True)
     page.context.close()
 
 
@@ -230,6 +298,8 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", action="append", choices=[*COMPARE, *PICTURES],
                         help="retake this picture only (repeatable); default: every one")
+    parser.add_argument("--quiet-summary-s", type=float, default=QUIET_SUMMARY_S,
+                        help="the quickstart's Run -> summary seconds on a quiet machine (default %(default)s)")
     args = parser.parse_args(argv)
     names = set(args.only or [*COMPARE, *PICTURES])
     from playwright.sync_api import sync_playwright
@@ -237,17 +307,25 @@ def main(argv=None) -> int:
     if not Path(CHROMIUM).exists():
         print(f"{CHROMIUM} is not installed (apt-get install chromium); no browser is downloaded", file=sys.stderr)
         return 2
-    process, url = start_app(REPO_ROOT / "artifacts" / f"app-pictures-{os.getpid()}.log")
+    process, url = start_app(ARTIFACTS / f"app-pictures-{os.getpid()}.log")
+    refused = []
     try:
         with sync_playwright() as playwright:
             browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
             try:
-                if names & set(COMPARE):
-                    take_compare(browser, url, names)
-                for name, take in PICTURES.items():
-                    if name in names:
-                        take(browser, url)
-                        print("wrote", DOCS / f"{name}.png")
+                takes = [(None, lambda: take_compare(browser, url, names, args.quiet_summary_s))] \
+                    if names & set(COMPARE) else []
+                takes += [(name, lambda take=take: take(browser, url)) for name, take in PICTURES.items()
+                          if name in names]
+                for name, take in takes:
+                    try:
+                        wait_for_quiet()
+                        take()
+                        if name is not None:
+                            keep(ARTIFACTS / f"{name}.png")
+                    except Refused as refusal:
+                        refused.append(str(refusal))
+                        print(f"refused: {refusal}; docs/ keeps the picture it had", file=sys.stderr)
             finally:
                 browser.close()
     finally:
@@ -256,7 +334,7 @@ def main(argv=None) -> int:
             process.wait(20)
         except subprocess.TimeoutExpired:
             process.kill()
-    return 0
+    return 3 if refused else 0
 
 
 if __name__ == "__main__":

@@ -5,8 +5,7 @@
   would fail), then the summary table appears before the fidelity figures (its teacher-forced cells
   say "scoring…"), which fill in afterwards, and the native plots; at 1400 px wide the summary fits
   without an inner horizontal scroll. A screenshot of the
-  finished page goes to artifacts/ (and to docs/screenshot.png with
-  KVLAB_UPDATE_SCREENSHOT=1).
+  finished page goes to artifacts/.
 - On a long run (1500 tokens, EOS ignored) another tab's Run waits for its turn
   and shows its position and wait; Stop halts every column, and the next Run works; a Stop during that run's
   fidelity pass keeps its summary and says which figures were not scored.
@@ -14,8 +13,6 @@
 No wall-clock time is asserted; waits only guard against a hung run.
 """
 
-import os
-import shutil
 import time
 from pathlib import Path
 
@@ -31,7 +28,6 @@ POLL_S = 0.3
 REPO_ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = REPO_ROOT / "artifacts"
 SCREENSHOT = ARTIFACTS / "compare-quickstart.png"
-DOCS_SCREENSHOT = REPO_ROOT / "docs" / "screenshot.png"
 
 SNAPSHOT_JS = """() => {
   const q = (sel) => document.querySelector(sel);
@@ -93,8 +89,7 @@ def test_quickstart_streams_into_columns_then_summarizes(page):
     page.wait_for_function(f"document.querySelector('#kv-prompt textarea').value === {QUICKSTART_PROMPT!r}")
     assert strategies(page) == QUICKSTART_STRATEGIES
     assert page.locator("#kv-col-2-knob-2 input").input_value() == "16"  # residual_length from the preset
-    if os.environ.get("KVLAB_UPDATE_SCREENSHOT") != "1":  # the README's screenshot shows the preset's 64 tokens
-        page.locator("#kv-max-new input").fill("32")
+    page.locator("#kv-max-new input").fill("32")
 
     page.click("#kv-run")
     running, endless = [], set()
@@ -137,9 +132,6 @@ def test_quickstart_streams_into_columns_then_summarizes(page):
 
     ARTIFACTS.mkdir(exist_ok=True)
     page.screenshot(path=str(SCREENSHOT), full_page=True)
-    if os.environ.get("KVLAB_UPDATE_SCREENSHOT") == "1":
-        DOCS_SCREENSHOT.parent.mkdir(exist_ok=True)
-        shutil.copyfile(SCREENSHOT, DOCS_SCREENSHOT)
     page.set_viewport_size({"width": SUMMARY_WIDTH_PX, "height": 1000})
     page.wait_for_timeout(500)  # the table lays out again at the new width
     assert page.evaluate(INNER_SCROLLS) == [], f"the summary scrolls sideways at {SUMMARY_WIDTH_PX} px"

@@ -4,13 +4,11 @@
 The sampling preset's columns (dynamic, static, quanto int2) run greedy for a few tokens; the quantized column's
 first-divergence cell is a link; following it selects Inspect with the quantized strategy, `dynamic` to compare
 with, the same prompt, stepped to that step, and the lockstep view names the same first divergence and draws
-its chart. A screenshot goes to artifacts/ (and to docs/diverge.png with KVLAB_UPDATE_SCREENSHOT=1).
+its chart. A screenshot goes to artifacts/.
 
 No wall-clock time is asserted; waits only guard against a hung run.
 """
 
-import os
-import shutil
 from pathlib import Path
 from urllib.parse import parse_qsl, urljoin, urlsplit
 
@@ -22,7 +20,6 @@ NEW_TOKENS = 12
 REPO_ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = REPO_ROOT / "artifacts"
 SCREENSHOT = ARTIFACTS / "inspect-diverge.png"
-DOCS_SCREENSHOT = REPO_ROOT / "docs" / "diverge.png"
 
 
 def test_the_first_divergence_link_opens_inspect_at_that_step_with_both_strategies(page):
@@ -63,5 +60,3 @@ def test_the_first_divergence_link_opens_inspect_at_that_step_with_both_strategi
 
     ARTIFACTS.mkdir(exist_ok=True)
     inspect.screenshot(path=str(SCREENSHOT), full_page=True)
-    if os.environ.get("KVLAB_UPDATE_SCREENSHOT") == "1":
-        shutil.copyfile(SCREENSHOT, DOCS_SCREENSHOT)

@@ -3,14 +3,12 @@
 It opens on a sink cache with a 32-token window; the first Step prefills the prompt (longer than the window)
 in chunks, two Step ×10 clicks go on past the window, and the token strip shows the 4 sinks, the evicted
 middle and the 28 most recent tokens, the layer table says 32 held of 32, and the code shows this step's
-positions. A screenshot goes to artifacts/ (and to docs/inspect.png with KVLAB_UPDATE_SCREENSHOT=1).
+positions. A screenshot goes to artifacts/.
 
 No wall-clock time is asserted; waits only guard against a hung run.
 """
 
-import os
 import re
-import shutil
 from pathlib import Path
 
 import pytest
@@ -21,7 +19,6 @@ STEP_TIMEOUT_MS = 600_000
 REPO_ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = REPO_ROOT / "artifacts"
 SCREENSHOT = ARTIFACTS / "inspect-sink.png"
-DOCS_SCREENSHOT = REPO_ROOT / "docs" / "inspect.png"
 
 STRIP_JS = """() => {
   const rows = [...document.querySelectorAll('#kvi-strip .kv-strip-row')];
@@ -70,8 +67,6 @@ def test_inspect_steps_a_sink_cache_past_its_window_and_shows_eviction(page):
 
     ARTIFACTS.mkdir(exist_ok=True)
     page.screenshot(path=str(SCREENSHOT), full_page=True)
-    if os.environ.get("KVLAB_UPDATE_SCREENSHOT") == "1":
-        shutil.copyfile(SCREENSHOT, DOCS_SCREENSHOT)
 
     page.locator("#kvi-max-new input").fill("0")
     page.click("#kvi-step")

@@ -2,7 +2,7 @@
 
 - gemma-3-27b-it at 1k-128k tokens with a 24 GB budget: the table lists every strategy card with GiB at each
   context, fits marks and the longest context in budget, the strategies the model cannot use say why, and the
-  plot appears. A screenshot goes to artifacts/ (and to docs/plan-tab.png with KVLAB_UPDATE_SCREENSHOT=1).
+  plot appears. A screenshot goes to artifacts/.
 - Bad input (context 0, batch 0, an unknown name, a folder without config.json) gets its message in the status
   line and the last plan stays on the page.
 - The bundled model shows "measure it for real", which fills Compare's model and columns and switches to it.
@@ -10,8 +10,6 @@
 No wall-clock time is asserted.
 """
 
-import os
-import shutil
 from pathlib import Path
 
 GEMMA = "google/gemma-3-27b-it"
@@ -21,7 +19,6 @@ CARD_STRATEGIES = ["dynamic", "static", "quantized quanto int4 r128", "quantized
 REPO_ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = REPO_ROOT / "artifacts"
 SCREENSHOT = ARTIFACTS / "plan-tab.png"
-DOCS_SCREENSHOT = REPO_ROOT / "docs" / "plan-tab.png"
 STATUS = "#plan-status .kv-line"
 
 
@@ -69,8 +66,6 @@ def test_gemma_at_1k_to_128k_in_24_gb_then_bad_input(page):
     assert "Gemma3ForConditionalGeneration" in page.locator("#plan-model-info").inner_text()
     ARTIFACTS.mkdir(exist_ok=True)
     page.screenshot(path=str(SCREENSHOT), full_page=True)
-    if os.environ.get("KVLAB_UPDATE_SCREENSHOT") == "1":
-        shutil.copyfile(SCREENSHOT, DOCS_SCREENSHOT)
 
     page.locator("#plan-contexts textarea").fill("0, 1k")
     assert "✖ context must be an integer from 1 to 4,294,967,296, got 0" in plan_and_wait(page)

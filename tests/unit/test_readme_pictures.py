@@ -1,0 +1,73 @@
+"""The README pictures' refusal rules (scripts/readme_pictures.py): a Compare run the app marked busy or whose
+summary came later than 1.5x the quiet figure is not a picture; a picture taken while the machine got busy is
+not copied into docs/; the wait for a quiet machine gives up with the load in its reason. The pictures
+themselves are taken by running the script on a quiet machine."""
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.unit
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "readme_pictures.py"
+spec = importlib.util.spec_from_file_location("readme_pictures", SCRIPT)
+pictures = importlib.util.module_from_spec(spec)
+sys.modules["readme_pictures"] = pictures
+spec.loader.exec_module(pictures)
+
+QUIET = ("finished in 40.2 s: 324 tokens (6 ok) · summary after 33.0 s · fidelity: 3 of 3 columns scored"
+         " · TTFT p50 0.21 s")
+
+
+def test_a_quiet_run_near_the_quiet_figure_is_a_picture():
+    assert pictures.compare_refusal(QUIET, 32.0) is None
+
+
+def test_a_run_the_app_marked_busy_is_refused():
+    status = QUIET + " · ⚠ too busy for a fair comparison (why: the notes under the summary)"
+    assert "too busy" in pictures.compare_refusal(status, 32.0)
+
+
+def test_a_summary_later_than_one_and_a_half_times_the_quiet_figure_is_refused():
+    status = QUIET.replace("summary after 33.0 s", "summary after 680.3 s")
+    reason = pictures.compare_refusal(status, 32.0)
+    assert "680.3 s" in reason and "1.5" in reason
+    assert pictures.compare_refusal(QUIET.replace("33.0", "48.0"), 32.0) is None  # 1.5 x 32 is the edge
+    assert pictures.compare_refusal(QUIET.replace("33.0", "48.1"), 32.0) is not None
+
+
+def test_a_stopped_run_without_a_summary_is_refused():
+    assert "no summary" in pictures.compare_refusal("stopped in 3.0 s: 4 tokens (6 stopped)", 32.0)
+
+
+def test_a_picture_taken_while_the_machine_got_busy_is_not_copied(tmp_path, monkeypatch):
+    shot = tmp_path / "needle.png"
+    shot.write_bytes(b"png")
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    monkeypatch.setattr(pictures, "DOCS", docs)
+    monkeypatch.setattr(pictures, "busy_now", lambda threads: ["load average 7.8 on 2 cores"])
+    with pytest.raises(pictures.Refused, match="load average 7.8"):
+        pictures.keep(shot)
+    assert not (docs / "needle.png").exists()
+    monkeypatch.setattr(pictures, "busy_now", lambda threads: [])
+    pictures.keep(shot)
+    assert (docs / "needle.png").read_bytes() == b"png"
+
+
+def test_the_busy_rule_is_the_apps_own(monkeypatch):
+    import kvlab.measure.noise as noise
+
+    monkeypatch.setattr(noise, "sample_load", lambda: 4.0)
+    monkeypatch.setattr(pictures.os, "cpu_count", lambda: 2)
+    assert pictures.busy_now(2) and pictures.busy_now(0)  # 4.0 - 2 > 0.5 x 2
+    monkeypatch.setattr(noise, "sample_load", lambda: 1.9)
+    assert pictures.busy_now(0) and not pictures.busy_now(2)
+
+
+def test_waiting_for_quiet_gives_up_with_the_reason(monkeypatch):
+    monkeypatch.setattr(pictures, "busy_now", lambda threads: ["load average 9.0 on 2 cores"])
+    monkeypatch.setattr(pictures.time, "sleep", lambda s: None)
+    with pytest.raises(pictures.Refused, match="stayed busy.*load average 9.0"):
+        pictures.wait_for_quiet(timeout_s=0)
