@@ -19,7 +19,7 @@ run: setup
 	$(PYTHON) app.py
 
 test: setup-test
-	$(PYTHON) -m pytest -q --durations=15 tests
+	$(PYTHON) -m pytest -q --durations=60 tests
 
 test-fast: setup-test
 	$(PYTHON) -m pytest -q -m unit tests
