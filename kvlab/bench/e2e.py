@@ -49,7 +49,7 @@ def _column_tokens(spec: dict, tokens: int, preset_tokens: int) -> dict:
 
 def _preset_run(ctx: Context):
     """(prompt ids (1, seq), runnable column specs with their token counts, settings, mode)."""
-    from ..compare.columns import Column
+    from ..columns import Column
     from ..generation import encode_prompt
     from ..presets import load_preset, presets_dir
 

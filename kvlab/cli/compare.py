@@ -68,7 +68,7 @@ def resolve_compare(args) -> dict:
 
     Raises PresetError / ValueError with the reason (the caller prints it).
     """
-    from ..compare.columns import Column
+    from ..columns import Column
     from ..models.loading import ModelSpec
     from ..presets import parse_preset
 

@@ -36,7 +36,7 @@ def add_parser(sub, parents) -> None:
 
 def _plan(args):
     """(preset, column specs, grid values) from the preset and the flags. Raises PresetError / ValueError."""
-    from ..compare.columns import Column
+    from ..columns import Column
     from ..needle.preset import load_needle_preset
     from ..strategies.base import split_strategy_list
 

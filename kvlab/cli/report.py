@@ -140,7 +140,7 @@ def _text_ids(args, loaded):
 
 
 def _check_flags(args) -> None:
-    from ..quality.report import parse_columns
+    from ..quality.report import report_columns
 
     if args.max_tokens < 2 or args.progress_every < 1:
         raise ValueError("--max-tokens must be at least 2 and --progress-every at least 1")
@@ -154,7 +154,7 @@ def _check_flags(args) -> None:
     if args.context_tokens is not None and args.context_tokens + args.scored_tokens > args.max_tokens:
         raise ValueError(f"--context-tokens + --scored-tokens ({args.context_tokens + args.scored_tokens}) is more "
                          f"than --max-tokens ({args.max_tokens})")
-    columns = parse_columns(args.columns)
+    columns = report_columns(args.columns)
     if all(column.strategy is None for column in columns):
         raise ValueError("no column can run: " + "; ".join(f"{c.describe()}: {c.rejected}" for c in columns))
     _read_text(args)
@@ -162,7 +162,7 @@ def _check_flags(args) -> None:
 
 def _report(args, loaded, stop) -> dict:
     """One model's record (the needle grid too with --needle). Raises ValueError for a bad split."""
-    from ..quality.report import ReportDone, parse_columns, run_report
+    from ..quality.report import ReportDone, report_columns, run_report
 
     ids, info = _text_ids(args, loaded)
     record = None
@@ -175,7 +175,7 @@ def _report(args, loaded, stop) -> dict:
     if args.needle and not stop.is_set():
         from ..quality.recall import needle_grid, run_recall
 
-        columns = [(c.describe(), c) for c in parse_columns(args.columns) if c.strategy is not None]
+        columns = [(c.describe(), c) for c in report_columns(args.columns) if c.strategy is not None]
         record["needle"] = run_recall(loaded, columns, needle_grid(loaded), stop, _needle_line)
     return record
 

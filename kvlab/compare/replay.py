@@ -22,7 +22,7 @@ from ..generation import GenerationSettings
 from ..measure import ColumnTiming
 from ..measure.record import upgrade_v2
 from ..measure.record_json import RecordJSONError, json_shape, load_json, shaped, version_refusal
-from .columns import MAX_COLUMNS
+from ..columns import MAX_COLUMNS
 from .events import ColumnResult, RunDone
 from .summary import RECORD_FORMAT, RECORD_FORMAT_VERSION
 

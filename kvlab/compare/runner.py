@@ -53,7 +53,8 @@ from ..engine import Decoder, RunStopped
 from ..generation import GenerationSettings, IncrementalDetokenizer
 from ..measure.noise import sample_load
 from ..strategies import Strategy, StrategyError
-from .columns import MAX_COLUMNS, MODES, Column
+from ..columns import MAX_COLUMNS, Column, parse_columns
+from .columns import MODES
 from .events import (
     ColumnDone,
     ColumnError,
@@ -342,11 +343,7 @@ def checked_columns(columns: list, mode: str) -> list[Column]:
     """
     if mode not in MODES:
         raise ValueError(f"mode must be one of {list(MODES)}, got {mode!r}")
-    if not columns:
-        raise ValueError("no strategy picked: add at least one column")
-    if len(columns) > MAX_COLUMNS:
-        raise ValueError(f"at most {MAX_COLUMNS} columns, got {len(columns)}")
-    return [Column.from_spec(spec) for spec in columns]
+    return parse_columns(columns, MAX_COLUMNS, empty="no strategy picked: add at least one column", strict=True)
 
 
 class _Sampler:

@@ -1,6 +1,6 @@
 """The needle grid runner: every cell of a grid through every column's cache, streamed as small typed events.
 
-Columns are Compare's (`kvlab.compare.runner.Column`: any registered strategy with its knobs, up to MAX_COLUMNS); a
+Columns are read by `kvlab.columns.parse_columns` (any registered strategy with its knobs, up to MAX_COLUMNS); a
 column that cannot become a strategy or cannot run on this model gets a `NeedleColumnError` and the others run.
 Cells run shortest length first; within a cell the dense columns (caches that keep every token on this model)
 run first, so each cell's gate is known before the other columns' results of it are sent. Each cell is one
@@ -19,7 +19,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from ..compare.columns import MAX_COLUMNS, Column
+from ..columns import MAX_COLUMNS, parse_columns
 from ..compute import compute
 from ..generation import eos_token_ids
 from ..measure.warmup import warm_up_columns
@@ -71,14 +71,6 @@ class NeedleDone:
 NeedleEvent = NeedleStarted | NeedleColumnError | NeedleCell | NeedleDone
 
 
-def _columns(specs) -> list[Column]:
-    if len(specs) > MAX_COLUMNS:
-        raise ValueError(f"at most {MAX_COLUMNS} columns, got {len(specs)}")
-    if not specs:
-        raise ValueError("pick at least one column")
-    return [spec if isinstance(spec, Column) else Column.or_rejected(spec) for spec in specs]
-
-
 def _record(index: int, name: str, prompt: PasskeyPrompt, target: int) -> CellRecord:
     return CellRecord(index, name, prompt.context_tokens, target, prompt.depth, prompt.seed, prompt.key,
                       prompt.key_position, prompt.text, list(prompt.prompt_ids))
@@ -109,7 +101,7 @@ def run_needle(loaded, specs, grid: Grid, stop: threading.Event | None = None) -
     """
     stop = stop or threading.Event()
     started = time.perf_counter()
-    columns = _columns(specs)
+    columns = parse_columns(specs, MAX_COLUMNS)
     names = [c.describe() for c in columns]
     messages: dict[int, str] = {}
     statuses: dict[int, str] = {}

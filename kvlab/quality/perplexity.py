@@ -21,8 +21,8 @@ import torch
 
 from ..compute import compute_iter
 from ..engine import NllStep, NllStream
-from ..strategies import Strategy, StrategyError, make_strategy
-from ..strategies.base import parse_strategy_list
+from ..strategies import Strategy, StrategyError
+from .report import report_columns
 
 DEFAULT_STRATEGIES = "dynamic,sink:num_sink_tokens=0,sink"
 """The paper's three curves: dense, window attention, attention sinks."""
@@ -51,23 +51,13 @@ def parse_perplexity_strategies(specs, window: int = DEFAULT_WINDOW, sinks: int 
         window, sinks: `window_length` and `num_sink_tokens` for sink columns that do not set them.
 
     Raises:
-        StrategyError: nothing picked, an unknown name or knob, a bad knob value, a strategy that keeps no
-            cache, or two columns with one label.
-        ValueError: a knob not written as key=value.
+        StrategyError: an unknown name or knob, a bad knob value or one not written as key=value, a strategy
+            that keeps no cache, two columns with one label, or a cache budget.
+        ValueError: nothing picked, or more than the report's MAX_REPORT_COLUMNS.
     """
-    items = parse_strategy_list(specs) if isinstance(specs, str) else list(specs)
-    chosen: dict[str, Strategy] = {}
-    for item in items:
-        strategy = _resolve(item, window, sinks)
-        if not strategy.usable_in_perplexity:
-            raise StrategyError(f"{strategy.name} keeps no cache, so a text cannot stream through it token by token")
-        label = strategy.describe()
-        if label in chosen:
-            raise StrategyError(f"{label!r} is picked twice: give each column different knobs")
-        chosen[label] = strategy
-    if not chosen:
-        raise StrategyError(f"pick at least one cache, e.g. {DEFAULT_STRATEGIES}")
-    return chosen
+    columns = report_columns(specs, strict=True, prepare=lambda spec: _resolve(spec, window, sinks),
+                             empty=f"pick at least one cache, e.g. {DEFAULT_STRATEGIES}")
+    return {column.describe(): column.strategy for column in columns}
 
 
 def perplexity_strategies(loaded, specs, window: int = DEFAULT_WINDOW, sinks: int = DEFAULT_SINKS
@@ -86,17 +76,15 @@ def perplexity_strategies(loaded, specs, window: int = DEFAULT_WINDOW, sinks: in
     return chosen
 
 
-def _resolve(item, window: int, sinks: int) -> Strategy:
-    if isinstance(item, Strategy):
-        return item
-    spec = {"strategy": item} if isinstance(item, str) else dict(item)
+def _resolve(spec: dict, window: int, sinks: int) -> dict:
+    """`spec` with the aliases (`dense`, `window`) replaced and a sink column's unset window and sinks filled."""
     alias = ALIASES.get(spec.get("strategy"))
     if alias is not None:
         spec = {**alias, **{key: value for key, value in spec.items() if key != "strategy"}}
     if spec.get("strategy") == "sink":
         spec.setdefault("window_length", window)
         spec.setdefault("num_sink_tokens", sinks)
-    return make_strategy(spec)
+    return spec
 
 
 def stream_many(loaded, input_ids: torch.Tensor, strategies: dict[str, Strategy],

@@ -1,6 +1,6 @@
 """Recall for the quality report: the Needle grid (`kvlab.needle`) run for the report's columns, summarised per column.
 
-The Needle runner takes at most `kvlab.compare.columns.MAX_COLUMNS` columns, so the report's columns run in
+The Needle runner takes at most `kvlab.columns.MAX_COLUMNS` columns, so the report's columns run in
 batches, each with a dense `dynamic` column first: a cell the dense cache misses is beyond the model and gated
 in every column of its batch (`kvlab.needle.record`), as in the Needle tab. Each column's hits over its scored
 cells (every length x depth x seed not gated) become `NEEDLE_FIELDS` with a Wilson 95 % interval
@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 import threading
 
-from ..compare.columns import MAX_COLUMNS
+from ..columns import MAX_COLUMNS
 
 DEFAULT_LENGTHS = "1k"
 DEFAULT_DEPTHS = "0,0.5,1"
@@ -40,7 +40,7 @@ def run_recall(loaded, names_and_specs: list[tuple[str, object]], grid, stop: th
     Columns are (report column name, Column or spec); a column the Needle runner refuses keeps its message in
     its row (`errors` >= 1, no hits).
     """
-    from ..compare.columns import Column
+    from ..columns import Column
     from ..needle.runner import NeedleDone, run_needle
 
     batch_size = MAX_COLUMNS - 1

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from typing_extensions import Required, TypedDict
 
-from ..compare.columns import MAX_COLUMNS
+from ..columns import MAX_COLUMNS
 from ..compare.replay import check_record, known_fields
 from ..measure.record_json import RecordJSONError, load_json, shaped, version_refusal
 from .stats import QualityFigures, wilson_interval

@@ -27,12 +27,11 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..compare.columns import Column
+from ..columns import Column, parse_columns
 from ..compute import compute
 from ..engine import teacher_force
 from ..measure.warmup import warm_up_columns
 from ..strategies import make_strategy
-from ..strategies.base import split_strategy_list
 from .record import build_record, column_entry, figure_row
 from .stats import RunningQuality, score_tokens
 
@@ -43,6 +42,8 @@ DEFAULT_MAX_TOKENS = 4096
 """Tokens of the text a report reads by default (the context is the rest after the scored tokens)."""
 PROGRESS_EVERY = 32
 MAX_REPORT_COLUMNS = 40
+EMPTY = "pick at least one column, e.g. quantized:backend=quanto:nbits=4"
+"""The line for a report given no column."""
 
 
 @dataclass(frozen=True)
@@ -92,32 +93,27 @@ class ReportDone:
 ReportEvent = ReportStarted | ReportProgress | ReportColumnError | ReportDone
 
 
-def parse_columns(specs) -> list[Column]:
+def report_columns(specs, strict: bool = False, prepare=None, empty: str = EMPTY) -> list[Column]:
     """Columns from a comma list in compare syntax (`quantized:backend=quanto:nbits=4,snapkv:compression_ratio=0.5`)
-    or a list of items / spec dicts / Strategies. A bad item becomes a rejected column (its reason in
-    `Column.rejected`); so does a second column of the same name and a column with a cache budget.
+    or a list of items / spec dicts / Strategies (`kvlab.columns.parse_columns`). A bad item becomes a rejected
+    column (its reason in `Column.rejected`); so does a second column of the same name, a column with a cache
+    budget and a strategy that keeps no cache. `strict` raises the first of those instead; `prepare` rewrites
+    each spec first and `empty` is the line for no column (the Perplexity view's aliases, defaults and words).
 
     Raises:
         ValueError: no columns, or more than MAX_REPORT_COLUMNS.
+        StrategyError: with `strict`, the first column that cannot run.
     """
-    items = split_strategy_list(specs) if isinstance(specs, str) else list(specs)
-    if not items:
-        raise ValueError("pick at least one column, e.g. quantized:backend=quanto:nbits=4")
-    if len(items) > MAX_REPORT_COLUMNS:
-        raise ValueError(f"at most {MAX_REPORT_COLUMNS} columns, got {len(items)}")
-    columns, seen = [], set()
-    for item in items:
-        column = Column.from_text(item) if isinstance(item, str) else Column.or_rejected(item) \
-            if isinstance(item, dict) else Column.from_spec(item)
-        name = column.describe()
-        if column.budget is not None:
-            column = Column(None, rejected="a report column takes a strategy and its knobs; budget_mib is Compare's",
-                            title=name)
-        elif name in seen:
-            column = Column(None, rejected=f"{name!r} is picked twice: give each column different knobs", title=name)
-        seen.add(name)
-        columns.append(column)
-    return columns
+    return parse_columns(specs, MAX_REPORT_COLUMNS, empty=empty, prepare=prepare, unique=True,
+                         budget_refusal="a report column takes a strategy and its knobs; budget_mib is Compare's",
+                         check=_keeps_a_cache, strict=strict)
+
+
+def _keeps_a_cache(strategy) -> str:
+    """Why a text cannot be fed through `strategy` token by token ('' when it can)."""
+    if strategy.usable_in_perplexity:
+        return ""
+    return f"{strategy.name} keeps no cache, so a text cannot be fed through it token by token"
 
 
 def check_split(total_tokens: int, scored_tokens: int, context_tokens: int | None = None) -> Split:
@@ -189,8 +185,6 @@ def _refusal(loaded, column: Column, split: Split) -> str:
     if column.rejected:
         return column.rejected
     strategy = column.strategy
-    if not strategy.usable_in_perplexity:
-        return f"{strategy.name} keeps no cache, so a text cannot be fed through it token by token"
     reason = strategy.unavailable_reason(loaded)
     if reason:
         return reason
@@ -238,7 +232,7 @@ def run_report(loaded, ids: torch.Tensor, specs, *, scored_tokens: int = DEFAULT
     Args:
         loaded: a `kvlab.models.LoadedModel`.
         ids: (1, seq) or (seq,) token ids of the text.
-        specs: columns, as `parse_columns` takes them.
+        specs: columns, as `report_columns` takes them.
         scored_tokens, context_tokens: the split (`check_split`; the context defaults to the rest of the text).
         progress_every: a `ReportProgress` per column every this many tokens (and after the last).
         text_info: what the record says about the text (name, licence, ...).
@@ -251,7 +245,7 @@ def run_report(loaded, ids: torch.Tensor, specs, *, scored_tokens: int = DEFAULT
     stop = stop or threading.Event()
     ids = ids.reshape(1, -1).to(loaded.device)
     split = check_split(ids.shape[1], scored_tokens, context_tokens)
-    columns = parse_columns(specs)
+    columns = report_columns(specs)
     names = [column.describe() for column in columns]
     yield ReportStarted(tuple(names), split)
     errors: dict[str, str] = {}

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from kvlab.compare.columns import Column
+from kvlab.columns import Column
 from kvlab.compare.events import RunDone, StepMetrics
 from kvlab.compare.runner import collect, run_compare
 from kvlab.generation import GenerationSettings, encode_prompt

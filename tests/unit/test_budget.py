@@ -9,7 +9,7 @@ import torch
 
 from kvlab.accounting import bytes_per_token
 from kvlab.budget import MAX_FALLBACKS, Budget, default_chain, format_chain, parse_budget, parse_chain
-from kvlab.compare.columns import Column
+from kvlab.columns import Column
 from kvlab.compare.events import FallbackSwitched, TokenEvent
 from kvlab.compare.runner import collect, run_compare
 from kvlab.generation import GenerationSettings

@@ -142,7 +142,7 @@ def test_a_pruned_cache_refuses_a_crop_with_the_reason(tiny):
 
 
 def test_the_caveat_says_when_the_budget_prunes_nothing(tiny):
-    from kvlab.compare.columns import Column
+    from kvlab.columns import Column
     from kvlab.compare.runner import new_result
 
     big = make_strategy({"strategy": "knorm", "target_tokens": 500})

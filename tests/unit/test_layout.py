@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[2] / "kvlab"
-WEIGHT_FREE = ("kvlab.plan", "kvlab.presets", "kvlab.compare.columns", "kvlab.quality.stats", "kvlab.quality.record",
-               "kvlab.quality.table", "kvlab.quality.defaults")
+WEIGHT_FREE = ("kvlab.plan", "kvlab.presets", "kvlab.columns", "kvlab.compare.columns", "kvlab.quality.stats",
+               "kvlab.quality.record", "kvlab.quality.table", "kvlab.quality.defaults")
 RUNTIME_MODULES = ("kvlab.compare.runner", "kvlab.engine", "kvlab.compare.timing", "kvlab.compare.quiet",
                    "kvlab.measure.warmup", "kvlab.compare.memory", "kvlab.compare.fidelity", "kvlab.compare.summary")
 """What runs (and times) a model: a weight-free module needs none of them."""
@@ -61,8 +61,9 @@ def offenders(modules, imported: tuple[str, ...]) -> dict[str, list[str]]:
             if any(starts_with(i, imported) for i in SOURCES[name])}
 
 
-CORE = {"engine", "generation", "accounting", "compute", "budget", "presets"}
-"""The modules at the top of kvlab/ (beside __init__ and __main__): what every wing reads."""
+CORE = {"engine", "generation", "accounting", "compute", "budget", "presets", "columns"}
+"""The modules at the top of kvlab/ (beside __init__ and __main__): what every wing reads (`columns`: a run's
+columns and the one check of them, `kvlab.columns.parse_columns`)."""
 TABS = {"compare", "chat", "perplexity", "plan", "inspect", "needle", "report"}
 """kvlab/ui/'s tab packages; `shared` is the one package beside them."""
 
@@ -135,7 +136,7 @@ def test_measure_imports_nothing_but_itself():
 
 
 def test_the_rules_see_the_package():
-    assert {"kvlab.compare.runner", "kvlab.compare.columns", "kvlab.plan.planner", "kvlab.cli",
+    assert {"kvlab.compare.runner", "kvlab.columns", "kvlab.plan.planner", "kvlab.cli",
             "kvlab.ui.compare.tab"} <= set(SOURCES)
     assert offenders(["kvlab.ui.compare.tab"], ("gradio",))
     assert offenders(["kvlab.cli.compare"], ("kvlab.compare.runner",))

@@ -132,7 +132,7 @@ def test_every_needle_preset_runs_on_the_tiny_model(tiny, name):
 def test_a_preset_fills_the_form_with_what_the_preset_runs(name):
     """The preset picker writes the columns in compare syntax; read back by the tab they are the preset's
     strategies, and the grid fields parse to the preset's grid."""
-    from kvlab.compare.columns import Column
+    from kvlab.columns import Column
     from kvlab.ui.needle.tab import column_specs
     from kvlab.ui.needle.view import NO_PRESET, preset_fields
 

@@ -43,7 +43,7 @@ def test_extra_columns_use_the_compare_syntax():
     request = PerplexityRequest(choices=["dynamic"], extra="sink:num_sink_tokens=1:window_length=16")
     assert request.spec_text() == "dynamic,sink:num_sink_tokens=1:window_length=16"
     assert list(request.strategies()) == ["dynamic", "sink 1+15"]
-    with pytest.raises(StrategyError, match="pick at least one cache"):
+    with pytest.raises(ValueError, match="pick at least one cache"):
         PerplexityRequest(choices=[]).strategies()
     with pytest.raises(ValueError, match="write key=value"):
         PerplexityRequest(choices=[], extra="sink:window").strategies()

@@ -15,7 +15,7 @@ from kvlab.quality.report import (
     ReportProgress,
     ReportStarted,
     check_split,
-    parse_columns,
+    report_columns,
     run_report,
 )
 from kvlab.quality.table import format_markdown, format_table, pareto_marks, rows_to_csv
@@ -113,8 +113,8 @@ def test_split_and_columns_are_checked_before_any_compute():
     with pytest.raises(ValueError, match="more than the text's 10 tokens"):
         check_split(10, 5, 6)
     with pytest.raises(ValueError, match="at least one column"):
-        parse_columns(" , ")
-    twice = parse_columns("dynamic,dynamic,snapkv:budget_mib=2")
+        report_columns(" , ")
+    twice = report_columns("dynamic,dynamic,snapkv:budget_mib=2")
     assert "picked twice" in twice[1].rejected and "budget_mib is Compare's" in twice[2].rejected
 
 
@@ -168,10 +168,10 @@ def test_the_command_line_builds_the_table_from_records_and_refuses_bad_input(ti
 
 def test_recall_runs_the_needle_grid_per_column_with_a_dense_gate(tiny):
     from kvlab.quality.recall import needle_grid, run_recall
-    from kvlab.quality.report import parse_columns
+    from kvlab.quality.report import report_columns
 
     grid = needle_grid(tiny, "128", "0,1", "0,1,2")
-    columns = [(c.describe(), c) for c in parse_columns("sink:window_length=32,knorm")]
+    columns = [(c.describe(), c) for c in report_columns("sink:window_length=32,knorm")]
     needle = run_recall(tiny, columns, grid)
     assert needle["grid"]["seeds"] == [0, 1, 2]
     assert [row["strategy"] for row in needle["summary"]] == ["dynamic", "sink 4+28", "knorm 0.5"]

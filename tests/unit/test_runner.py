@@ -6,7 +6,7 @@ import time
 import pytest
 import torch
 
-from kvlab.compare.columns import Column
+from kvlab.columns import Column
 from kvlab.compare.events import (
     ColumnDone,
     ColumnError,

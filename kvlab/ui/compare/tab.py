@@ -21,7 +21,8 @@ import time
 
 import gradio as gr
 
-from kvlab.compare.columns import MAX_COLUMNS, MODES
+from kvlab.columns import MAX_COLUMNS
+from kvlab.compare.columns import MODES
 from kvlab.compare.runner import run_compare
 from kvlab.generation import MAX_NEW_TOKENS_CAP, encode_prompt
 from kvlab.measure import POLICIES

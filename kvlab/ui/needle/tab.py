@@ -16,7 +16,7 @@ import json
 
 import gradio as gr
 
-from kvlab.compare.columns import MAX_COLUMNS, Column
+from kvlab.columns import MAX_COLUMNS, Column, parse_columns
 from kvlab.models.loading import ModelLoadError, ModelSpec
 from kvlab.needle.grid import DEFAULT_NEW_TOKENS, MAX_NEW_TOKENS, GridError, expand_sweeps, parse_grid, split_items
 from kvlab.needle.preset import list_needle_presets
@@ -57,12 +57,9 @@ EXPLAIN = (
 def column_specs(text: str) -> list[Column]:
     """Columns from compare syntax with sweeps expanded; a bad item becomes a rejected column (its message in
     its own place). Raises ValueError when there is none or more than MAX_COLUMNS."""
-    items = expand_sweeps(split_items((text or "").replace(" ", "")))
-    if not items:
-        raise ValueError("name at least one column, e.g. dynamic, sink:window_length=128")
-    if len(items) > MAX_COLUMNS:
-        raise ValueError(f"at most {MAX_COLUMNS} columns (sweeps included), got {len(items)}")
-    return [Column.from_text(item) for item in items]
+    return parse_columns(expand_sweeps(split_items((text or "").replace(" ", ""))), MAX_COLUMNS,
+                         empty="name at least one column, e.g. dynamic, sink:window_length=128",
+                         counted=" (sweeps included)")
 
 
 class NeedleTab:

@@ -159,7 +159,7 @@ def preset_fields(name: str) -> dict | None:
         PresetError: the preset is missing or invalid (the message names the file and field).
     """
     from kvlab.budget import strategy_item
-    from kvlab.compare.columns import Column
+    from kvlab.columns import Column
     from kvlab.needle.preset import load_needle_preset
 
     if not name or name == NO_PRESET:

@@ -3,7 +3,7 @@ the page's table, the quality-vs-bytes plot's frame and the status line.
 
 - `plan_report(request, loaded)` tokenizes the text (the shipped long text or the user's own), takes its first
   `context_tokens + scored_tokens` tokens and checks the split and the columns before any compute
-  (`kvlab.quality.report.check_split`, `parse_columns`).
+  (`kvlab.quality.report.check_split`, `report_columns`).
 - `ReportView.apply(event)` folds in `kvlab.quality.report` events; its `rows()` are
   `kvlab.quality.record.TABLE_FIELDS` dicts, one per column of the run in order (a column without figures
   yet is a row of blanks, a column error a row with its message), and end as the record's own rows.
@@ -28,7 +28,7 @@ from kvlab.quality.defaults import DEFAULT_COLUMNS as CLI_COLUMNS
 from kvlab.quality.defaults import CHARS_PER_TOKEN, SHIPPED_TEXT_INFO, pasted_text_refusal, shipped_text
 from kvlab.quality.record import TABLE_FIELDS, load_record, merge_rows, rows_from_record
 from kvlab.quality.report import (REFERENCE, ReportColumnError, ReportDone, ReportProgress, ReportStarted, Split,
-                                  check_split, parse_columns)
+                                  check_split, report_columns)
 from kvlab.quality.stats import pareto_front
 from kvlab.quality.table import HEADERS, MIB, cells, pareto_marks
 
@@ -119,7 +119,7 @@ def plan_report(request: ReportRequest, loaded) -> ReportPlan:
 
     Raises:
         ValueError: the text is empty or has fewer tokens than the split needs (the message gives its count), a
-            split below 1 token, no column or more than the report takes (`parse_columns`). Bad single columns
+            split below 1 token, no column or more than the report takes (`report_columns`). Bad single columns
             are not raised: each becomes its own error row when the run starts.
     """
     context, scored = whole(request.context_tokens, "context tokens"), whole(request.scored_tokens, "scored tokens")
@@ -129,7 +129,7 @@ def plan_report(request: ReportRequest, loaded) -> ReportPlan:
     if ids.shape[1] < wanted and len(text) > wanted * CHARS_PER_TOKEN:
         ids = loaded.tokenizer(text, return_tensors="pt")["input_ids"]
     split = check_split(ids.shape[1], scored, context)
-    parse_columns(request.columns or "")
+    report_columns(request.columns or "")
     return ReportPlan(ids[:, :context + scored], split, progress_every(scored), request.text_info())
 
 

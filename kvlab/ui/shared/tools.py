@@ -81,7 +81,7 @@ class AgentTools:
         Returns:
             the run record, as JSON text, that `python -m kvlab compare --json` writes.
         """
-        from kvlab.compare.columns import Column
+        from kvlab.columns import Column
         from kvlab.compare.runner import collect, run_compare
         from kvlab.compare.summary import run_record
         from kvlab.generation import encode_prompt
@@ -164,7 +164,7 @@ class AgentTools:
         """
         import functools
 
-        from kvlab.compare.columns import Column
+        from kvlab.columns import Column
         from kvlab.needle.grid import GridError, parse_grid
         from kvlab.needle.prompt import key_tokens, min_context_tokens
         from kvlab.needle.runner import NeedleDone, max_positions, run_needle
