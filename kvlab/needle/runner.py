@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from ..columns import MAX_COLUMNS, parse_columns
 from ..compute import compute
 from ..generation import eos_token_ids
+from ..measure.environment import environment
 from ..measure.warmup import warm_up_columns
 from .cell import run_cell
 from .grid import Grid
@@ -147,7 +148,8 @@ def run_needle(loaded, specs, grid: Grid, stop: threading.Event | None = None) -
     column_info = [{"name": names[i], "spec": {"strategy": c.strategy.name, **c.strategy.knobs()} if c.strategy else {},
                     "status": statuses.get(i, "ok"), "message": messages.get(i, "")} for i, c in enumerate(columns)]
     grid_info = {"lengths": grid.lengths, "depths": grid.depths, "seeds": grid.seeds, "new_tokens": grid.new_tokens}
-    record = build_record(info, grid_info, column_info, records, dense, list(grid.problems), wall_s, stop.is_set())
+    record = build_record(info, grid_info, column_info, records, dense, list(grid.problems), wall_s, stop.is_set(),
+                          environment(loaded))
     yield NeedleDone(records, record, wall_s, stop.is_set(), messages)
 
 

@@ -30,6 +30,7 @@ import torch
 from ..columns import Column, parse_columns
 from ..compute import compute
 from ..engine import teacher_force
+from ..measure.environment import environment
 from ..measure.warmup import warm_up_columns
 from ..strategies import make_strategy
 from .record import build_record, column_entry, figure_row
@@ -288,4 +289,5 @@ def _record(loaded, split, text_info, named_columns, tracks, reference, errors, 
         entries.append(column_entry(name, column, split, errors.get(name, ""), figures,
                                     track.quality.n_tokens if track is not None else 0))
     reference_row = {"name": REFERENCE, **reference.cost()}
-    return build_record(loaded.info(), split, text_info or {}, entries, reference_row, wall_s, stopped)
+    return build_record(loaded.info(), split, text_info or {}, entries, reference_row, wall_s, stopped,
+                        environment=environment(loaded))

@@ -11,6 +11,8 @@
 - No file in the package, benchmarks/ or app.py is longer than 450 lines, and no function longer than 60.
 - No module outside the quantization backends' home (`kvlab/caches/quant/`) branches on a backend's name: a
   backend is looked up in the registry and asked, so a new one is its module and one registry line.
+- One module reads and builds a record's envelope (`kvlab/record.py`: `kind`, `version`, the keys older records
+  carried, and the safe JSON loader's one caller); a wing describes its kind and writes through it.
 """
 
 import ast
@@ -61,9 +63,10 @@ def offenders(modules, imported: tuple[str, ...]) -> dict[str, list[str]]:
             if any(starts_with(i, imported) for i in SOURCES[name])}
 
 
-CORE = {"engine", "generation", "accounting", "compute", "budget", "presets", "columns"}
+CORE = {"engine", "generation", "accounting", "compute", "budget", "presets", "columns", "record"}
 """The modules at the top of kvlab/ (beside __init__ and __main__): what every wing reads (`columns`: a run's
-columns and the one check of them, `kvlab.columns.parse_columns`)."""
+columns and the one check of them, `kvlab.columns.parse_columns`; `record`: the one record envelope and its
+reader)."""
 TABS = {"compare", "chat", "perplexity", "plan", "inspect", "needle", "report"}
 """kvlab/ui/'s tab packages; `shared` is the one package beside them."""
 
@@ -199,6 +202,45 @@ def test_no_backend_name_branch_outside_the_backend_objects():
     assert name_branches(ast.parse(sample), names) == [1, 3, 4]
     found = {str(path.relative_to(PACKAGE.parent)): name_branches(ast.parse(path.read_text(encoding="utf-8")), names)
              for path in sorted(PACKAGE.rglob("*.py")) if QUANT_HOME not in path.parents}
+    assert {path: lines for path, lines in found.items() if lines} == {}
+
+
+RECORD_READER = PACKAGE / "record.py"
+"""The one reader (and writer) of a record's envelope: `kind`, `version` and the keys older records carried."""
+ENVELOPE_KEYS = {"kind", "version", "format", "format_version"}
+
+
+def envelope_uses(tree: ast.AST) -> list[int]:
+    """Lines that read a record's envelope (a subscript or `.get` of an envelope key, a call of the safe JSON
+    loader `load_json`) or build one (a dict literal with `kind` and `version`, or with `format_version`)."""
+    def key(node) -> str | None:
+        return node.value if isinstance(node, ast.Constant) and isinstance(node.value, str) else None
+
+    lines = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Subscript):
+            hit = key(node.slice) in ENVELOPE_KEYS
+        elif isinstance(node, ast.Call):
+            name = getattr(node.func, "attr", getattr(node.func, "id", None))
+            hit = name == "load_json" or (name == "get" and bool(node.args) and key(node.args[0]) in ENVELOPE_KEYS)
+        elif isinstance(node, ast.Dict):
+            keys = {key(k) for k in node.keys if k is not None}
+            hit = {"kind", "version"} <= keys or "format_version" in keys
+        else:
+            hit = False
+        if hit:
+            lines.append(node.lineno)
+    return lines
+
+
+def test_one_module_reads_and_writes_a_records_envelope():
+    sample = ('a = r["kind"]\nb = r.get("format_version")\nc = load_json(p)\nd = {"kind": k, "version": 1}\n'
+              'e = {"kind": 1}')
+    assert envelope_uses(ast.parse(sample)) == [1, 2, 3, 4]
+    assert envelope_uses(ast.parse(RECORD_READER.read_text(encoding="utf-8")))
+    loader = PACKAGE / "measure" / "record_json.py"
+    found = {str(path.relative_to(PACKAGE.parent)): envelope_uses(ast.parse(path.read_text(encoding="utf-8")))
+             for path in sorted(PACKAGE.rglob("*.py")) if path not in (RECORD_READER, loader)}
     assert {path: lines for path, lines in found.items() if lines} == {}
 
 

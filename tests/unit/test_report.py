@@ -124,8 +124,8 @@ def test_records_merge_into_one_table_with_the_pareto_front(tiny, tmp_path):
     record = json.loads(json.dumps(record))  # as saved
     assert all(v is None or not (isinstance(v, float) and math.isnan(v))
                for c in record["columns"] for v in c["figures"].values())
-    needle = {"kind": "kvlab.needle", "version": 1, "model": record["model"],
-              "summary": [{"strategy": "sink 2+6", "hits": 3, "scored": 4, "errors": 0}]}
+    needle = {"kind": "kvlab.needle", "version": 1, "model": record["model"], "columns": [{"name": "sink 2+6"}],
+              "cells": [], "summary": [{"strategy": "sink 2+6", "hits": 3, "scored": 4, "errors": 0}]}
     rows = merge_rows([rows_from_record(record, "a.json"), rows_from_record(needle, "b.json")])
     assert len(rows) == 2
     sink = rows[1]
@@ -226,8 +226,10 @@ def test_a_compare_row_never_fills_a_report_row_and_a_malformed_record_is_one_li
         by = {row["protocol"]: row for row in rows}
         assert len(rows) == 2 and by["report"]["kld_mean"] == 0.30333 and by["report"]["same_top"] == 0.594
         assert by["compare"]["kld_mean"] == 0.01099 and by["compare"]["same_top_low"] is None
-    for bad in ({"kind": "kvlab.report", "version": 1, "columns": "oops"}, {**report, "model": "x", "columns": [{}]}):
-        with pytest.raises(ValueError, match="not a well-formed kvlab.report record"):
+    for bad, said in (({"kind": "kvlab.report", "version": 1, "columns": "oops"}, "the report record has no columns"),
+                      ({**report, "columns": [{}]}, "column 1 of the record is incomplete: it lacks name, split"),
+                      ({**report, "model": "x"}, "not a well-formed kvlab.report record, its field model")):
+        with pytest.raises(ValueError, match=said):
             rows_from_record(bad)
     path = tmp_path / "mangled.json"
     path.write_text(json.dumps({"kind": "kvlab.report", "version": 1, "columns": "oops"}))

@@ -98,7 +98,8 @@ def test_saved_records_merge_and_an_unreadable_one_is_one_line(tmp_path):
     other = tmp_path / "other.json"
     other.write_text(json.dumps(record([("quanto", "ok", "", 8, figures(8, 0.01, 2.0))], model="n")))
     needle = tmp_path / "needle.json"
-    needle.write_text(json.dumps({"kind": "kvlab.needle", "version": 1, "model": {"name": "m"},
+    needle.write_text(json.dumps({"kind": "kvlab.needle", "version": 1, "model": {"name": "m"}, "cells": [],
+                                  "columns": [{"name": "sink 4+60"}],
                                   "summary": [{"strategy": "sink 4+60", "hits": 4, "scored": 5}]}))
     broken = tmp_path / "broken.json"
     broken.write_text("{not json")
@@ -107,7 +108,8 @@ def test_saved_records_merge_and_an_unreadable_one_is_one_line(tmp_path):
     rows, problems = rows_from_files([report, other, needle, broken, stranger])
     assert [(row["model"], row["column"]) for row in rows] == [("m", "sink 4+60"), ("n", "quanto")]
     assert rows[0]["needle_hits"] == 4 and len(problems) == 2
-    assert problems[0].startswith("cannot read record broken.json: ") and problems[1].startswith("stranger.json")
+    assert problems[0].startswith("cannot read record broken.json: ")
+    assert problems[1].startswith("cannot read record stranger.json: not a report, Compare or Needle record")
     assert not any(str(tmp_path) in problem for problem in problems), "a server path reached the page"
     table = table_frame(rows)
     assert list(table["model"]) == ["m", "n"] and table["needle [95% CI]"][0].startswith("4/5")
