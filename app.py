@@ -12,6 +12,11 @@ refuses an upload larger than a record may be (`KVLAB_MAX_RECORD_MB`, default 16
 MiB; `kvlab.measure.record_json`) before storing it. On a Hugging Face Space a
 "Duplicate Space" button shows in the header; on ZeroGPU the GPU-bound handlers
 are wrapped by `kvlab.ui.shared.zerogpu`.
+
+Started as a script, the app also handles SIGTERM from its first moment (what a
+Space restart sends): it stops kvlab's work, closes the server and exits with
+status 143 within a few seconds (`kvlab.ui.shared.shutdown`), and it empties the
+ready file (`KVLAB_READY_FILE`) before its model starts loading.
 """
 
 import logging
@@ -19,9 +24,12 @@ import os
 import sys
 
 from kvlab import SETUP_HINT
+from kvlab.ui.shared.shutdown import SigtermExit
 
 EARLY_LOADER = None
 """The `BackgroundLoader` whose load of the bundled model started before gradio was imported (script only)."""
+TERMINATION = SigtermExit()
+"""The SIGTERM handler, installed by `python app.py` before anything loads and restored when it ends."""
 
 
 def log_to_stderr() -> None:
@@ -102,8 +110,14 @@ if __name__ == "__main__":
         sys.exit(f"kvlab: {bad}")
     if refusal:
         sys.exit(refusal)
+    log_to_stderr()
+    TERMINATION.install()
 
 try:
+    if __name__ == "__main__":
+        from kvlab.models import readiness
+
+        readiness.reset()  # an earlier start's lines must not make this one look ready
     if __name__ == "__main__" and os.environ.get("KVLAB_EARLY_LOAD", "1") != "0":
         from kvlab.models.loading import ModelPool, ModelSpec
         from kvlab.ui.shared.loader import BackgroundLoader
@@ -123,7 +137,7 @@ try:
     from kvlab.ui.perplexity.tab import build_perplexity_tab
     from kvlab.ui.plan.tab import build_plan_tab
     from kvlab.ui.report.tab import build_report_tab
-    from kvlab.ui.shared.serving import calm_queue_polling
+    from kvlab.ui.shared.serving import calm_queue_polling, close_promptly
     from kvlab.ui.shared.theme import CSS
     from kvlab.ui.shared.tools import mcp_enabled, register_tools
 except ImportError as missing:
@@ -194,7 +208,8 @@ def launch() -> None:
     KVLAB_MCP, is reported in one line naming the setting to change. Uploads larger than a record may be
     (`kvlab.measure.record_json.max_record_bytes`) are refused by gradio before they are stored. With the MCP
     switch on (`--mcp`, KVLAB_MCP=1, or on a Space), gradio's MCP server answers at /gradio_api/mcp/ (streamable
-    HTTP) and /gradio_api/mcp/sse (docs/mcp.md)."""
+    HTTP) and /gradio_api/mcp/sse (docs/mcp.md). However it ends (Ctrl-C, SIGTERM's SystemExit from
+    `TERMINATION`), the server is closed."""
     log_to_stderr()
     port = server_port()
     try:
@@ -212,7 +227,13 @@ def launch() -> None:
     except OSError as err:
         sys.exit(f"kvlab: cannot serve on port {port} ({str(err).splitlines()[0]}): set GRADIO_SERVER_PORT "
                  "(or PORT) to a free port")
+    finally:
+        close_promptly(demo)
 
 
 if __name__ == "__main__":
-    launch()
+    try:
+        launch()
+    finally:
+        TERMINATION.restore()
+        TERMINATION.finish()

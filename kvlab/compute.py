@@ -19,31 +19,69 @@ Calls made on the compute thread itself run inline, so nested calls cannot
 deadlock. What runs here must not wait for another call to `compute`.
 Parallel-mode columns do not use this thread; while they run, they and this
 thread get a share of the intra-op threads (`kvlab.compare.runner.shared_threads`).
+
+`close()` (the app's SIGTERM handler calls it) ends kvlab's torch work for
+good: calls still waiting are cancelled and new ones raise `ComputeClosed`; the
+call running now goes on, but every `kvlab.engine` loop (decoding, teacher
+forcing, warm-up, on this thread or in a parallel-mode column) sees `closed()`
+and stops before its next forward, as if its stop event were set.
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import CancelledError, ThreadPoolExecutor
 from typing import TypeVar
 
 T = TypeVar("T")
 
 THREAD_NAME = "kvlab-compute"
+CLOSED_MESSAGE = "kvlab is shutting down: no more model work is taken"
 _executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=THREAD_NAME)
+_closed = threading.Event()
+
+
+class ComputeClosed(RuntimeError):
+    """The compute thread was closed (`close()`): kvlab is shutting down and takes no more torch work."""
 
 
 def on_compute_thread() -> bool:
     return threading.current_thread().name.startswith(THREAD_NAME)
 
 
+def close() -> None:
+    """End kvlab's torch work for good (a shutdown): calls waiting for the compute thread are cancelled and
+    new ones raise `ComputeClosed` in their callers; the call running now finishes. Returns at once."""
+    _closed.set()
+    _executor.shutdown(wait=False, cancel_futures=True)
+
+
+def closed() -> bool:
+    """Whether `close()` was called: kvlab's loops (`kvlab.engine`'s decoders) treat it as their stop, on the
+    compute thread (so a long call ends at its next forward) and in parallel-mode columns alike."""
+    return _closed.is_set()
+
+
 def compute(fn: Callable[..., T], *args, **kwargs) -> T:
     """Run `fn(*args, **kwargs)` on the compute thread, after the calls submitted before it; return its
-    result or raise its exception in the caller."""
+    result or raise its exception in the caller.
+
+    Raises:
+        ComputeClosed: `close()` was called before `fn` started (it never runs then).
+    """
     if on_compute_thread():
         return fn(*args, **kwargs)
-    return _executor.submit(fn, *args, **kwargs).result()
+    if closed():
+        raise ComputeClosed(CLOSED_MESSAGE)
+    try:
+        future = _executor.submit(fn, *args, **kwargs)
+    except RuntimeError:  # shut down between the check and the submit
+        raise ComputeClosed(CLOSED_MESSAGE) from None
+    try:
+        return future.result()
+    except CancelledError:
+        raise ComputeClosed(CLOSED_MESSAGE) from None
 
 
 _DONE = object()

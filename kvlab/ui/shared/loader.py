@@ -58,6 +58,7 @@ class BackgroundLoader:
         self._status: dict[ModelSpec, LoadStatus] = {}
         self._threads: dict[ModelSpec, threading.Thread] = {}
         self._guard = threading.Lock()
+        self._failures_logged: set[str] = set()
 
     def status(self, spec: ModelSpec) -> LoadStatus:
         loaded = self.pool.loaded(spec)
@@ -116,10 +117,19 @@ class BackgroundLoader:
             outcome = LoadStatus("ready", 1.0, f"{loaded.name} ready")  # the pool holds the model, not this record
             self._announce_ready(loaded, time.perf_counter() - started)
         if outcome.state == "error":
-            logger.warning("model load failed: %s", outcome.message)
+            self._log_failure(outcome.message)
             readiness.announce(readiness.ERROR, name=spec.source, message=outcome.message)
         with self._guard:
             self._status[spec] = outcome
+
+    def _log_failure(self, message: str) -> None:
+        """Log a failed load once per message: the page's preload and the planner's warm-up start a load that
+        failed again (a read-only cache folder fails the same way each time), and the log would repeat it."""
+        with self._guard:
+            if message in self._failures_logged:
+                return
+            self._failures_logged.add(message)
+        logger.warning("model load failed: %s", message)
 
     @staticmethod
     def _announce_ready(loaded: LoadedModel, load_s: float) -> None:

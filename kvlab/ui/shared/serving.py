@@ -1,4 +1,5 @@
-"""Serving the app so that the server does not slow the columns it times: gradio's queue polling.
+"""Serving the app so that the server does not slow the columns it times (gradio's queue polling), and closing
+it promptly.
 
 gradio 6's queue (`gradio.queueing.Queue`) runs two polling loops on the
 server's event loop for as long as the app is up: one looks for a new event
@@ -21,8 +22,13 @@ waits up to 50 ms longer to start, and `gr.Progress` updates go out at most
 10 times a second; kvlab streams its own updates from its generators, which
 these loops do not pace.
 
-This is the one module that knows gradio's queue internals; it touches nothing
-in the browser.
+`close_promptly` closes the server giving open connections SERVER_CLOSE_GRACE_S
+to end: uvicorn waits for them without limit by default, and a client
+listening to its event stream keeps one open, so gradio's `close()` waited
+the 5 s it allows itself (the SIGTERM path, `kvlab.ui.shared.shutdown`).
+
+This is the one module that knows gradio's queue and server internals; it
+touches nothing in the browser.
 """
 
 from __future__ import annotations
@@ -35,6 +41,8 @@ EVENT_POLL_S = 0.05
 """Seconds between the queue's looks for a new event to start (gradio's value on Windows)."""
 PROGRESS_POLL_S = 0.1
 """Seconds between the queue's looks for progress updates to send (gradio's value on Windows)."""
+SERVER_CLOSE_GRACE_S = 1.0
+"""Seconds the closing server waits for open connections (a client's event stream) before cancelling them."""
 _INTERVALS = {"sleep_when_free": EVENT_POLL_S, "progress_update_sleep_when_free": PROGRESS_POLL_S}
 
 
@@ -52,3 +60,20 @@ def calm_queue_polling(demo) -> bool:
     for name, seconds in _INTERVALS.items():
         setattr(queue, name, seconds)
     return True
+
+
+def close_promptly(demo) -> None:
+    """Close `demo` (a launched `gr.Blocks`; one not running is left as it is), giving open connections
+    SERVER_CLOSE_GRACE_S (uvicorn's `timeout_graceful_shutdown` on gradio's server, when this gradio has one).
+    The streams cancelled then would each print a `CancelledError` traceback on uvicorn's error log, which says
+    nothing about a deliberate close: that log is kept to CRITICAL while closing, and put back after."""
+    config = getattr(getattr(demo, "server", None), "config", None)
+    if config is not None and hasattr(config, "timeout_graceful_shutdown"):
+        config.timeout_graceful_shutdown = SERVER_CLOSE_GRACE_S
+    server_log = logging.getLogger("uvicorn.error")
+    level = server_log.level
+    server_log.setLevel(logging.CRITICAL)
+    try:
+        demo.close(verbose=False)
+    finally:
+        server_log.setLevel(level)
