@@ -41,23 +41,19 @@ def run_recall(loaded, names_and_specs: list[tuple[str, object]], grid, stop: th
     its row (`errors` >= 1, no hits).
     """
     from ..columns import Column
-    from ..needle.runner import NeedleDone, run_needle
+    from ..needle.runner import run_needle
+    from ..protocol import collect
 
     batch_size = MAX_COLUMNS - 1
     summary: list[dict] = []
     for start in range(0, len(names_and_specs), batch_size):
         batch = names_and_specs[start:start + batch_size]
         specs = [Column.from_text(DENSE), *(spec for _, spec in batch)]
-        done = None
-        for event in run_needle(loaded, specs, grid, stop):
-            if on_cell is not None:
-                on_cell(event)
-            if isinstance(event, NeedleDone):
-                done = event
-        rows = done.record["summary"]
+        done = collect(run_needle(loaded, specs, grid, stop), on_cell)
+        rows, columns = done.record["summary"], done.record["columns"]
         if start == 0:
             summary.append({**rows[0], "strategy": DENSE})
         for index, ((name, _), row) in enumerate(zip(batch, rows[1:]), 1):
-            summary.append({**row, "strategy": name, "message": done.column_messages.get(index, "")})
+            summary.append({**row, "strategy": name, "message": columns[index]["message"]})
     return {"grid": {"lengths": grid.lengths, "depths": grid.depths, "seeds": grid.seeds,
                      "new_tokens": grid.new_tokens}, "problems": list(grid.problems), "summary": summary}

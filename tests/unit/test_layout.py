@@ -63,10 +63,10 @@ def offenders(modules, imported: tuple[str, ...]) -> dict[str, list[str]]:
             if any(starts_with(i, imported) for i in SOURCES[name])}
 
 
-CORE = {"engine", "generation", "accounting", "compute", "budget", "presets", "columns", "record"}
+CORE = {"engine", "generation", "accounting", "compute", "budget", "presets", "columns", "record", "protocol"}
 """The modules at the top of kvlab/ (beside __init__ and __main__): what every wing reads (`columns`: a run's
 columns and the one check of them, `kvlab.columns.parse_columns`; `record`: the one record envelope and its
-reader)."""
+reader; `protocol`: the events every wing's run streams)."""
 TABS = {"compare", "chat", "perplexity", "plan", "inspect", "needle", "report"}
 """kvlab/ui/'s tab packages; `shared` is the one package beside them."""
 

@@ -22,8 +22,9 @@ from kvlab.needle.grid import DEFAULT_NEW_TOKENS, MAX_NEW_TOKENS, GridError, exp
 from kvlab.needle.preset import list_needle_presets
 from kvlab.needle.prompt import key_tokens, min_context_tokens
 from kvlab.needle.record import records_to_csv
-from kvlab.needle.runner import NeedleCell, NeedleDone, max_positions, run_needle
+from kvlab.needle.runner import NeedleCell, max_positions, run_needle
 from kvlab.presets import PresetError
+from kvlab.protocol import RunDone
 
 from ..shared.live_plots import plot_update, roster_colors
 from ..shared.exports import fresh_export_folder
@@ -176,11 +177,11 @@ class NeedleTab:
             return
         view = NeedleView()
         for event in run_needle(loaded, columns, grid, stop):
-            if isinstance(event, (NeedleCell, NeedleDone)) and not view.records:
+            if isinstance(event, (NeedleCell, RunDone)) and not view.records:
                 yield self.redraw(view)  # no point yet, upper case: the spec is rebuilt from the primer before one
             view.apply(event)
-            if isinstance(event, NeedleDone):
-                yield {**self.redraw(view), self.download: self.record_files(event.record, event.records)}
+            if isinstance(event, RunDone):
+                yield {**self.redraw(view), self.download: self.record_files(event.record, event.results)}
                 yield self.redraw(view, primer=True)  # lower case again: the spec is rebuilt from the last frame
             else:
                 yield self.redraw(view, primer=not view.records)  # no point drawn yet: still the run's primer

@@ -167,7 +167,8 @@ class AgentTools:
         from kvlab.columns import Column
         from kvlab.needle.grid import GridError, parse_grid
         from kvlab.needle.prompt import key_tokens, min_context_tokens
-        from kvlab.needle.runner import NeedleDone, max_positions, run_needle
+        from kvlab.needle.runner import max_positions, run_needle
+        from kvlab.protocol import collect
         from kvlab.strategies.base import split_strategy_list
 
         items = split_strategy_list(strategies or "")
@@ -178,10 +179,10 @@ class AgentTools:
             grid = parse_grid(lengths, depths, seeds, int(new_tokens), max_positions=max_positions(loaded),
                               min_tokens=min_context_tokens(loaded.tokenizer),
                               key_tokens=functools.partial(key_tokens, loaded.tokenizer))
-            events = list(run_needle(loaded, [Column.from_text(item) for item in items], grid, threading.Event()))
+            done = collect(run_needle(loaded, [Column.from_text(item) for item in items], grid, threading.Event()))
         except (GridError, ValueError) as err:
             raise _refuse(err) from None
-        return json.dumps(next(event for event in events if isinstance(event, NeedleDone)).record)
+        return json.dumps(done.record)
 
     def diverge(self, strategy: str, prompt: str, steps: int = 16, reference: str = "dynamic",
                 model: str = "bundled") -> str:
