@@ -58,17 +58,18 @@ def _say(line: str) -> None:
 
 def _progress(event) -> None:
     """One stderr line per report event worth a line."""
-    from ..quality.report import ReportColumnError, ReportProgress, ReportStarted
+    from ..protocol import ColumnFailed, RunStarted
+    from ..quality.report import ReportProgress
 
-    if isinstance(event, ReportStarted):
-        print(f"[report] {len(event.columns)} columns; {event.split.context_tokens} context tokens, "
-              f"{event.split.scored_tokens} scored", file=sys.stderr, flush=True)
+    if isinstance(event, RunStarted):
+        print(f"[report] {len(event.columns)} columns; {event.plan.context_tokens} context tokens, "
+              f"{event.plan.scored_tokens} scored", file=sys.stderr, flush=True)
     elif isinstance(event, ReportProgress):
         f = event.figures
         print(f"[{event.scored}] {event.column}: PPL ratio {f['ppl_ratio']:.4f}, mean KL {f['kld_mean']:.5f}, "
               f"top-1 {f['same_top']:.3f}, {event.cache_bytes:,} B", file=sys.stderr, flush=True)
-    elif isinstance(event, ReportColumnError):
-        _say(f"column {event.column}: {event.message}")
+    elif isinstance(event, ColumnFailed):
+        _say(f"column {event.name}: {event.message}")
 
 
 def _write(args, rows: list[dict], record: dict | None) -> None:
@@ -162,16 +163,13 @@ def _check_flags(args) -> None:
 
 def _report(args, loaded, stop) -> dict:
     """One model's record (the needle grid too with --needle). Raises ValueError for a bad split."""
-    from ..quality.report import ReportDone, report_columns, run_report
+    from ..protocol import collect
+    from ..quality.report import report_columns, run_report
 
     ids, info = _text_ids(args, loaded)
-    record = None
-    for event in run_report(loaded, ids, args.columns, scored_tokens=args.scored_tokens,
-                            context_tokens=args.context_tokens, stop=stop, progress_every=args.progress_every,
-                            text_info=info):
-        _progress(event)
-        if isinstance(event, ReportDone):
-            record = event.record
+    record = collect(run_report(loaded, ids, args.columns, scored_tokens=args.scored_tokens,
+                                context_tokens=args.context_tokens, stop=stop, progress_every=args.progress_every,
+                                text_info=info), _progress).record
     if args.needle and not stop.is_set():
         from ..quality.recall import needle_grid, run_recall
 

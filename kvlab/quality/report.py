@@ -11,9 +11,9 @@ whether the two top-1 tokens agree (`kvlab.quality.stats.score_tokens`), accumul
 Every column's distribution at a token comes from the engine's one teacher-forcing loop
 (`kvlab.engine.teacher_force`), so a token is predicted from what the cache holds as it would while decoding.
 
-`run_report` yields small typed events: `ReportStarted`, `ReportProgress` every `progress_every` tokens per
-column, `ReportColumnError` (a column that cannot run or fails gets its own message; the others finish) and
-one `ReportDone` with the record (`record.build_record`). A `stop` event ends the run after the current round,
+`run_report` yields the run protocol's events (`kvlab.protocol`) around its own: `RunStarted` (its plan the
+`Split`), `ReportProgress` every `progress_every` tokens per column, `ColumnFailed` (a column that cannot run
+or fails gets its own message; the others finish) and one `RunDone` with the record (`record.build_record`). A `stop` event ends the run after the current round,
 keeping every token scored. Each column's step runs on kvlab's compute thread (`kvlab.compute`). This module
 runs the model; it does not render or write files.
 """
@@ -32,6 +32,7 @@ from ..compute import compute
 from ..engine import teacher_force
 from ..measure.environment import environment
 from ..measure.warmup import warm_up_columns
+from ..protocol import ColumnFailed, RunDone, RunStarted
 from ..strategies import make_strategy
 from .record import build_record, column_entry, figure_row
 from .stats import RunningQuality, score_tokens
@@ -57,14 +58,6 @@ class Split:
 
 
 @dataclass(frozen=True)
-class ReportStarted:
-    """The run's column names (in order) and the split they share."""
-
-    columns: tuple[str, ...]
-    split: Split
-
-
-@dataclass(frozen=True)
 class ReportProgress:
     """Column `column` after `scored` tokens: its figure row (`record.figure_row`) and the cache's exact bytes now."""
 
@@ -74,24 +67,7 @@ class ReportProgress:
     cache_bytes: int
 
 
-@dataclass(frozen=True)
-class ReportColumnError:
-    """Column `column` cannot run or failed; `message` is one line. The other columns go on."""
-
-    column: str
-    message: str
-
-
-@dataclass(frozen=True)
-class ReportDone:
-    """The run ended: the JSON record, its wall time (s) and whether it was stopped."""
-
-    record: dict
-    wall_s: float
-    stopped: bool = False
-
-
-ReportEvent = ReportStarted | ReportProgress | ReportColumnError | ReportDone
+ReportEvent = RunStarted | ReportProgress | ColumnFailed | RunDone
 
 
 def report_columns(specs, strict: bool = False, prepare=None, empty: str = EMPTY) -> list[Column]:
@@ -137,8 +113,10 @@ def check_split(total_tokens: int, scored_tokens: int, context_tokens: int | Non
 
 @dataclass
 class _Track:
-    """One scored cache: its strategy, teacher-forcing decoder, running figures, bytes and forward times."""
+    """One scored cache (column `index`, -1 for the reference): its strategy, teacher-forcing decoder, running
+    figures, bytes and forward times."""
 
+    index: int
     name: str
     strategy: object
     decoder: object = None
@@ -181,26 +159,27 @@ class _Track:
         return figure_row(self.quality.figures(), self.cost(), reference.cost()["cache_bytes_mean"])
 
 
-def _refusal(loaded, column: Column, split: Split) -> str:
-    """Why `column` cannot run this split here ('' when it can)."""
+def _refusal(loaded, column: Column, split: Split) -> tuple[str, str]:
+    """(status, why) `column` cannot run this split here: `unavailable` on this model or machine, `error` for a
+    rejected column or a split it cannot hold; ('', '') when it can."""
     if column.rejected:
-        return column.rejected
+        return "error", column.rejected
     strategy = column.strategy
     reason = strategy.unavailable_reason(loaded)
     if reason:
-        return reason
+        return "unavailable", reason
     try:
         strategy.check_fits(split.context_tokens, split.scored_tokens)
     except ValueError as err:
-        return str(err)
-    return ""
+        return "error", str(err)
+    return "", ""
 
 
 def _message(err: Exception) -> str:
     return str(err) if isinstance(err, ValueError) else f"{type(err).__name__}: {err}"
 
 
-def _round(reference: _Track, tracks: list[_Track], target: int, errors: dict[str, str]) -> list[ReportColumnError]:
+def _round(reference: _Track, tracks: list[_Track], target: int, errors: dict[int, str]) -> list[ColumnFailed]:
     """One token for the reference, then for each column in turn (on the compute thread), scored against it."""
     dense = compute(reference.step)
     if dense is None:
@@ -209,7 +188,7 @@ def _round(reference: _Track, tracks: list[_Track], target: int, errors: dict[st
     index = torch.tensor([target], device=base.device)
     failed = []
     for track in tracks:
-        if track.name in errors:
+        if track.index in errors:
             continue
         try:
             step = compute(track.step)
@@ -219,8 +198,8 @@ def _round(reference: _Track, tracks: list[_Track], target: int, errors: dict[st
             track.quality.add(float(scores.nll_base[0]), float(scores.nll[0]), float(scores.kl[0]),
                               bool(scores.same_top[0]))
         except Exception as err:  # noqa: BLE001 - a failing cache ends its own column only
-            errors[track.name] = _message(err)
-            failed.append(ReportColumnError(track.name, errors[track.name]))
+            errors[track.index] = _message(err)
+            failed.append(ColumnFailed(track.index, track.name, "error", errors[track.index]))
     return failed
 
 
@@ -228,7 +207,9 @@ def run_report(loaded, ids: torch.Tensor, specs, *, scored_tokens: int = DEFAULT
                context_tokens: int | None = None, stop: threading.Event | None = None,
                progress_every: int = PROGRESS_EVERY, text_info: dict | None = None,
                warm_up: bool = True) -> Iterator[ReportEvent]:
-    """Score every column of `specs` against the dense reference on `ids` (see the module docstring).
+    """Score every column of `specs` against the dense reference on `ids` (see the module docstring), streaming
+    the run's events (`kvlab.protocol`): RunStarted (its plan the `Split`), ColumnFailed and ReportProgress as
+    they happen, then one RunDone with the record.
 
     Args:
         loaded: a `kvlab.models.LoadedModel`.
@@ -248,15 +229,15 @@ def run_report(loaded, ids: torch.Tensor, specs, *, scored_tokens: int = DEFAULT
     split = check_split(ids.shape[1], scored_tokens, context_tokens)
     columns = report_columns(specs)
     names = [column.describe() for column in columns]
-    yield ReportStarted(tuple(names), split)
-    errors: dict[str, str] = {}
-    for name, column in zip(names, columns):
-        reason = _refusal(loaded, column, split)
+    yield RunStarted(tuple(names), split)
+    errors: dict[int, str] = {}
+    for index, column in enumerate(columns):
+        status, reason = _refusal(loaded, column, split)
         if reason:
-            errors[name] = reason
-            yield ReportColumnError(name, reason)
-    reference = _Track(REFERENCE, make_strategy({"strategy": REFERENCE}))
-    tracks = [_Track(name, column.strategy) for name, column in zip(names, columns) if name not in errors]
+            errors[index] = reason
+            yield ColumnFailed(index, names[index], status, reason)
+    reference = _Track(-1, REFERENCE, make_strategy({"strategy": REFERENCE}))
+    tracks = [_Track(i, names[i], column.strategy) for i, column in enumerate(columns) if i not in errors]
     if warm_up:
         compute(warm_up_columns, loaded, [reference.strategy, *(t.strategy for t in tracks)], split.context_tokens)
     reference.start(loaded, ids, split, stop)
@@ -264,8 +245,8 @@ def run_report(loaded, ids: torch.Tensor, specs, *, scored_tokens: int = DEFAULT
         try:
             track.start(loaded, ids, split, stop)
         except Exception as err:  # noqa: BLE001 - a cache that cannot be built ends its own column only
-            errors[track.name] = _message(err)
-            yield ReportColumnError(track.name, errors[track.name])
+            errors[track.index] = _message(err)
+            yield ColumnFailed(track.index, track.name, "error", errors[track.index])
     targets = ids[0, split.context_tokens:split.context_tokens + split.scored_tokens].tolist()
     for t, target in enumerate(targets):
         if stop.is_set():
@@ -273,20 +254,20 @@ def run_report(loaded, ids: torch.Tensor, specs, *, scored_tokens: int = DEFAULT
         yield from _round(reference, tracks, target, errors)
         if (t + 1) % progress_every == 0 or t + 1 == len(targets):
             for track in tracks:
-                if track.name not in errors and track.quality.n_tokens:
+                if track.index not in errors and track.quality.n_tokens:
                     yield ReportProgress(track.name, track.quality.n_tokens, track.figures(reference),
                                          track.bytes_now)
     wall_s = time.perf_counter() - started
     record = _record(loaded, split, text_info, zip(names, columns), tracks, reference, errors, wall_s, stop.is_set())
-    yield ReportDone(record, wall_s, stop.is_set())
+    yield RunDone(record, wall_s, stop.is_set())
 
 
 def _record(loaded, split, text_info, named_columns, tracks, reference, errors, wall_s, stopped) -> dict:
     entries = []
-    for name, column in named_columns:
-        track = next((t for t in tracks if t.name == name), None)
+    for index, (name, column) in enumerate(named_columns):
+        track = next((t for t in tracks if t.index == index), None)
         figures = track.figures(reference) if track is not None and track.quality.n_tokens else None
-        entries.append(column_entry(name, column, split, errors.get(name, ""), figures,
+        entries.append(column_entry(name, column, split, errors.get(index, ""), figures,
                                     track.quality.n_tokens if track is not None else 0))
     reference_row = {"name": REFERENCE, **reference.cost()}
     return build_record(loaded.info(), split, text_info or {}, entries, reference_row, wall_s, stopped,

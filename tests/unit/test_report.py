@@ -8,16 +8,9 @@ import threading
 import pytest
 import torch
 
+from kvlab.protocol import ColumnFailed, RunDone, RunStarted
 from kvlab.quality.record import merge_rows, rows_from_record
-from kvlab.quality.report import (
-    ReportColumnError,
-    ReportDone,
-    ReportProgress,
-    ReportStarted,
-    check_split,
-    report_columns,
-    run_report,
-)
+from kvlab.quality.report import ReportProgress, check_split, report_columns, run_report
 from kvlab.quality.table import format_markdown, format_table, pareto_marks, rows_to_csv
 from kvlab.strategies.dynamic import Dynamic
 
@@ -28,7 +21,7 @@ def _ids(n=40, seed=0):
 
 def _done(events):
     events = list(events)
-    assert isinstance(events[0], ReportStarted) and isinstance(events[-1], ReportDone)
+    assert isinstance(events[0], RunStarted) and isinstance(events[-1], RunDone)
     return events, events[-1].record
 
 
@@ -75,7 +68,8 @@ def test_a_refused_or_failing_column_reports_alone_and_the_others_finish(tiny, m
 
     events, record = _done(run_report(tiny, _ids(), ["dynamic", "no_cache", "sliding_window", "h2o",
                                                      Broken(label="broken")], scored_tokens=12, warm_up=False))
-    errors = {e.column: e.message for e in events if isinstance(e, ReportColumnError)}
+    errors = {e.name: e.message for e in events if isinstance(e, ColumnFailed)}
+    assert [e.column for e in events if isinstance(e, ColumnFailed)] == [1, 2, 3, 4]
     assert "no_cache keeps no cache" in errors["no_cache"]
     assert "sliding-window layers" in errors["sliding_window"]
     assert "unknown strategy 'h2o'" in errors["h2o"]
