@@ -105,7 +105,8 @@ def parse_columns(source, limit: int, *, empty: str = "pick at least one column"
             the message for too many (e.g. " (sweeps included)").
         fallback: the chain a budgeted text item falls back along when it names none (compare syntax).
         prepare: rewrites each spec dict before it becomes a strategy (a wing's aliases and default knobs).
-        strict: raise the first rejected column's reason instead of keeping it.
+        strict: raise the first column that cannot run instead of keeping it rejected (a `Column` given already
+            rejected stays: its front chose to report it in its own place).
 
     Raises:
         ValueError: no columns, or more than `limit` (before any item is parsed).
@@ -120,10 +121,10 @@ def parse_columns(source, limit: int, *, empty: str = "pick at least one column"
     for item in items:
         column = _column(item, fallback, prepare)
         name = column.describe()
-        reason = column.rejected or _refusal(column, name in seen and unique, budget_refusal, check)
-        if strict and reason:
-            raise StrategyError(reason)
-        if reason and not column.rejected:
+        reason = _refusal(column, name in seen and unique, budget_refusal, check) if column.strategy else ""
+        if strict and (reason or (column.rejected and not isinstance(item, Column))):
+            raise StrategyError(reason or column.rejected)
+        if reason:
             column = Column(None, rejected=reason, title=name)
         seen.add(name)
         columns.append(column)

@@ -59,6 +59,8 @@ def test_strict_raises_the_first_column_that_cannot_run():
         parse_columns("dynamic,sink:window_length", 40, strict=True)
     with pytest.raises(StrategyError, match="unknown strategy"):
         parse_columns([{"strategy": "nonsense"}], 40, strict=True)
+    given = Column.from_text("nonsense")
+    assert parse_columns(["dynamic", given], 40, strict=True)[1] is given  # rejected by its front: it stays
 
 
 def test_prepare_rewrites_each_spec_and_fallback_reaches_budgeted_text_items():
