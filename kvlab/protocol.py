@@ -8,8 +8,9 @@ tokens) with a `ColumnFailed` wherever a column cannot run or fails (the others 
 keeping what was measured. A front (the page, the command line, the MCP tools, the bench) handles these three
 the same way for every wing and hands the step events to the wing's own view.
 
-The wings that run this way: Needle (`kvlab.needle.runner.run_needle`) and the quality report
-(`kvlab.quality.report.run_report`). Data only: no model, no gradio.
+The wings that run this way: Compare (`kvlab.compare.runner.run_compare`; a preset in, `run_preset`), Needle
+(`kvlab.needle.runner.run_needle`) and the quality report (`kvlab.quality.report.run_report`). Data only: no
+model, no gradio.
 """
 
 from __future__ import annotations

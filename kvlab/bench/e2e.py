@@ -81,8 +81,9 @@ def _bare_s(ctx: Context, ids, specs: list[dict], tokens: int) -> float:
 
 def _kvlab_s(ctx: Context, ids, specs: list[dict], settings, mode: str) -> tuple[float, float]:
     """(seconds from the start of a run to its SummaryReady, to its RunDone), every event consumed."""
-    from ..compare.events import RunDone, SummaryReady
+    from ..compare.events import SummaryReady
     from ..compare.runner import run_compare
+    from ..protocol import RunDone
 
     gc.collect()
     started, summary_s, done = time.perf_counter(), None, None

@@ -17,7 +17,8 @@ from pathlib import Path
 
 from ..measure import ColumnTiming
 from ..record import RecordError, read_record
-from .events import ColumnResult, RunDone
+from ..protocol import RunDone
+from .events import ColumnResult
 from .record import COMPARE
 
 WANTED = "kvlab Compare run"
@@ -59,6 +60,5 @@ def load_record(source: str | Path | bytes) -> Replayed:
         raise RecordError("the record has no columns to replay")
     results = results_of(record)
     record["columns"] = [result.to_json() for result in results]  # as kvlab writes a column, nothing more
-    done = RunDone(results, float(record.get("wall_s") or 0.0), bool(record.get("stopped")),
-                   fidelity=dict(record.get("fidelity") or {}), summary_s=record.get("summary_s"))
+    done = RunDone(record, float(record.get("wall_s") or 0.0), bool(record.get("stopped")), results)
     return Replayed(record, done, replay_label(record))

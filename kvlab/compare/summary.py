@@ -12,7 +12,7 @@ from __future__ import annotations
 import csv
 import io
 
-from .events import ColumnResult, RunDone
+from .events import ColumnResult
 
 SUMMARY_COLUMNS = [
     "column", "status", "ttft_s", "decode_tok_s", "itl_ms_p50", "itl_ms_p99", "peak_cache_bytes", "vs_baseline_bytes",
@@ -182,11 +182,12 @@ def rows_to_csv(rows: list[dict]) -> str:
     return out.getvalue()
 
 
-def run_record(loaded, preset, settings, done: RunDone) -> dict:
+def run_record(loaded, preset, settings, results: list[ColumnResult], wall_s: float, stopped: bool, timing: dict,
+               fidelity: dict, summary_s: float | None) -> dict:
     """The JSON record of a run, in the envelope every wing writes (`kvlab.record.new_record`, kind
     `kvlab.compare`, `kvlab.compare.record.COMPARE`): where and when it was measured
-    (`kvlab.measure.environment`), model info, the preset's name, prompt and mode, the settings, every
-    column's result (each with its `fidelity_status`), how the run was timed (`timing`,
+    (`kvlab.measure.environment`), model info, the preset's name, prompt and mode (null without a preset), the
+    settings, every column's result (each with its `fidelity_status`), how the run was timed (`timing`,
     `kvlab.measure.noise.run_timing`: the policy, load average, noise, whether the machine was too busy, and
     its note), `summary_s` (seconds from the start to the summary) and `fidelity` (the fidelity pass: state,
     scored and to_score)."""
@@ -197,8 +198,8 @@ def run_record(loaded, preset, settings, done: RunDone) -> dict:
     from .record import COMPARE
 
     return new_record(COMPARE, model=loaded.info(), environment=environment(loaded),
-                      columns=[r.to_json() for r in done.results], wall_s=done.wall_s, stopped=done.stopped,
+                      columns=[r.to_json() for r in results], wall_s=wall_s, stopped=stopped,
                       preset=preset.name if preset is not None else None,
                       prompt=preset.prompt.model_dump() if preset is not None else None,
                       mode=preset.mode if preset is not None else None, settings=asdict(settings),
-                      summary_s=done.summary_s, fidelity=done.fidelity, timing=done.timing)
+                      summary_s=summary_s, fidelity=fidelity, timing=timing)

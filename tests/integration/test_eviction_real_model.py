@@ -8,7 +8,8 @@ a budgeted dynamic column falls back to an evicting cache and keeps its text.
 import pytest
 
 from kvlab.accounting import bytes_per_token
-from kvlab.compare.runner import collect, run_compare
+from kvlab.compare.runner import run_compare
+from kvlab.protocol import collect
 from kvlab.generation import GenerationSettings, encode_prompt
 from kvlab.presets import load_preset
 

@@ -82,7 +82,8 @@ def test_plan_says_it_cannot_measure_per_layer_budgets_without_blaming_the_model
 def test_a_budgeted_eviction_column_is_predicted_from_what_it_keeps(tiny):
     """A knorm column whose budget is below the dense prompt but above what it keeps never switches; with
     compress_every it stays under a budget plain knorm outgrows."""
-    from kvlab.compare.runner import collect, run_compare
+    from kvlab.compare.runner import run_compare
+    from kvlab.protocol import collect
 
     per_token = bytes_per_token(tiny.config, tiny.model.dtype)
     prompt = torch.arange(10, 10 + PROMPT_TOKENS)[None]

@@ -14,8 +14,8 @@ import torch
 
 from kvlab.cli import main
 from kvlab.compare.replay import RecordError, load_record
-from kvlab.compare.runner import collect, run_compare
-from kvlab.compare.summary import run_record
+from kvlab.compare.runner import run_compare
+from kvlab.protocol import collect
 from kvlab.generation import GenerationSettings
 from kvlab.models.loading import ModelPool
 from kvlab.presets import parse_preset
@@ -30,8 +30,8 @@ def record(tiny):
     preset = parse_preset({"name": "t", "prompt": {"text": "hi"}, "columns": [{"strategy": "dynamic"}]})
     settings = GenerationSettings(max_new_tokens=4, stop_at_eos=False)
     done = collect(run_compare(tiny, torch.tensor([[1, 400, 401]]),
-                               [{"strategy": "dynamic"}, {"strategy": "static"}], settings))
-    return json.loads(json.dumps(run_record(tiny, preset, settings, done)))
+                               [{"strategy": "dynamic"}, {"strategy": "static"}], settings, preset=preset))
+    return json.loads(json.dumps(done.record))
 
 
 def with_(record: dict, change) -> dict:

@@ -9,7 +9,8 @@ import torch
 
 from kvlab.chat.reuse import held_tokens
 from kvlab.chat.session import ChatSession, ChatTurnDone
-from kvlab.compare.runner import collect, run_compare
+from kvlab.compare.runner import run_compare
+from kvlab.protocol import collect
 from kvlab.generation import GenerationSettings
 from kvlab.strategies import make_strategy
 

@@ -11,12 +11,15 @@
 - No file in the package, benchmarks/ or app.py is longer than 450 lines, and no function longer than 60.
 - No module outside the quantization backends' home (`kvlab/caches/quant/`) branches on a backend's name: a
   backend is looked up in the registry and asked, so a new one is its module and one registry line.
+- The run events every wing shares (started, column failed, done with its record) are `kvlab/protocol.py`'s; a
+  run wing (Compare, Needle, the report) defines only its own step events.
 - One module reads and builds a record's envelope (`kvlab/record.py`: `kind`, `version`, the keys older records
   carried, and the safe JSON loader's one caller); a wing describes its kind and writes through it.
 """
 
 import ast
 import graphlib
+import re
 from pathlib import Path
 
 import pytest
@@ -242,6 +245,34 @@ def test_one_module_reads_and_writes_a_records_envelope():
     found = {str(path.relative_to(PACKAGE.parent)): envelope_uses(ast.parse(path.read_text(encoding="utf-8")))
              for path in sorted(PACKAGE.rglob("*.py")) if path not in (RECORD_READER, loader)}
     assert {path: lines for path, lines in found.items() if lines} == {}
+
+
+RUN_WINGS = ("compare", "needle", "quality")
+"""The wings whose runs stream the run protocol (`kvlab.protocol`)."""
+RUN_EVENT = re.compile(r"\w*(Started|ColumnError|ColumnFailed|Done)")
+
+
+def run_level_events(tree: ast.AST) -> list[str]:
+    """Classes named like a run's started / column-error / done event: every column error, and a started or done
+    event that is not a column's own step event (whose first field is its `column`, e.g. Compare's
+    `ColumnStarted`)."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ClassDef) and RUN_EVENT.fullmatch(node.name):
+            fields = [item.target.id for item in node.body if isinstance(item, ast.AnnAssign)]
+            if node.name.endswith(("ColumnError", "ColumnFailed")) or fields[:1] != ["column"]:
+                found.append(node.name)
+    return found
+
+
+def test_the_run_events_every_wing_shares_are_defined_once_in_the_core():
+    assert run_level_events(ast.parse("class RunDone:\n    record: dict\nclass ColumnDone:\n    column: int")) == [
+        "RunDone"]
+    assert run_level_events(ast.parse((PACKAGE / "protocol.py").read_text(encoding="utf-8"))) == [
+        "RunStarted", "ColumnFailed", "RunDone"]
+    found = {str(path.relative_to(PACKAGE.parent)): run_level_events(ast.parse(path.read_text(encoding="utf-8")))
+             for wing in RUN_WINGS for path in sorted((PACKAGE / wing).rglob("*.py"))}
+    assert found and {path: names for path, names in found.items() if names} == {}
 
 
 MAX_FILE_LINES = 450

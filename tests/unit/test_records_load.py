@@ -16,8 +16,8 @@ import torch
 
 from kvlab.compare.record import VERSION
 from kvlab.compare.replay import load_record as replay
-from kvlab.compare.runner import collect, run_compare
-from kvlab.compare.summary import run_record
+from kvlab.compare.runner import run_compare
+from kvlab.protocol import collect
 from kvlab.generation import GenerationSettings
 from kvlab.needle.record import load_record as load_needle
 from kvlab.presets import parse_preset
@@ -72,8 +72,9 @@ def test_the_version_1_needle_record_loads_with_its_cells():
 def written(tiny):
     preset = parse_preset({"name": "t", "prompt": {"text": "hi"}, "columns": [{"strategy": "dynamic"}]})
     settings = GenerationSettings(max_new_tokens=3, stop_at_eos=False, fidelity=False)
-    done = collect(run_compare(tiny, torch.tensor([[1, 400, 401]]), [{"strategy": "dynamic"}], settings))
-    return json.loads(json.dumps(run_record(tiny, preset, settings, done)))
+    done = collect(run_compare(tiny, torch.tensor([[1, 400, 401]]), [{"strategy": "dynamic"}], settings,
+                               preset=preset))
+    return json.loads(json.dumps(done.record))
 
 
 def test_a_record_written_now_is_in_the_envelope_and_reads_back_unchanged(written):

@@ -9,9 +9,10 @@ import torch
 from kvlab.cli import main
 from kvlab.compare.events import ColumnResult, latency_summary_ms, percentile
 from kvlab.compare.replay import RecordError, load_record
-from kvlab.compare.runner import collect, run_compare
+from kvlab.compare.runner import run_compare
+from kvlab.protocol import collect
 from kvlab.compare.record import VERSION
-from kvlab.compare.summary import SUMMARY_COLUMNS, rows_to_csv, run_record, summary_rows
+from kvlab.compare.summary import SUMMARY_COLUMNS, rows_to_csv, summary_rows
 from kvlab.generation import GenerationSettings
 from kvlab.measure import ColumnTiming
 from kvlab.presets import parse_preset
@@ -38,8 +39,8 @@ def record(tiny):
     settings = GenerationSettings(max_new_tokens=6, stop_at_eos=False)
     done = collect(run_compare(tiny, torch.tensor([[1, 400, 401]]),
                                [{"strategy": "dynamic"}, {"strategy": "quantized", "residual_length": 2},
-                                {"strategy": "sliding_window"}], settings))
-    return run_record(tiny, preset, settings, done)
+                                {"strategy": "sliding_window"}], settings, preset=preset))
+    return done.record
 
 
 def test_a_record_says_its_kind_and_where_it_was_measured(record):

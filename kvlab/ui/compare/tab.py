@@ -33,6 +33,7 @@ from kvlab.measure.record_json import cap_text
 from ..shared import zerogpu
 from ..shared.cards import StrategyCard, build_card
 from .extras import CompareApi, open_shared, replay, run_gpu_s
+from .records import page_preset
 from .form import (
     INTRO,
     MODE_HELP,
@@ -412,7 +413,8 @@ class CompareTab:
         if session is not None:
             session["view"] = view
         yield self.updater.start(plan, view, loaded)
-        events = run_compare(loaded, prompt_ids, columns, plan.settings, request.mode, stop, plan.baseline_index())
+        events = run_compare(loaded, prompt_ids, columns, plan.settings, request.mode, stop, plan.baseline_index(),
+                             page_preset(plan))
         try:
             yield from self.updater.throttled(view, events, stop)
         finally:
@@ -420,7 +422,7 @@ class CompareTab:
             events.close()
         if view.done is not None:
             view.divergence_links, view.divergence_reasons = divergence_links(request, plan, view.done.results)
-        yield self.updater.final(plan, view, loaded)
+        yield self.updater.final(plan, view)
         yield self.plots.settle(view)
 
     def _wait_for_model(self, spec: ModelSpec):

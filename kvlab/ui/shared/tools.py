@@ -82,10 +82,9 @@ class AgentTools:
             the run record, as JSON text, that `python -m kvlab compare --json` writes.
         """
         from kvlab.columns import Column
-        from kvlab.compare.runner import collect, run_compare
-        from kvlab.compare.summary import run_record
-        from kvlab.generation import encode_prompt
+        from kvlab.compare.runner import run_preset
         from kvlab.presets import PresetError, parse_preset
+        from kvlab.protocol import collect
         from kvlab.strategies.base import split_strategy_list
 
         try:
@@ -101,15 +100,11 @@ class AgentTools:
             columns = [Column.from_text(item) for item in items]
             if all(column.strategy is None for column in columns):
                 raise ValueError("; ".join(f"{column.title}: {column.rejected}" for column in columns))
-            settings = preset.settings()
-            settings.check()
+            preset.settings().check()
         except (PresetError, ValueError) as err:
             raise _refuse(err) from None
         loaded = self._load(model)
-        prompt_ids = encode_prompt(loaded.tokenizer, preset.prompt.text, preset.prompt.system, preset.prompt.chat)
-        done = collect(run_compare(loaded, prompt_ids, columns, settings, preset.mode, threading.Event(),
-                                   preset.baseline))
-        return json.dumps(run_record(loaded, preset, settings, done))
+        return json.dumps(collect(run_preset(loaded, preset, threading.Event(), columns)).record)
 
     def plan(self, model: str = "bundled", contexts: str = "1k,32k,128k", strategies: str = "dynamic",
              batch: int = 1, dtype: str = "bfloat16", budget_gib: float = 0.0) -> str:
