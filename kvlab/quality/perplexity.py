@@ -21,8 +21,9 @@ import torch
 
 from ..compute import compute_iter
 from ..engine import NllStep, NllStream
+from ..columns import Column
 from ..strategies import Strategy, StrategyError
-from .report import report_columns
+from .report import report_columns, run_report
 
 DEFAULT_STRATEGIES = "dynamic,sink:num_sink_tokens=0,sink"
 """The paper's three curves: dense, window attention, attention sinks."""
@@ -85,6 +86,55 @@ def _resolve(spec: dict, window: int, sinks: int) -> dict:
         spec.setdefault("window_length", window)
         spec.setdefault("num_sink_tokens", sinks)
     return spec
+
+
+def perplexity_columns(specs, window: int = DEFAULT_WINDOW, sinks: int = DEFAULT_SINKS) -> list[Column]:
+    """The columns of a perplexity run, checked without a model: the report's columns (`report_columns`,
+    strict: the first one that cannot run is raised), `dense` and `window` read as `dynamic` and
+    `sink:num_sink_tokens=0`, and `window`, `sinks` the `window_length` and `num_sink_tokens` of sink columns
+    that do not set them.
+
+    Raises:
+        StrategyError: an unknown name or knob, a bad knob value or one not written as key=value, a strategy
+            that keeps no cache, two columns with one label, or a cache budget.
+        ValueError: nothing picked, or more than the report's MAX_REPORT_COLUMNS.
+    """
+    return report_columns(specs, strict=True, prepare=lambda spec: _resolve(spec, window, sinks),
+                          empty=f"pick at least one cache, e.g. {DEFAULT_STRATEGIES}")
+
+
+def refusals(loaded, columns: list[Column], tokens: int) -> dict[str, str]:
+    """Label -> why a column cannot stream a text of `tokens` tokens on `loaded` (it cannot run on this model or
+    machine, or its cache cannot take a one-token context and `tokens - 1` scored tokens); the others runnable."""
+    found = {}
+    for column in columns:
+        reason = column.strategy.unavailable_reason(loaded)
+        if not reason:
+            try:
+                column.strategy.check_fits(1, tokens - 1)
+            except ValueError as err:
+                reason = str(err)
+        if reason:
+            found[column.describe()] = reason
+    return found
+
+
+def run_perplexity(loaded, input_ids: torch.Tensor, columns: list[Column], stop: threading.Event | None = None):
+    """StreamingLLM's perplexity run: the quality report (`kvlab.quality.report.run_report`) with a one-token
+    context and every other token of the text scored one per forward through each column's own cache, in turns,
+    with no reference (each column's own NLL) and its per-token curve: `TokenScored(column, position, nll,
+    cache_bytes)` for position 1..seq-1, around the run protocol's events (`kvlab.protocol`). Token p is
+    predicted from what each cache still holds after tokens 0..p-1 went through it one at a time.
+
+    Raises:
+        ValueError: not one sequence of at least 2 tokens, or as `run_report`.
+    """
+    ids = input_ids.reshape(1, -1) if input_ids.ndim == 1 else input_ids
+    if ids.ndim != 2 or ids.shape[0] != 1 or ids.shape[1] < 2:
+        raise ValueError(f"input_ids must be one sequence of at least 2 tokens; got shape {tuple(input_ids.shape)}")
+    tokens = ids.shape[1]
+    return run_report(loaded, ids, columns, scored_tokens=tokens - 1, context_tokens=1, stop=stop,
+                      progress_every=tokens, warm_up=False, reference=None, curve=True)
 
 
 def stream_many(loaded, input_ids: torch.Tensor, strategies: dict[str, Strategy],

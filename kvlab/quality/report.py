@@ -13,9 +13,12 @@ Every column's distribution at a token comes from the engine's one teacher-forci
 
 `run_report` yields the run protocol's events (`kvlab.protocol`) around its own: `RunStarted` (its plan the
 `Split`), `ReportProgress` every `progress_every` tokens per column, `ColumnFailed` (a column that cannot run
-or fails gets its own message; the others finish) and one `RunDone` with the record (`record.build_record`). A `stop` event ends the run after the current round,
-keeping every token scored. Each column's step runs on kvlab's compute thread (`kvlab.compute`). This module
-runs the model; it does not render or write files.
+or fails gets its own message; the others finish) and one `RunDone` with the record (`record.build_record`);
+with `curve`, a `TokenScored` per column and token too. Without a reference (`reference=None`) each column
+is scored by its own NLL only: a one-token context, no reference and the curve is StreamingLLM's perplexity
+run (`kvlab.quality.perplexity.run_perplexity`). A `stop` event ends the run after the current round, keeping
+every token scored. Each column's step runs on kvlab's compute thread (`kvlab.compute`). This module runs the
+model; it does not render or write files.
 """
 
 from __future__ import annotations
@@ -58,6 +61,17 @@ class Split:
 
 
 @dataclass(frozen=True)
+class TokenScored:
+    """Column `column` (its index) scored the text's token at `position` (0-based): its NLL in nats under the
+    column's cache, and the exact bytes the cache held when it predicted it (the Perplexity view's curve)."""
+
+    column: int
+    position: int
+    nll: float
+    cache_bytes: int
+
+
+@dataclass(frozen=True)
 class ReportProgress:
     """Column `column` after `scored` tokens: its figure row (`record.figure_row`) and the cache's exact bytes now."""
 
@@ -67,7 +81,7 @@ class ReportProgress:
     cache_bytes: int
 
 
-ReportEvent = RunStarted | ReportProgress | ColumnFailed | RunDone
+ReportEvent = RunStarted | ReportProgress | TokenScored | ColumnFailed | RunDone
 
 
 def report_columns(specs, strict: bool = False, prepare=None, empty: str = EMPTY) -> list[Column]:
@@ -126,6 +140,7 @@ class _Track:
     prefill_s: float = 0.0
     decode_s: float = 0.0
     steps: int = 0
+    scored: int = 0
 
     def start(self, loaded, ids: torch.Tensor, split: Split, stop) -> None:
         cache = self.strategy.build_cache(loaded, split.context_tokens + split.scored_tokens)
@@ -147,6 +162,18 @@ class _Track:
         self.steps += 1
         return step
 
+    def score(self, step, base: torch.Tensor | None, target: int) -> float:
+        """The NLL (nats) of `target` under `step`'s logits; against the reference's logits `base` (1, vocab)
+        the token's figures (`score_tokens`: both NLLs, KL, top-1) join the running figures too."""
+        if base is None:
+            nll = -float(torch.log_softmax(step.logits.float(), dim=-1)[target])
+        else:
+            scores = score_tokens(base, step.logits[None], torch.tensor([target], device=base.device))
+            nll = float(scores.nll[0])
+            self.quality.add(float(scores.nll_base[0]), nll, float(scores.kl[0]), bool(scores.same_top[0]))
+        self.scored += 1
+        return nll
+
     def cost(self) -> dict:
         """Cache bytes (mean over the scored steps, at the end), decode tok/s and prefill seconds."""
         n = self.steps
@@ -155,7 +182,10 @@ class _Track:
                 "decode_tok_s": (n - 1) / self.decode_s if n > 1 and self.decode_s > 0 else None,
                 "prefill_s": self.prefill_s if n else None}
 
-    def figures(self, reference: "_Track") -> dict:
+    def figures(self, reference: "_Track | None") -> dict | None:
+        """The figure row against the reference (None without one, or before the first scored token)."""
+        if reference is None or not self.quality.n_tokens:
+            return None
         return figure_row(self.quality.figures(), self.cost(), reference.cost()["cache_bytes_mean"])
 
 
@@ -179,14 +209,17 @@ def _message(err: Exception) -> str:
     return str(err) if isinstance(err, ValueError) else f"{type(err).__name__}: {err}"
 
 
-def _round(reference: _Track, tracks: list[_Track], target: int, errors: dict[int, str]) -> list[ColumnFailed]:
-    """One token for the reference, then for each column in turn (on the compute thread), scored against it."""
-    dense = compute(reference.step)
-    if dense is None:
-        return []
-    base = dense.logits[None]
-    index = torch.tensor([target], device=base.device)
-    failed = []
+def _round(reference: _Track | None, tracks: list[_Track], target: int, position: int, errors: dict[int, str],
+           curve: bool) -> list:
+    """One token for the reference (when there is one), then for each column in turn (on the compute thread),
+    scored against it; returns the round's `ColumnFailed` and (with `curve`) `TokenScored` events."""
+    base = None
+    if reference is not None:
+        dense = compute(reference.step)
+        if dense is None:
+            return []
+        base = dense.logits[None]
+    events = []
     for track in tracks:
         if track.index in errors:
             continue
@@ -194,19 +227,44 @@ def _round(reference: _Track, tracks: list[_Track], target: int, errors: dict[in
             step = compute(track.step)
             if step is None:
                 continue
-            scores = score_tokens(base, step.logits[None], index)
-            track.quality.add(float(scores.nll_base[0]), float(scores.nll[0]), float(scores.kl[0]),
-                              bool(scores.same_top[0]))
+            nll = track.score(step, base, target)
         except Exception as err:  # noqa: BLE001 - a failing cache ends its own column only
             errors[track.index] = _message(err)
-            failed.append(ColumnFailed(track.index, track.name, "error", errors[track.index]))
-    return failed
+            events.append(ColumnFailed(track.index, track.name, "error", errors[track.index]))
+            continue
+        if curve:
+            events.append(TokenScored(track.index, position, nll, step.cache_bytes))
+    return events
+
+
+def _start(loaded, ids, split: Split, columns: list[Column], names: list[str], reference: _Track | None, stop,
+           errors: dict[int, str], warm_up: bool):
+    """Generator: each column that cannot run is a `ColumnFailed`; the others' tracks (warmed up when asked,
+    their caches built and their contexts ready to prefill) are returned."""
+    for index, column in enumerate(columns):
+        status, reason = _refusal(loaded, column, split)
+        if reason:
+            errors[index] = reason
+            yield ColumnFailed(index, names[index], status, reason)
+    tracks = [_Track(i, names[i], column.strategy) for i, column in enumerate(columns) if i not in errors]
+    warmed = [t.strategy for t in ([reference] if reference is not None else []) + tracks]
+    if warm_up:
+        compute(warm_up_columns, loaded, warmed, split.context_tokens)
+    if reference is not None:
+        reference.start(loaded, ids, split, stop)
+    for track in tracks:
+        try:
+            track.start(loaded, ids, split, stop)
+        except Exception as err:  # noqa: BLE001 - a cache that cannot be built ends its own column only
+            errors[track.index] = _message(err)
+            yield ColumnFailed(track.index, track.name, "error", errors[track.index])
+    return tracks
 
 
 def run_report(loaded, ids: torch.Tensor, specs, *, scored_tokens: int = DEFAULT_SCORED_TOKENS,
                context_tokens: int | None = None, stop: threading.Event | None = None,
-               progress_every: int = PROGRESS_EVERY, text_info: dict | None = None,
-               warm_up: bool = True) -> Iterator[ReportEvent]:
+               progress_every: int = PROGRESS_EVERY, text_info: dict | None = None, warm_up: bool = True,
+               reference: str | None = REFERENCE, curve: bool = False) -> Iterator[ReportEvent]:
     """Score every column of `specs` against the dense reference on `ids` (see the module docstring), streaming
     the run's events (`kvlab.protocol`): RunStarted (its plan the `Split`), ColumnFailed and ReportProgress as
     they happen, then one RunDone with the record.
@@ -219,6 +277,9 @@ def run_report(loaded, ids: torch.Tensor, specs, *, scored_tokens: int = DEFAULT
         progress_every: a `ReportProgress` per column every this many tokens (and after the last).
         text_info: what the record says about the text (name, licence, ...).
         warm_up: pay each strategy's one-time set-up before the first timed forward.
+        reference: the strategy every column is scored against; None scores each column's own NLL only (no
+            figures, no progress events, the record's figures and reference null: the Perplexity view).
+        curve: also stream every scored token of every column (`TokenScored`: its NLL and the cache's bytes).
 
     Raises:
         ValueError: no columns, too many, or a split the text cannot give (before any compute).
@@ -231,34 +292,19 @@ def run_report(loaded, ids: torch.Tensor, specs, *, scored_tokens: int = DEFAULT
     names = [column.describe() for column in columns]
     yield RunStarted(tuple(names), split)
     errors: dict[int, str] = {}
-    for index, column in enumerate(columns):
-        status, reason = _refusal(loaded, column, split)
-        if reason:
-            errors[index] = reason
-            yield ColumnFailed(index, names[index], status, reason)
-    reference = _Track(-1, REFERENCE, make_strategy({"strategy": REFERENCE}))
-    tracks = [_Track(i, names[i], column.strategy) for i, column in enumerate(columns) if i not in errors]
-    if warm_up:
-        compute(warm_up_columns, loaded, [reference.strategy, *(t.strategy for t in tracks)], split.context_tokens)
-    reference.start(loaded, ids, split, stop)
-    for track in tracks:
-        try:
-            track.start(loaded, ids, split, stop)
-        except Exception as err:  # noqa: BLE001 - a cache that cannot be built ends its own column only
-            errors[track.index] = _message(err)
-            yield ColumnFailed(track.index, track.name, "error", errors[track.index])
+    dense = _Track(-1, reference, make_strategy({"strategy": reference})) if reference is not None else None
+    tracks = yield from _start(loaded, ids, split, columns, names, dense, stop, errors, warm_up)
     targets = ids[0, split.context_tokens:split.context_tokens + split.scored_tokens].tolist()
     for t, target in enumerate(targets):
         if stop.is_set():
             break
-        yield from _round(reference, tracks, target, errors)
-        if (t + 1) % progress_every == 0 or t + 1 == len(targets):
+        yield from _round(dense, tracks, target, split.context_tokens + t, errors, curve)
+        if dense is not None and ((t + 1) % progress_every == 0 or t + 1 == len(targets)):
             for track in tracks:
                 if track.index not in errors and track.quality.n_tokens:
-                    yield ReportProgress(track.name, track.quality.n_tokens, track.figures(reference),
-                                         track.bytes_now)
+                    yield ReportProgress(track.name, track.quality.n_tokens, track.figures(dense), track.bytes_now)
     wall_s = time.perf_counter() - started
-    record = _record(loaded, split, text_info, zip(names, columns), tracks, reference, errors, wall_s, stop.is_set())
+    record = _record(loaded, split, text_info, zip(names, columns), tracks, dense, errors, wall_s, stop.is_set())
     yield RunDone(record, wall_s, stop.is_set())
 
 
@@ -266,9 +312,9 @@ def _record(loaded, split, text_info, named_columns, tracks, reference, errors, 
     entries = []
     for index, (name, column) in enumerate(named_columns):
         track = next((t for t in tracks if t.index == index), None)
-        figures = track.figures(reference) if track is not None and track.quality.n_tokens else None
-        entries.append(column_entry(name, column, split, errors.get(index, ""), figures,
-                                    track.quality.n_tokens if track is not None else 0))
-    reference_row = {"name": REFERENCE, **reference.cost()}
+        entries.append(column_entry(name, column, split, errors.get(index, ""),
+                                    track.figures(reference) if track is not None else None,
+                                    track.scored if track is not None else 0))
+    reference_row = {"name": reference.name, **reference.cost()} if reference is not None else None
     return build_record(loaded.info(), split, text_info or {}, entries, reference_row, wall_s, stopped,
                         environment=environment(loaded))

@@ -55,3 +55,37 @@ def test_moving_log_ppl_is_the_mean_over_the_last_span():
     assert moving_log_ppl(nll, 2) == pytest.approx([1.0, 1.5, 2.5, 3.5, 4.5])
     assert moving_log_ppl(nll, 10)[-1] == pytest.approx(3.0)
     assert math.isclose(moving_log_ppl([0.5], 4)[0], 0.5)
+
+
+def reference_curve(loaded, ids, strategy) -> list[tuple[float, int]]:
+    """(NLL in nats, cache bytes) of tokens 1..seq-1 fed one at a time through a fresh cache of `strategy`: the
+    StreamingLLM loop written out by hand, token p predicted from what the cache holds after tokens 0..p-1."""
+    from kvlab.accounting import cache_bytes
+
+    cache, out = strategy.build_cache(loaded, ids.shape[1]), []
+    with torch.inference_mode():
+        for position in range(1, ids.shape[1]):
+            logits = strategy.forward(loaded, cache, ids[:, :position], 1)
+            out.append((-float(torch.log_softmax(logits[0].float(), dim=-1)[ids[0, position]]), cache_bytes(cache)))
+    return out
+
+
+def test_the_report_with_a_one_token_context_is_the_streaming_loop_token_for_token(tiny):
+    from kvlab.protocol import RunDone, RunStarted
+    from kvlab.quality.perplexity import perplexity_columns, run_perplexity
+    from kvlab.quality.report import TokenScored
+
+    ids = torch.randint(3, 1000, (1, 30), generator=torch.Generator().manual_seed(0))
+    columns = perplexity_columns("dynamic,window,sink,static,quantized:backend=quanto:residual_length=4", 8, 2)
+    events = list(run_perplexity(tiny, ids, columns))
+    assert isinstance(events[0], RunStarted) and events[0].plan.context_tokens == 1 and isinstance(events[-1], RunDone)
+    scored = [e for e in events if isinstance(e, TokenScored)]
+    assert [e.column for e in scored[:10]] == [0, 1, 2, 3, 4] * 2  # in turns, one token each per round
+    for index, column in enumerate(columns):
+        curve = [(e.nll, e.cache_bytes) for e in scored if e.column == index]
+        assert [e.position for e in scored if e.column == index] == list(range(1, 30))
+        assert curve == reference_curve(tiny, ids, column.strategy), column.describe()  # bit for bit
+    record = events[-1].record
+    assert record["reference"] is None and [c["status"] for c in record["columns"]] == ["ok"] * 5
+    assert all(c["figures"] is None and c["split"] == {"context_tokens": 1, "scored_tokens": 29}
+               for c in record["columns"])

@@ -233,3 +233,21 @@ def test_a_compare_row_never_fills_a_report_row_and_a_malformed_record_is_one_li
     empty.write_text(json.dumps({"kind": "kvlab.report", "version": 1, "model": model, "columns": []}))
     assert main(["report", "--from", str(empty)]) == 2
     assert "no rows" in capsys.readouterr().err
+
+
+def test_the_curve_is_each_columns_own_nll_token_by_token_with_or_without_the_reference(tiny):
+    from kvlab.quality.report import TokenScored
+
+    ids = _ids(30, 2)
+    for reference in ("dynamic", None):
+        events, record = _done(run_report(tiny, ids, "sink:window_length=8:num_sink_tokens=2", scored_tokens=12,
+                                          warm_up=False, reference=reference, curve=True))
+        curve = [e for e in events if isinstance(e, TokenScored)]
+        assert [e.position for e in curve] == list(range(18, 30)) and {e.column for e in curve} == {0}
+        assert len({e.cache_bytes for e in curve}) == 1 and curve[0].cache_bytes > 0  # the window is full
+        if reference:
+            assert math.exp(sum(e.nll for e in curve) / 12) == pytest.approx(_figures(record, "sink 2+6")["ppl"])
+            with_reference = [e.nll for e in curve]
+        else:
+            assert [e.nll for e in curve] == with_reference and record["reference"] is None
+            assert not [e for e in events if isinstance(e, ReportProgress)]
