@@ -23,7 +23,7 @@ from ..compute import compute_iter
 from ..engine import NllStep, NllStream
 from ..columns import Column
 from ..strategies import Strategy, StrategyError
-from .report import report_columns, run_report
+from .report import Split, column_refusal, report_columns, run_report
 
 DEFAULT_STRATEGIES = "dynamic,sink:num_sink_tokens=0,sink"
 """The paper's three curves: dense, window attention, attention sinks."""
@@ -104,19 +104,11 @@ def perplexity_columns(specs, window: int = DEFAULT_WINDOW, sinks: int = DEFAULT
 
 
 def refusals(loaded, columns: list[Column], tokens: int) -> dict[str, str]:
-    """Label -> why a column cannot stream a text of `tokens` tokens on `loaded` (it cannot run on this model or
-    machine, or its cache cannot take a one-token context and `tokens - 1` scored tokens); the others runnable."""
-    found = {}
-    for column in columns:
-        reason = column.strategy.unavailable_reason(loaded)
-        if not reason:
-            try:
-                column.strategy.check_fits(1, tokens - 1)
-            except ValueError as err:
-                reason = str(err)
-        if reason:
-            found[column.describe()] = reason
-    return found
+    """Label -> why a column cannot stream a text of `tokens` tokens on `loaded` (the report's own check,
+    `column_refusal`, for a one-token context and `tokens - 1` scored tokens: it cannot run on this model or
+    machine, or its cache cannot hold that split); the columns not named can run."""
+    split = Split(1, tokens - 1)
+    return {column.describe(): reason for column in columns if (reason := column_refusal(loaded, column, split)[1])}
 
 
 def run_perplexity(loaded, input_ids: torch.Tensor, columns: list[Column], stop: threading.Event | None = None):

@@ -189,7 +189,7 @@ class _Track:
         return figure_row(self.quality.figures(), self.cost(), reference.cost()["cache_bytes_mean"])
 
 
-def _refusal(loaded, column: Column, split: Split) -> tuple[str, str]:
+def column_refusal(loaded, column: Column, split: Split) -> tuple[str, str]:
     """(status, why) `column` cannot run this split here: `unavailable` on this model or machine, `error` for a
     rejected column or a split it cannot hold; ('', '') when it can."""
     if column.rejected:
@@ -242,7 +242,7 @@ def _start(loaded, ids, split: Split, columns: list[Column], names: list[str], r
     """Generator: each column that cannot run is a `ColumnFailed`; the others' tracks (warmed up when asked,
     their caches built and their contexts ready to prefill) are returned."""
     for index, column in enumerate(columns):
-        status, reason = _refusal(loaded, column, split)
+        status, reason = column_refusal(loaded, column, split)
         if reason:
             errors[index] = reason
             yield ColumnFailed(index, names[index], status, reason)
