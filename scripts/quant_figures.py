@@ -27,7 +27,6 @@ import torch
 from kvlab.accounting import cache_bytes, cache_bytes_by_layer_type
 from kvlab.accounting import layer_types_and_windows
 from kvlab.models.loading import ModelSpec, load_model
-from kvlab.quality.perplexity import default_text
 from kvlab.quality.stats import quality_figures, score_tokens
 from kvlab.strategies import make_strategy
 from kvlab.strategies.base import parse_strategy_list
@@ -36,8 +35,16 @@ KL_DEFAULT = ("quantized:backend=quanto:nbits=4,rotation_quantized,quantized:bac
               "rotation_quantized:key_bits=4:value_bits=2")
 
 
+def measured_text() -> str:
+    """The text docs/strategies.md's figures were measured on: every one of Python's help topics
+    (`pydoc_data.topics`), joined."""
+    from pydoc_data.topics import topics
+
+    return "\n".join(topics.values())
+
+
 def text_ids(loaded, count: int) -> torch.Tensor:
-    ids = loaded.tokenizer(default_text(), return_tensors="pt")["input_ids"][:, :count]
+    ids = loaded.tokenizer(measured_text(), return_tensors="pt")["input_ids"][:, :count]
     if ids.shape[1] < count:
         raise SystemExit(f"the text has only {ids.shape[1]} tokens")
     return ids.to(loaded.device)

@@ -1,80 +1,32 @@
-"""Streaming perplexity: feed a long text token by token through KV caches and record each NLL.
+"""Streaming perplexity: StreamingLLM's perplexity view of the quality report, and the curves' summaries.
 
-This is how StreamingLLM (Xiao et al. 2023, arXiv:2309.17453) compares dense,
-window and attention-sink caches: every token is predicted from what the cache
-still holds at that point. The caches are ordinary strategies from the registry
-(`dynamic` keeps everything, `sink` with `num_sink_tokens: 0` is the paper's
-window-attention baseline, `sink` is StreamingLLM, `sliding_window` the model's
-own window); the tokens go through the engine (`kvlab.engine.NllStream`).
-`stream_many` streams several in turns (each step on kvlab's compute thread),
-`stream_nll` one; `ppl_by_segment` and `moving_log_ppl` summarise. Pure
-backend: no gradio, no plotting, no model loading.
+This is how StreamingLLM (Xiao et al. 2023, arXiv:2309.17453) compares dense, window and attention-sink
+caches: every token of a long text is predicted from what the cache still holds at that point. It is the
+quality report (`kvlab.quality.report.run_report`) with a one-token context, no reference and its per-token
+NLL curve (`run_perplexity`): the same columns (`perplexity_columns`, the report's with two aliases and the
+sink defaults), the same teacher-forcing loop (`kvlab.engine.teacher_force`), the same default text (the
+shipped one, `kvlab.quality.defaults.shipped_text`). The caches are ordinary strategies from the registry
+(`dynamic` keeps everything, `sink` with `num_sink_tokens: 0` is the paper's window-attention baseline,
+`sink` is StreamingLLM, `sliding_window` the model's own window). `ppl_by_segment` and `moving_log_ppl`
+summarise a curve. Pure backend: no gradio, no plotting, no model loading.
 """
 
 from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Callable, Iterator
 
 import torch
 
-from ..compute import compute_iter
-from ..engine import NllStep, NllStream
 from ..columns import Column
-from ..strategies import Strategy, StrategyError
 from .report import Split, column_refusal, report_columns, run_report
 
 DEFAULT_STRATEGIES = "dynamic,sink:num_sink_tokens=0,sink"
 """The paper's three curves: dense, window attention, attention sinks."""
 DEFAULT_WINDOW = 256
 DEFAULT_SINKS = 4
-DEFAULT_MAX_TOKENS = 4096
 ALIASES = {"dense": {"strategy": "dynamic"}, "window": {"strategy": "sink", "num_sink_tokens": 0}}
 """Older names accepted on input (`dense`, `window`); results always carry the strategy's own name."""
-
-
-def default_text() -> str:
-    """A long real text present on every machine: Python's own help topics (`pydoc_data.topics`)."""
-    from pydoc_data.topics import topics
-
-    return "\n".join(topics.values())
-
-
-def parse_perplexity_strategies(specs, window: int = DEFAULT_WINDOW, sinks: int = DEFAULT_SINKS
-                                ) -> dict[str, Strategy]:
-    """Column label -> strategy for a perplexity run, checked without a model.
-
-    Args:
-        specs: a comma list in the compare syntax (`dynamic,sink:num_sink_tokens=0,sink`), or a list of
-            names / spec dicts / Strategy objects. `dense` and `window` are accepted as `dynamic` and
-            `sink:num_sink_tokens=0`.
-        window, sinks: `window_length` and `num_sink_tokens` for sink columns that do not set them.
-
-    Raises:
-        StrategyError: an unknown name or knob, a bad knob value or one not written as key=value, a strategy
-            that keeps no cache, two columns with one label, or a cache budget.
-        ValueError: nothing picked, or more than the report's MAX_REPORT_COLUMNS.
-    """
-    columns = report_columns(specs, strict=True, prepare=lambda spec: _resolve(spec, window, sinks),
-                             empty=f"pick at least one cache, e.g. {DEFAULT_STRATEGIES}")
-    return {column.describe(): column.strategy for column in columns}
-
-
-def perplexity_strategies(loaded, specs, window: int = DEFAULT_WINDOW, sinks: int = DEFAULT_SINKS
-                          ) -> dict[str, Strategy]:
-    """`parse_perplexity_strategies`, then each checked against `loaded` (a `kvlab.models.LoadedModel`).
-
-    Raises:
-        StrategyError: as `parse_perplexity_strategies`, or a strategy that cannot run on this model, with the
-            same reason Compare gives.
-    """
-    chosen = parse_perplexity_strategies(specs, window, sinks)
-    for label, strategy in chosen.items():
-        reason = strategy.unavailable_reason(loaded)
-        if reason:
-            raise StrategyError(f"{label}: {reason}")
-    return chosen
 
 
 def _resolve(spec: dict, window: int, sinks: int) -> dict:
@@ -129,47 +81,11 @@ def run_perplexity(loaded, input_ids: torch.Tensor, columns: list[Column], stop:
                       progress_every=tokens, warm_up=False, reference=None, curve=True)
 
 
-def stream_many(loaded, input_ids: torch.Tensor, strategies: dict[str, Strategy],
-                stop: threading.Event | None = None) -> Iterator[NllStep]:
-    """Stream one text through every strategy's cache in turns, one token each per round; each step runs on
-    kvlab's compute thread. Yields `NllStep`s (name, position, nll in nats, cache bytes).
-
-    Raises:
-        ValueError: no strategies, or not one sequence of at least 2 tokens.
-    """
-    return compute_iter(NllStream(loaded, strategies, input_ids, stop))
-
-
-def stream_nll(loaded, input_ids: torch.Tensor, strategy: Strategy, *, stop_event: threading.Event | None = None,
-               on_token: Callable[[int, float, int], None] | None = None) -> list[float]:
-    """Negative log-likelihood (nats) of each token of `input_ids` given the tokens before it under one strategy.
-
-    Args:
-        loaded: a `kvlab.models.LoadedModel`.
-        input_ids: (1, seq) or (seq,) ids, seq >= 2.
-        strategy: the cache to stream through (a fresh one is built).
-        stop_event: when set, streaming stops and the NLLs so far are returned.
-        on_token: called after each token as `on_token(position, nll, cache_bytes)`.
-
-    Returns:
-        `nll[i]` is the NLL of token i + 1 (length seq - 1, or fewer if stopped).
-
-    Raises:
-        ValueError: `input_ids` is not one sequence of at least 2 tokens.
-    """
-    nll: list[float] = []
-    for step in stream_many(loaded, input_ids, {strategy.describe(): strategy}, stop_event):
-        nll.append(step.nll)
-        if on_token is not None:
-            on_token(step.position, step.nll, step.cache_bytes)
-    return nll
-
-
 def ppl_by_segment(nll: list[float], segment_len: int) -> list[dict]:
     """Perplexity of consecutive segments of an NLL list.
 
     Args:
-        nll: per-token negative log-likelihoods in nats (as from `stream_nll`).
+        nll: per-token negative log-likelihoods in nats (one column's curve from `run_perplexity`).
         segment_len: tokens per segment, >= 1; the last segment may be shorter.
 
     Returns:

@@ -60,10 +60,10 @@ def test_snapkv_half_then_quanto_int4_holds_under_0_3_of_dynamic_after_a_1000_to
     import torch
 
     from kvlab.accounting import cache_bytes
-    from kvlab.quality.perplexity import default_text
+    from kvlab.quality.defaults import shipped_text
     from kvlab.strategies import make_strategy
 
-    ids = bundled.tokenizer(default_text(), return_tensors="pt")["input_ids"][:, :1000]
+    ids = bundled.tokenizer(shipped_text(), return_tensors="pt")["input_ids"][:, :1000]
     strategy = make_strategy({"strategy": "snapkv", "compression_ratio": 0.5, "quantize": "quanto4"})
     cache = strategy.build_cache(bundled, 1001)
     with torch.inference_mode():
