@@ -20,7 +20,7 @@ def entry(prog: str = "kvlab") -> int:
         print(f"{prog}: interrupted; nothing was written", file=sys.stderr)
         return 130
     except ModuleNotFoundError as err:
-        print(f"kvlab: the package {err.name or err} is not installed here: {SETUP_HINT}", file=sys.stderr)
+        print(f"kvlab: the package {(err.name or str(err)).split('.')[0]} is not installed here: {SETUP_HINT}", file=sys.stderr)
         return 2
 
 

@@ -17,12 +17,18 @@ from pathlib import Path
 
 import pytest
 
+from pagekit import open_page  # noqa: F401  (the fixtures below use it)
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = REPO_ROOT / "artifacts"
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
 APP_START_TIMEOUT_S = 240
 APP_STOP_TIMEOUT_S = 20
+TEST_RUN_STEPS = 200_000
+"""The app's per-run cap here (KVLAB_MAX_RUN_STEPS): the long runs some tests stop or abandon (6 columns × 1,500
+or 2,000 tokens: up to 143,000 steps) cost more than the default; the sharing test's over-cap requests
+(300,000 steps and more) cost more than this."""
 
 
 def free_port() -> int:
@@ -53,7 +59,7 @@ def app():
     ARTIFACTS.mkdir(exist_ok=True)
     port = int(os.environ.get("KVLAB_BROWSER_PORT") or free_port())
     env = {**os.environ, "GRADIO_SERVER_PORT": str(port), "GRADIO_ANALYTICS_ENABLED": "False",
-           "PYTHONUNBUFFERED": "1"}
+           "PYTHONUNBUFFERED": "1", "KVLAB_MAX_RUN_STEPS": str(TEST_RUN_STEPS)}
     log_path = ARTIFACTS / "app-browser.log"
     with open(log_path, "w") as log:
         process = subprocess.Popen([sys.executable, "app.py"], cwd=REPO_ROOT, env=env, stdout=log,
@@ -94,16 +100,6 @@ def browser():
             browser.close()
 
 
-def open_page(browser, url: str):
-    """A new browser context (its own gradio session) with the app loaded; close its `.context` when done."""
-    context = browser.new_context(viewport={"width": 1600, "height": 1000})
-    page = context.new_page()
-    page.set_default_timeout(60_000)
-    page.goto(url)
-    page.wait_for_selector("#kv-run")
-    return page
-
-
 @pytest.fixture
 def page(browser, app_url):
     """A fresh tab on the app, 1600×1000, with its Compare tab loaded."""
@@ -122,17 +118,3 @@ def other_page(browser, app_url):
         yield page
     finally:
         page.context.close()
-
-
-def wait_until(page, expression: str, timeout_s: float, poll_s: float = 0.25):
-    """Evaluate `expression` (JavaScript) in `page` from here until it is truthy; returns its value. Unlike
-    `page.wait_for_function`, whose checks run on the page's own animation frames or timers, this works on a
-    page that is not in front (headless chromium pauses those); raises AssertionError with the last value."""
-    deadline = time.monotonic() + timeout_s
-    value = None
-    while time.monotonic() < deadline:
-        value = page.evaluate(expression)
-        if value:
-            return value
-        time.sleep(poll_s)
-    raise AssertionError(f"{expression!r} stayed {value!r} for {timeout_s} s")

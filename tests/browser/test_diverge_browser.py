@@ -14,7 +14,7 @@ import shutil
 from pathlib import Path
 from urllib.parse import parse_qsl, urljoin, urlsplit
 
-from conftest import wait_until
+from pagekit import wait_until
 from test_compare_browser import SAMPLING_PROMPT, pick_preset, wait_for_model, wait_for_status
 
 STEP_TIMEOUT_MS = 600_000

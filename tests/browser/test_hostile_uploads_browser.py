@@ -11,7 +11,7 @@ import uuid
 
 import pytest
 
-from conftest import open_page
+from pagekit import open_page
 
 CAP = 16 * 2**20
 REFUSED_TIMEOUT_MS = 60_000

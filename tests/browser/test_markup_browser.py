@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 from urllib.parse import urlencode
 
-from conftest import wait_until
+from pagekit import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 REPORT_RECORD = ROOT / "records" / "smoke" / "smollm2.json"

@@ -15,7 +15,7 @@ from app import create_app
 from kvlab.models.loading import ModelPool
 from kvlab.plan import planner
 
-from conftest import open_page
+from pagekit import open_page
 
 STRATEGY_DELAY_S = 1.5
 SETTLE_S = 3 * STRATEGY_DELAY_S

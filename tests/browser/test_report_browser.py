@@ -5,7 +5,7 @@ was scored. SmolLM2, three columns, 256 context tokens and 48 scored."""
 import re
 from pathlib import Path
 
-from conftest import wait_until
+from pagekit import wait_until
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 COLUMNS_SPEC = "sink:window_length=64, quantized:backend=quanto:nbits=4, knorm:compression_ratio=0.5"

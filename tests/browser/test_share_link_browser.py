@@ -7,7 +7,7 @@ ready and Stop idle; after a replay of the exported record in a third context, t
 No wall-clock time is asserted; waits only guard against a hung run.
 """
 
-from conftest import open_page
+from pagekit import open_page
 from test_compare_browser import snapshot, strategies, wait_for_model, wait_for_status
 from test_native_plots_browser import newest_record
 

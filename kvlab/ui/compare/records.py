@@ -122,13 +122,15 @@ def code_text(plan: RunPlan, view: RunView | None = None) -> str:
     return "\n\n".join(blocks)
 
 
-def run_preset(loader, path, name: str, prompt: str | None = None, max_new_tokens: int | None = None) -> dict:
+def run_preset(loader, path, name: str, prompt: str | None = None, max_new_tokens: int | None = None,
+               stop: threading.Event | None = None) -> dict:
     """Run a preset headless and return its JSON run record (what `python -m kvlab compare --json` writes).
 
     Args:
         loader: the tab's `kvlab.ui.shared.loader.BackgroundLoader`; path: the preset file; name: its name.
         prompt: replaces the preset's prompt text when given.
         max_new_tokens: replaces the preset's max_new_tokens when given.
+        stop: set it to end every column within a token (the record then says the columns were stopped).
 
     Raises:
         PresetError, ModelLoadError, ValueError: bad input or a model that cannot load; the message says why.
@@ -144,4 +146,4 @@ def run_preset(loader, path, name: str, prompt: str | None = None, max_new_token
     parsed = parse_preset(data, name)
     parsed.settings().check()
     loaded = loader.get(ModelSpec(**parsed.model.model_dump()))
-    return collect(run_compare_preset(loaded, parsed, threading.Event())).record
+    return collect(run_compare_preset(loaded, parsed, stop or threading.Event())).record
