@@ -58,7 +58,7 @@ def _say(line: str) -> None:
 
 def _progress(event) -> None:
     """One stderr line per report event worth a line."""
-    from ..protocol import ColumnFailed, RunStarted
+    from ..protocol import ColumnFailed, RunDone, RunStarted
     from ..quality.report import ReportProgress
 
     if isinstance(event, RunStarted):
@@ -70,6 +70,10 @@ def _progress(event) -> None:
               f"top-1 {f['same_top']:.3f}, {event.cache_bytes:,} B", file=sys.stderr, flush=True)
     elif isinstance(event, ColumnFailed):
         _say(f"column {event.name}: {event.message}")
+    elif isinstance(event, RunDone):
+        for column in event.record["columns"]:
+            if column.get("note"):
+                print(f"[note] {column['name']}: {column['note']}", file=sys.stderr, flush=True)
 
 
 def _write(args, rows: list[dict], record: dict | None) -> None:

@@ -314,7 +314,8 @@ def _record(loaded, split, text_info, named_columns, tracks, reference, errors, 
         track = next((t for t in tracks if t.index == index), None)
         entries.append(column_entry(name, column, split, errors.get(index, ""),
                                     track.figures(reference) if track is not None else None,
-                                    track.scored if track is not None else 0))
+                                    track.scored if track is not None else 0,
+                                    track.strategy.runtime_note() if track is not None else ""))
     reference_row = {"name": reference.name, **reference.cost()} if reference is not None else None
     return build_record(loaded.info(), split, text_info or {}, entries, reference_row, wall_s, stopped,
                         environment=environment(loaded))
