@@ -12,7 +12,8 @@ same and only the memory differs)."""
 from dataclasses import dataclass
 
 from ..engines import ServingSetting
-from ..engines.settings import LLAMA_SERVER, LLAMA_VERSION, SGLANG_ARGS, TRT_RUN, VLLM_ARGS_042
+from ..engines.settings import (LLAMA_ARGS, LLAMA_VERSION, SGLANG_MODEL_ARGS, SGLANG_VERSION, TRT_KV_CONFIG,
+                                TRT_VERSION, VLLM_CACHE, VLLM_VERSION)
 from .base import Strategy, StrategyError, register
 
 LAYER_TYPES = ("model", "full")
@@ -52,9 +53,9 @@ class Dynamic(Strategy):
         return ["from transformers import DynamicCache"], code
 
     def serving_settings(self) -> list:
-        return [ServingSetting("vLLM", "--kv-cache-dtype auto (the default)", "0.4.2", VLLM_ARGS_042,
+        return [ServingSetting("vLLM", "--kv-cache-dtype auto (the default)", VLLM_VERSION, VLLM_CACHE,
                                "a paged cache grown block by block"),
-                ServingSetting("SGLang", "--kv-cache-dtype auto (the default)", "0.5.13", SGLANG_ARGS),
-                ServingSetting("TensorRT-LLM", "the default paged KV cache", "0.9", TRT_RUN),
-                ServingSetting("llama.cpp", "--cache-type-k f16 --cache-type-v f16 (the default)", LLAMA_VERSION,
-                               LLAMA_SERVER)]
+                ServingSetting("SGLang", "--kv-cache-dtype auto (the default)", SGLANG_VERSION, SGLANG_MODEL_ARGS),
+                ServingSetting("TensorRT-LLM", 'KvCacheConfig(dtype="auto") (the default paged KV cache)',
+                               TRT_VERSION, TRT_KV_CONFIG),
+                ServingSetting("llama.cpp", "-ctk f16 -ctv f16 (the default)", LLAMA_VERSION, LLAMA_ARGS)]

@@ -8,7 +8,8 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from ..engines import ServingSetting
-from ..engines.settings import LLAMA_ARGS, LLAMA_VERSION, VLLM_ARGS
+from ..engines.settings import (LLAMA_ARGS, LLAMA_VERSION, SGLANG_MEMORY_ARGS, SGLANG_VERSION, TRT_KV_CONFIG,
+                                TRT_VERSION, VLLM_ARGS, VLLM_VERSION)
 from .base import Strategy, cuda_reason, register
 from .static import Static
 
@@ -32,12 +33,15 @@ class Offloaded(Strategy):
         return ["from transformers import DynamicCache"], "cache = DynamicCache(offloading=True)"
 
     def serving_settings(self) -> list:
-        """No engine prefetches the KV cache layer by layer; vLLM swaps preempted requests' blocks to the CPU and
-        llama.cpp can keep the whole cache in host memory."""
-        return [ServingSetting("vLLM", "--swap-space GiB", "0.5.3", VLLM_ARGS,
-                               "CPU space for the KV blocks of preempted requests, not layer-by-layer prefetch"),
-                ServingSetting("SGLang", None, note="no layer-by-layer KV offload in the server arguments checked"),
-                ServingSetting("TensorRT-LLM", None, note="no layer-by-layer KV offload in the run options checked"),
+        """No engine prefetches a running request's KV cache layer by layer; vLLM, SGLang and TensorRT-LLM keep
+        KV blocks in host memory as a second tier, and llama.cpp can keep the whole cache in host memory."""
+        tier = "KV blocks moved to host memory and back, not layer-by-layer prefetch of a running request"
+        return [ServingSetting("vLLM", "--kv-offloading-size GiB", VLLM_VERSION, VLLM_ARGS,
+                               f"a CPU offloading buffer (--kv-offloading-backend native): {tier}"),
+                ServingSetting("SGLang", "--enable-hierarchical-cache --hicache-ratio R", SGLANG_VERSION,
+                               SGLANG_MEMORY_ARGS, f"a host-memory tier of the prefix cache: {tier}"),
+                ServingSetting("TensorRT-LLM", "KvCacheConfig(host_cache_size=BYTES)", TRT_VERSION, TRT_KV_CONFIG,
+                               f"reusable blocks offloaded to host memory: {tier}"),
                 ServingSetting("llama.cpp", "--no-kv-offload (-nkvo)", LLAMA_VERSION, LLAMA_ARGS,
                                "the KV cache stays in host memory and attention runs there")]
 

@@ -29,7 +29,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from ..engines import ServingSetting, no_equivalent
+from ..engines import ServingSetting
+from ..engines.settings import (LLAMA_VERSION, SGLANG_VERSION, TRT_TRIATTENTION, TRT_TRIATTENTION_VERSION,
+                                VLLM_VERSION)
 from .base import Strategy, StrategyError, require_int
 from .quantize_knob import describe as describe_quantize
 
@@ -50,9 +52,14 @@ def pruned_cache(config, quantized_layer=None):
     return PrunedCache(config, quantized_layer)
 
 
-EVICTION_REASON = ("score-based token eviction by this method's score is in none of the four engines' documented "
-                   "options (kvpress and the papers' code run on transformers); TensorRT-LLM 1.3.0rc27 evicts "
-                   "decoded tokens by TriAttention's score only (kvlab's `triattention`)")
+EVICTION_REASON = ("no token eviction by a score in its options (checked in {}): the paged cache keeps every token "
+                   "of a request (kvpress and the papers' code run on transformers)")
+SGLANG_SPARSE = ("; its --enable-hisparse selects top-k tokens per step for DeepSeek-sparse-attention models only, "
+                 "keeping them all in host memory")
+TRIATTENTION_NOTE = ("the only score-based eviction TensorRT-LLM ships, the nearest: TriAttention's calibrated score "
+                     "instead of this method's, over decoded tokens only, every beta tokens (the prompt is never "
+                     "evicted, where kvlab's methods prune it at prefill); per_layer_perhead selects per layer and KV "
+                     "head as kvlab does; kvlab's triattention column runs it")
 FEW_KEPT = 0.1
 """A budget keeping at most this fraction of the prunable prompt positions gets a warning (`warning_on`)."""
 
@@ -403,9 +410,25 @@ class ScoredEviction(Strategy):
             f"    {forward}"]
 
     def serving_settings(self) -> list:
-        """No engine evicts by score (`EVICTION_REASON`); with `quantize`, its backend's settings are added for the
-        quantized part only."""
+        """No engine evicts by this method's score (`EVICTION_REASON`); TensorRT-LLM's TriAttention is the nearest
+        it ships; with `quantize`, its backend's settings are added for the quantized part only."""
         from .quantize_knob import parse
+
+        settings = [ServingSetting("vLLM", None, note=EVICTION_REASON.format(f"vLLM {VLLM_VERSION}")),
+                    ServingSetting("SGLang", None, note=EVICTION_REASON.format(f"SGLang {SGLANG_VERSION}") +
+                                   SGLANG_SPARSE),
+                    ServingSetting("TensorRT-LLM", "TriAttentionKvCacheCompressionConfig(budget=N, beta=128, "
+                                   "eviction_mode=\"per_layer_perhead\", calibration_path=...)",
+                                   TRT_TRIATTENTION_VERSION, TRT_TRIATTENTION, TRIATTENTION_NOTE),
+                    ServingSetting("llama.cpp", None, note=EVICTION_REASON.format(f"llama.cpp {LLAMA_VERSION}"))]
+        parsed = parse(self.quantize)
+        if parsed is not None:
+            backend, layer = parsed
+            part = f"for the quantize={self.quantize} part only"
+            settings += [ServingSetting(s.engine, s.setting, s.version, s.source, part + (f"; {s.note}" if s.note else ""),
+                                        s.measured)
+                         for s in backend.serving(layer) if s.setting is not None]
+        return settings
 
         settings = no_equivalent(EVICTION_REASON)
         parsed = parse(self.quantize)

@@ -13,6 +13,8 @@ says how it differs.
 
 from __future__ import annotations
 
+import re
+
 from ..engines import ENGINES, ServingSetting
 from .base import STRATEGIES, make_strategy
 
@@ -45,9 +47,15 @@ def serving_comment(strategy) -> list[str]:
             *(f"# {setting.line()}" for setting in settings)]
 
 
+def _doc_links(text: str) -> str:
+    """`docs/x.md#a` paths in `text` as links relative to docs/serving.md (`[x.md#a](x.md#a)`)."""
+    return re.sub(r"docs/([\w.-]+\.md(?:#[\w-]+)?)", r"[\1](\1)", text)
+
+
 def serving_table() -> str:
     """docs/serving.md's table: one row per registered strategy at its default knobs, one cell per engine
-    (`setting` — version (note) [n], or no serving equivalent: why), and the numbered sources after it."""
+    (`setting` — version (note) [n]; measured: where kvlab measured it, or no serving equivalent: why), and the
+    numbered sources after it."""
     sources: list[str] = []
     rows = ["| strategy (default knobs) | " + " | ".join(ENGINES) + " |", "|---" * (len(ENGINES) + 1) + "|"]
     for name in STRATEGIES:
@@ -59,6 +67,8 @@ def serving_table() -> str:
             if setting.source not in sources:
                 sources.append(setting.source)
             note = f" ({setting.note})" if setting.note else ""
-            cells.append(f"`{setting.setting}` — {setting.version}{note} [{sources.index(setting.source) + 1}]")
+            measured = f"; measured: {_doc_links(setting.measured)}" if setting.measured else ""
+            cells.append(f"`{setting.setting}` — {setting.version}{note} [{sources.index(setting.source) + 1}]"
+                         f"{measured}")
         rows.append(f"| `{name}` | " + " | ".join(cells) + " |")
     return "\n".join(rows + [""] + [f"{n}. <{source}>" for n, source in enumerate(sources, 1)])

@@ -7,7 +7,7 @@ run. `num_sink_tokens: 0` is the paper's window-attention baseline."""
 from dataclasses import dataclass
 
 from ..engines import ServingSetting
-from ..engines.settings import LLAMA_SERVER, LLAMA_VERSION, TRT_RUN
+from ..engines.settings import LLAMA_ARGS, LLAMA_VERSION, SGLANG_VERSION, TRT_KV_CONFIG, TRT_VERSION, VLLM_VERSION
 from .base import Strategy, StrategyError, register
 
 
@@ -79,13 +79,16 @@ class Sink(Strategy):
         )
 
     def serving_settings(self) -> list:
-        """TensorRT-LLM's StreamingLLM options take `num_sink_tokens` and `window_length`; llama.cpp's context
-        shift keeps `num_sink_tokens`."""
+        """TensorRT-LLM's KvCacheConfig takes `num_sink_tokens` and `window_length` (StreamingLLM); llama.cpp's
+        context shift keeps `num_sink_tokens`; vLLM and SGLang have no attention-sink window."""
         sinks, window = int(self.num_sink_tokens), int(self.window_length)
-        paged = "no attention-sink window: the paged cache keeps every token of a request"
-        return [ServingSetting("vLLM", None, note=paged), ServingSetting("SGLang", None, note=paged),
-                ServingSetting("TensorRT-LLM", f"--sink_token_length {sinks} --max_attention_window_size {window}",
-                               "0.9", TRT_RUN, "StreamingLLM; the engine built with trtllm-build --streamingllm enable"),
-                ServingSetting("llama.cpp", f"--context-shift --keep {sinks}", LLAMA_VERSION, LLAMA_SERVER,
+        paged = ("no attention-sink window in its options (checked in {}): the paged cache keeps every token of a "
+                 "request; its 'sinks' are gpt-oss's learned attention sinks, not StreamingLLM")
+        return [ServingSetting("vLLM", None, note=paged.format(f"vLLM {VLLM_VERSION}")),
+                ServingSetting("SGLang", None, note=paged.format(f"SGLang {SGLANG_VERSION}")),
+                ServingSetting("TensorRT-LLM", f"KvCacheConfig(sink_token_length={sinks}, "
+                               f"max_attention_window=[{window}])", TRT_VERSION, TRT_KV_CONFIG,
+                               "StreamingLLM's sink tokens and window, as here"),
+                ServingSetting("llama.cpp", f"--context-shift --keep {sinks}", LLAMA_VERSION, LLAMA_ARGS,
                                "when the context is full, half of the tokens after the kept ones are dropped at once, "
                                "not a rolling window")]

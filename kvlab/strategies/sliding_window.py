@@ -8,7 +8,8 @@ window, and the one that refuses a model without one."""
 from dataclasses import dataclass
 
 from ..engines import ServingSetting
-from ..engines.settings import LLAMA_SERVER, LLAMA_VERSION, SGLANG_ARGS, TRT_LONG, VLLM_ARGS
+from ..engines.settings import (LLAMA_ARGS, LLAMA_VERSION, SGLANG_SCHEDULE_ARGS, SGLANG_VERSION, TRT_KV_CONFIG,
+                                TRT_VERSION, VLLM_ARGS, VLLM_VERSION)
 from .base import Strategy, register, sliding_layer_types
 
 
@@ -39,9 +40,11 @@ class SlidingWindow(Strategy):
 
     def serving_settings(self) -> list:
         own = "the model's own sliding layers are honoured by default"
-        return [ServingSetting("vLLM", "the default (--disable-sliding-window turns it off)", "0.5.3", VLLM_ARGS,
-                               own),
-                ServingSetting("SGLang", "the default", "0.5.13", SGLANG_ARGS, own),
-                ServingSetting("TensorRT-LLM", "KvCacheConfig(max_attention_window=[...])", "main", TRT_LONG,
-                               "a cyclic KV cache per layer; also forces a window on full-attention layers"),
-                ServingSetting("llama.cpp", "the default", LLAMA_VERSION, LLAMA_SERVER, own)]
+        return [ServingSetting("vLLM", "the default (--disable-sliding-window turns it off)", VLLM_VERSION,
+                               VLLM_ARGS, own),
+                ServingSetting("SGLang", "the default (--swa-full-tokens-ratio sizes the sliding pool)",
+                               SGLANG_VERSION, SGLANG_SCHEDULE_ARGS, own),
+                ServingSetting("TensorRT-LLM", "KvCacheConfig(max_attention_window=[...])", TRT_VERSION,
+                               TRT_KV_CONFIG, "a window per layer; also forces a window on full-attention layers"),
+                ServingSetting("llama.cpp", "the default (--swa-full keeps the full cache)", LLAMA_VERSION,
+                               LLAMA_ARGS, own)]

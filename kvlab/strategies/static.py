@@ -4,7 +4,8 @@ from dataclasses import dataclass, replace
 from typing import ClassVar
 
 from ..engines import ServingSetting
-from ..engines.settings import LLAMA_SERVER, LLAMA_VERSION, SGLANG_ARGS, TRT_RUN, VLLM_ARGS
+from ..engines.settings import (LLAMA_ARGS, LLAMA_VERSION, SGLANG_SCHEDULE_ARGS, SGLANG_VERSION, TRT_KV_CONFIG,
+                                TRT_VERSION, VLLM_ARGS, VLLM_VERSION)
 from .base import Strategy, StrategyError, register, require_int
 
 COMPILE_BUCKET = 256
@@ -102,11 +103,11 @@ class Static(Strategy):
 
     def serving_settings(self) -> list:
         """Every engine allocates its KV pool once at start, as a static cache is."""
-        return [ServingSetting("vLLM", "--gpu-memory-utilization / --max-model-len", "0.5.3", VLLM_ARGS,
+        return [ServingSetting("vLLM", "--gpu-memory-utilization F --max-model-len N", VLLM_VERSION, VLLM_ARGS,
                                "the KV pool is allocated once at start, as a static cache is"),
-                ServingSetting("SGLang", "--mem-fraction-static", "0.5.13", SGLANG_ARGS,
+                ServingSetting("SGLang", "--mem-fraction-static F", SGLANG_VERSION, SGLANG_SCHEDULE_ARGS,
                                "the KV pool is allocated once at start"),
-                ServingSetting("TensorRT-LLM", "--kv_cache_free_gpu_memory_fraction", "0.9", TRT_RUN,
-                               "the KV pool is allocated once at start"),
-                ServingSetting("llama.cpp", "--ctx-size N", LLAMA_VERSION, LLAMA_SERVER,
+                ServingSetting("TensorRT-LLM", "KvCacheConfig(free_gpu_memory_fraction=F)", TRT_VERSION,
+                               TRT_KV_CONFIG, "the KV pool is allocated once at start"),
+                ServingSetting("llama.cpp", "--ctx-size N", LLAMA_VERSION, LLAMA_ARGS,
                                "the cache is allocated for N tokens at start")]

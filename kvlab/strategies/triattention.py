@@ -22,12 +22,11 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from ..engines import ServingSetting
+from ..engines.settings import (LLAMA_VERSION, SGLANG_VERSION, TRT_TRIATTENTION, TRT_TRIATTENTION_VERSION,
+                                VLLM_VERSION)
 from .base import Strategy, StrategyError, register, require_int
 
-TRT_VERSION = "1.3.0rc27"
-TRT_CONFIG_DOC = ("https://nvidia.github.io/TensorRT-LLM/1.3.0rc27/llm-api/reference/"
-                  "TriAttentionKvCacheCompressionConfig.html")
-PLUGIN_REASON = ("not in its documented options; TriAttention's authors ship an out-of-tree plugin for it "
+PLUGIN_REASON = ("not in its options (checked in {}); TriAttention's authors ship an out-of-tree plugin for it "
                  "(github.com/WeianMao/triattention)")
 
 
@@ -229,8 +228,9 @@ class TriAttention(Strategy):
         note = ("with KvCacheConfig(use_kv_cache_manager_v2=True), PyTorch backend; it loads the authors' "
                 "calibration .pt (kvlab calibrates itself); SM100/SM103 GPUs, BF16 GQA groups of 4 or 8, head "
                 "size 64 or 128 only, which neither bundled model has")
-        return [ServingSetting("vLLM", None, note=f"TriAttention is {PLUGIN_REASON}"),
-                ServingSetting("SGLang", None, note=f"TriAttention is {PLUGIN_REASON}"),
-                ServingSetting("TensorRT-LLM", setting, TRT_VERSION, TRT_CONFIG_DOC, note),
-                ServingSetting("llama.cpp", None, note="TriAttention is not in its options; a community ggml port "
-                                                       "exists outside it")]
+        return [ServingSetting("vLLM", None, note="TriAttention is " + PLUGIN_REASON.format(f"vLLM {VLLM_VERSION}")),
+                ServingSetting("SGLang", None,
+                               note="TriAttention is " + PLUGIN_REASON.format(f"SGLang {SGLANG_VERSION}")),
+                ServingSetting("TensorRT-LLM", setting, TRT_TRIATTENTION_VERSION, TRT_TRIATTENTION, note),
+                ServingSetting("llama.cpp", None, note=f"TriAttention is not in its options (checked in "
+                                                       f"{LLAMA_VERSION}); a community ggml port exists outside it")]

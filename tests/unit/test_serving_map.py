@@ -56,12 +56,16 @@ def test_unknown_strategy_names_itself():
 
 
 @pytest.mark.parametrize("spec, expected", [
-    ({"strategy": "quantized", "backend": "fp8", "nbits": 8}, "vLLM 0.4.2: --kv-cache-dtype fp8"),
-    ({"strategy": "quantized", "backend": "quanto", "nbits": 4}, "--cache-type-k q4_0 --cache-type-v q4_0 -fa on"),
+    ({"strategy": "quantized", "backend": "fp8", "nbits": 8}, "vLLM 0.34.0: --kv-cache-dtype fp8"),
+    ({"strategy": "quantized", "backend": "quanto", "nbits": 4}, "vLLM 0.34.0: --kv-cache-dtype int4_per_token_head"),
+    ({"strategy": "quantized", "backend": "quanto", "nbits": 4}, "llama-server -ctk q4_0 -ctv q4_0 -fa on"),
+    ({"strategy": "quantized", "backend": "hqq", "nbits": 8}, "--kv-cache-dtype int8_per_token_head"),
     ({"strategy": "rotation_quantized", "key_bits": 3, "value_bits": 4}, "--kv-cache-dtype turboquant_k3v4_nc"),
+    ({"strategy": "rotation_quantized"}, "llama.cpp 0c1e570 (llama-cpp-python 0.3.36): llama-server -ctk q4_0"),
     ({"strategy": "sink", "window_length": 64, "num_sink_tokens": 4},
-     "--sink_token_length 4 --max_attention_window_size 64"),
-    ({"strategy": "snapkv"}, "SGLang: no serving equivalent: score-based token eviction"),
+     "KvCacheConfig(sink_token_length=4, max_attention_window=[64])"),
+    ({"strategy": "snapkv"}, "SGLang: no serving equivalent: no token eviction by a score"),
+    ({"strategy": "snapkv"}, "TensorRT-LLM 1.3.0rc27: TriAttentionKvCacheCompressionConfig("),
 ])
 def test_view_code_shows_the_nearest_setting(spec, expected):
     code = code_snippet(make_strategy(spec), GenerationSettings(max_new_tokens=4), "Hi")
@@ -84,6 +88,8 @@ def test_the_doc_table_is_the_classes_output():
 
 def test_eviction_composed_with_quantization_maps_its_quantized_part():
     settings = serving_settings("snapkv", {"quantize": "rotation_k4v2"})
-    assert [s.setting for s in settings if s.setting] == ["--kv-cache-dtype turboquant_4bit_nc"]
-    assert "quantize=rotation_k4v2 part only" in settings[-1].note
-    assert any("--cache-type-k q4_0" in (s.setting or "") for s in serving_settings("tova", {"quantize": "quanto4"}))
+    parts = [s for s in settings if "quantize=rotation_k4v2 part only" in s.note]
+    assert [s.engine for s in parts] == ["vLLM", "SGLang", "TensorRT-LLM", "llama.cpp"]
+    assert parts[0].setting == "--kv-cache-dtype turboquant_4bit_nc"
+    assert [s.engine for s in settings if s.setting and s not in parts] == ["TensorRT-LLM"]  # TriAttention
+    assert any("-ctk q4_0" in (s.setting or "") for s in serving_settings("tova", {"quantize": "quanto4"}))

@@ -200,7 +200,7 @@ def test_the_snippet_builds_the_same_cache_and_names_vllms_flag(tiny):
     assert [type(layer).__name__ for layer in scope["cache"].layers] == ["VllmKVLayer"] * 2
     snippet = code_snippet(strategy, GenerationSettings(max_new_tokens=4), "Hi")
     assert "vllm_kv_cache(model.config, 'turboquant_k3v4_nc', values='lloyd_max', boundary_layers=0)" in snippet
-    assert "# vLLM 0.34: --kv-cache-dtype turboquant_k3v4_nc (vLLM's own figure: ~3.5× smaller, +10.63 % PPL" in snippet
+    assert "# vLLM 0.34.0: --kv-cache-dtype turboquant_k3v4_nc (vLLM's own figure: ~3.5× smaller, +10.63 % PPL" in snippet
     assert "vLLM has no values=lloyd_max" in snippet and "always keeps the first and last 2 layers" in snippet
 
 
@@ -213,9 +213,15 @@ def test_each_preset_serves_as_its_own_vllm_flag_with_vllms_cost_figure(kv_cache
     if kv_cache_dtype in VLLM_COST:
         ratio, ppl = VLLM_COST[kv_cache_dtype]
         assert f"{ratio} smaller, {ppl} PPL" in vllm.note and f"{ratio} smaller, {ppl} PPL" in doc
-        assert vllm.source.endswith("turboquant/config.py") and all(s.setting is None for s in others)
+        assert vllm.source.endswith("turboquant/config.py")
     else:
-        assert vllm.source.endswith("int4_per_token_head.py") and others[-1].setting.startswith("--cache-type-k q4_0")
+        assert vllm.source.endswith("int4_per_token_head.py")
+    assert "strategies.md#vllm_kv_cache" in vllm.measured
+    sglang, trt = (("--kv-cache-dtype fp8_e4m3", 'dtype="fp8"') if kv_cache_dtype == "turboquant_k8v4"
+                   else ("--kv-cache-dtype nvfp4", 'dtype="nvfp4"'))
+    assert sglang == others[0].setting and trt in others[1].setting
+    assert others[-1].setting.startswith("llama-server -ctk q8_0" if kv_cache_dtype == "turboquant_k8v4"
+                                         else "llama-server -ctk q4_0")
     wider = serving_settings("vllm_kv_cache", {"kv_cache_dtype": kv_cache_dtype, "boundary_layers": 3})[0]
     assert wider.setting.endswith("--kv-cache-dtype-skip-layers <first and last 3>")
 

@@ -9,6 +9,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ...engines import ServingSetting
+from ...engines.kv_types import llama_setting
+from ...engines.settings import (SGLANG_MODEL_ARGS, SGLANG_VERSION, TRT_QUANT, TRT_VERSION, VLLM_CACHE,
+                                 VLLM_VERSION)
 from .registry import register_backend
 from .transformers_layers import TransformersBackend
 
@@ -29,8 +33,18 @@ class Fp8Backend(TransformersBackend):
     def describe_quantize(self, knobs: dict) -> str:
         return self.name
 
-    def tensorrt_kv_dtype(self, nbits: int) -> str:
-        return "fp8"
+    def serving(self, knobs: dict) -> list[ServingSetting]:
+        """Each engine's fp8 type, one scale per tensor as here; llama.cpp's q8_0 (8-bit integers in blocks of
+        32, the nearest it ships: its type list has no fp8)."""
+        what = "kvlab's fp8 with one scale per tensor"
+        return [ServingSetting("vLLM", "--kv-cache-dtype fp8", VLLM_VERSION, VLLM_CACHE,
+                               "fp8 (e4m3) with a per-tensor scale, as here"),
+                ServingSetting("SGLang", "--kv-cache-dtype fp8_e4m3", SGLANG_VERSION, SGLANG_MODEL_ARGS,
+                               "fp8 (e4m3) with a per-tensor scale, as here"),
+                ServingSetting("TensorRT-LLM", 'KvCacheConfig(dtype="fp8")', TRT_VERSION, TRT_QUANT,
+                               "fp8 with a per-tensor scale, as here"),
+                llama_setting("q8_0", "q8_0", f"no fp8 type: 8-bit integers in blocks of 32 with one fp16 scale "
+                                              f"each are the nearest, against {what}")]
 
 
 FP8 = register_backend(Fp8Backend(

@@ -16,17 +16,26 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...engines import ServingSetting
-from ...engines.settings import LLAMA_SERVER, SGLANG_KV, TRT_QUANT, VLLM_KV
+from ...engines.kv_types import engine_settings
+from ...engines.settings import (LLAMA_ARGS, LLAMA_COMMIT, LLAMA_VERSION, SGLANG_MODEL_ARGS, SGLANG_VERSION, TRT_QUANT,
+                                 TRT_VERSION, VLLM_CACHE, VLLM_VERSION)
 from .base import QuantBackend
 from .registry import register_backend
 
-LLAMA_CPP_COMMIT = "0c1e570"
+LLAMA_CPP_COMMIT = LLAMA_COMMIT
 """The llama.cpp commit whose KV cache the formats, the rotation and the serving note were read from (2026-10-01,
 the one llama-cpp-python 0.3.36 vendors; PR #21038 added the rotation)."""
-LLAMA_CPP_VERSION = f"{LLAMA_CPP_COMMIT} (llama-cpp-python 0.3.36)"
 QUANTIZED_TYPES = ("q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
 """ggml block types a `quantize=` value names (`kvlab.caches.ggml_blocks.TYPES`)."""
 PLAIN = ("f32", "f16", "bf16")
+AGREEMENT = "docs/strategies.md#llamacpp_quantized-llamacpps-kv-cache-types"
+MEASURED = {
+    ("q4_0", "q4_0", True): f"kvlab 0.0427 against llama.cpp 0.0527 mean KL on the same 300 tokens ({AGREEMENT})",
+    ("q4_0", "q4_0", False): f"kvlab 0.1131 against llama.cpp 0.1857 mean KL, rotation off ({AGREEMENT})",
+    ("q8_0", "q8_0", True): (f"kvlab 0.00016 against llama.cpp 0.00439 mean KL, llama.cpp's kernel floor "
+                             f"({AGREEMENT})"),
+}
+"""kvlab's layers against llama.cpp itself, each against its own dense run (type_k, type_v, rotation on)."""
 
 
 def _bits(kind: str) -> int:
@@ -166,21 +175,26 @@ class LlamaCppBackend(QuantBackend):
     # ----- serving -----
 
     def serving(self, knobs: dict) -> list[ServingSetting]:
-        """llama.cpp: the same types (a quantized V needs flash attention: llama.cpp refuses it with `-fa off`);
-        the other engines: their 8-bit types, the nearest they ship to a 4- or 5-bit block type."""
+        """llama.cpp: the same types (a quantized V needs flash attention: llama.cpp refuses it with `-fa off`),
+        with the agreement kvlab measured against llama.cpp itself where it has one; the other engines: the
+        type of theirs nearest in bits (`kvlab.engines.kv_types`), or their default for plain types."""
         kinds = (knobs.get("type_k", "q4_0"), knobs.get("type_v", "q4_0"))
         bits = max(_bits(kind) for kind in kinds)
-        coarser = "" if bits >= 8 else f"8 bits against {bits}: the nearest the engine ships"
         rotation = ("Hadamard-rotated when head_dim % 64 == 0, as here" if knobs.get("attn_rot", True)
                     else "rotation off, as attn_rot=false")
         v_note = ("; a quantized V needs -fa on: llama.cpp refuses it with -fa off" if kinds[1] in QUANTIZED_TYPES
                   else "")
-        return [ServingSetting("vLLM", "--kv-cache-dtype fp8", "0.4.2", VLLM_KV, coarser or "per-tensor scale"),
-                ServingSetting("SGLang", "--kv-cache-dtype fp8_e4m3", "0.5.13", SGLANG_KV, coarser),
-                ServingSetting("TensorRT-LLM", f"quantize.py --kv_cache_dtype {'int8' if bits == 8 else 'fp8'}",
-                               "0.9", TRT_QUANT, coarser or "calibrated scales"),
-                ServingSetting("llama.cpp", _flags(knobs), LLAMA_CPP_VERSION, LLAMA_SERVER,
-                               f"the same format, block for block; {rotation}{v_note}")]
+        llama = ServingSetting("llama.cpp", _flags(knobs), LLAMA_VERSION, LLAMA_ARGS,
+                               f"the same format, block for block; {rotation}{v_note}",
+                               MEASURED.get((*kinds, bool(knobs.get("attn_rot", True))), ""))
+        if bits >= 16:
+            plain = "the model's dtype, unquantized, as llama.cpp's plain types"
+            return [ServingSetting("vLLM", "--kv-cache-dtype auto", VLLM_VERSION, VLLM_CACHE, plain),
+                    ServingSetting("SGLang", "--kv-cache-dtype auto", SGLANG_VERSION, SGLANG_MODEL_ARGS, plain),
+                    ServingSetting("TensorRT-LLM", 'KvCacheConfig(dtype="auto")', TRT_VERSION, TRT_QUANT, plain),
+                    llama]
+        return [*engine_settings(bits, f"llama.cpp's {kinds[0]}/{kinds[1]} blocks of 32 with an fp16 scale each"),
+                llama]
 
 
 def _flags(knobs: dict) -> str:

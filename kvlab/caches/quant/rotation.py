@@ -14,8 +14,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from ...engines import ENGINES, ServingSetting
-from ...engines.settings import VLLM_TURBOQUANT
+from ...engines import ServingSetting
+from ...engines.kv_types import engine_settings, llama_setting, llama_type
+from ...engines.settings import MEASURED_LLAMACPP
 from .base import QuantBackend
 from .registry import register_backend
 
@@ -127,15 +128,24 @@ class RotationBackend(QuantBackend):
         return getattr(layer, "shared_tables", None)
 
     def serving(self, knobs: dict) -> list[ServingSetting]:
-        """vLLM's TurboQuant `--kv-cache-dtype` of these bits (the 4-bit one as the nearest for another pair);
-        no rotation-quantized type in the other three engines' options checked."""
+        """vLLM's TurboQuant `--kv-cache-dtype` of these bits (the 4-bit one for a pair it has no preset for);
+        SGLang and TensorRT-LLM: their 4-bit float type (fp8 above 4 bits), no rotation; llama.cpp: its block
+        types for the key and value bits, Hadamard-rotated as every quantized llama.cpp KV cache is."""
         bits = (int(knobs.get("key_bits", 4)), int(knobs.get("value_bits", 4)))
         dtype = TURBOQUANT_TYPES.get(bits, "turboquant_4bit_nc")
-        note = "" if bits in TURBOQUANT_TYPES else f"no k{bits[0]}/v{bits[1]} type: 4-bit keys and values is the nearest"
-        other = "no rotation-quantized KV type in the options checked; its plain fp8 / q4_0 cache types are the nearest"
-        return [ServingSetting("vLLM", f"--kv-cache-dtype {dtype}", "0.20.0", VLLM_TURBOQUANT,
-                               note or "TurboQuant: random rotation + Lloyd-Max scalar codes, as kvlab's"),
-                *(ServingSetting(engine, None, note=other) for engine in ENGINES[1:])]
+        what = f"kvlab's rotated k{bits[0]}/v{bits[1]} Lloyd-Max codes"
+        vllm_note = ("vLLM's TurboQuant: a Hadamard rotation, Lloyd-Max key codes (fp8 keys for k8), uniform "
+                     "value codes and a norm correction; kvlab's vllm_kv_cache is that preset one to one"
+                     if bits in TURBOQUANT_TYPES else
+                     f"no k{bits[0]}/v{bits[1]} preset: 4-bit keys and values is the nearest")
+        type_k, type_v = llama_type(bits[0]), llama_type(bits[1])
+        rotated = ("Hadamard-rotated when head_dim % 64 == 0, as here, then uniform codes in blocks of 32 with one "
+                   "fp16 scale each, not Lloyd-Max codes and a norm")
+        lower = [f"{name} {b}-bit" for name, b in zip(("K", "V"), bits) if b < 4]
+        llama_note = (f"no {' / '.join(lower)} type: q4_0 is the nearest; " if lower else "") + rotated
+        return [*engine_settings(max(bits), what, (dtype, vllm_note)),
+                llama_setting(type_k, type_v, llama_note, MEASURED_LLAMACPP if (type_k, type_v) == ("q4_0", "q4_0")
+                              else "")]
 
 
 ROTATION = register_backend(RotationBackend(name="rotation", in_quantized=False))

@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from transformers.cache_utils import Cache
 
 from ...engines import ServingSetting
-from ...engines.settings import LLAMA_SERVER, LLAMA_VERSION, SGLANG_KV, TRT_QUANT, VLLM_KV
+from ...engines.kv_types import engine_settings, fewer_bits_note, llama_setting, llama_type
+from ...engines.settings import MEASURED_LLAMACPP
 from ..hybrid import quantize_full_layers
 from .base import QuantBackend
 from .registry import get_backend
@@ -68,25 +69,19 @@ class TransformersBackend(QuantBackend):
         args = ", ".join(f"{key}={value}" for key, value in self.quantize_layer_kwargs(knobs, residual_length).items())
         return [f"from transformers.cache_utils import {self.layer_name}"], "", f"lambda: {self.layer_name}({args})"
 
-    def tensorrt_kv_dtype(self, nbits: int) -> str:
-        """TensorRT-LLM's `--kv_cache_dtype` nearest to `nbits` bits of this backend."""
-        return "int8" if nbits == 8 else "fp8"
-
     def serving(self, knobs: dict) -> list[ServingSetting]:
-        """8-bit maps to 8-bit types (llama.cpp q8_0); 4 bits to llama.cpp's q4_0 and, as the nearest the other
-        engines ship, fp8; 2 bits has no cache type in any of the four."""
+        """Integer groups of `nbits` bits: vLLM's integer per-token-head type of as many bits (int4 for 4 or fewer,
+        int8 for 8), SGLang's and TensorRT-LLM's 4-bit float type (nvfp4) or fp8, llama.cpp's q4_0 / q8_0 (groups
+        of 32 with one scale each)."""
         nbits = int(knobs.get("nbits") or self.default_nbits)
-        llama = {8: "q8_0", 4: "q4_0"}.get(nbits, "q4_0")
-        coarser = "" if nbits == 8 else f"8 bits against {nbits}: the nearest the engine ships"
-        llama_note = ("groups of 32 with one scale each, like quanto/HQQ's groups; V quantization needs -fa on"
-                      if nbits in (4, 8) else f"no {nbits}-bit cache type: q4_0 is the nearest; V needs -fa on")
-        return [ServingSetting("vLLM", "--kv-cache-dtype fp8", "0.4.2", VLLM_KV,
-                               coarser or "per-tensor scale, as kvlab's fp8"),
-                ServingSetting("SGLang", "--kv-cache-dtype fp8_e4m3", "0.5.13", SGLANG_KV, coarser),
-                ServingSetting("TensorRT-LLM", f"quantize.py --kv_cache_dtype {self.tensorrt_kv_dtype(nbits)}", "0.9",
-                               TRT_QUANT, coarser or "calibrated scales"),
-                ServingSetting("llama.cpp", f"--cache-type-k {llama} --cache-type-v {llama} -fa on", LLAMA_VERSION,
-                               LLAMA_SERVER, llama_note)]
+        what = f"{self.name}'s {nbits}-bit integers in groups of {knobs.get('q_group_size', 64)} with a scale and zero point"
+        llama = llama_type(nbits)
+        llama_bits = 8 if llama == "q8_0" else 4
+        return [*engine_settings(nbits, what),
+                llama_setting(llama, llama, f"{fewer_bits_note(nbits, llama_bits)}integers in blocks of 32 with one "
+                                            "fp16 scale each (no zero point), Hadamard-rotated when head_dim % 64 == 0; "
+                                            "kvlab runs this format as llamacpp_quantized",
+                              MEASURED_LLAMACPP if llama == "q4_0" else "")]
 
 
 class HybridQuantizedCache(Cache):

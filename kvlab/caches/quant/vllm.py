@@ -31,8 +31,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ...engines import ENGINES, ServingSetting
-from ...engines.settings import LLAMA_SERVER, LLAMA_VERSION, VLLM_INT4_SOURCE, VLLM_TQ_SOURCE
+from ...engines import ServingSetting
+from ...engines.kv_types import engine_settings, llama_setting
+from ...engines.settings import MEASURED_LLAMACPP, MEASURED_VLLM, VLLM_INT4_SOURCE, VLLM_TQ_SOURCE, VLLM_VERSION
 from ..vllm_int4 import KV_CACHE_DTYPE as INT4
 from ..vllm_turboquant import PRESETS, ROTATIONS, VALUE_CODES, SlotFormat, is_power_of_two
 from .base import QuantBackend
@@ -45,7 +46,6 @@ DEFAULTS = {"kv_cache_dtype": "turboquant_4bit_nc", "values": "uniform", "norm_c
 VLLM_COST = {"turboquant_k8v4": ("2.6×", "+1.17 %"), "turboquant_4bit_nc": ("3.8×", "+2.71 %"),
              "turboquant_k3v4_nc": ("~3.5×", "+10.63 %"), "turboquant_3bit_nc": ("4.9×", "+20.59 %")}
 """vLLM's own cost figure per preset (compression, PPL increase), from its `TurboQuantConfig` docstring."""
-VLLM_VERSION = "0.34"
 MIN_HEAD_DIM = 8
 TURBOQUANT_ONLY = ("values", "norm_correction", "qjl", "rotation")
 
@@ -298,18 +298,23 @@ def _vllm_setting(knobs: dict) -> ServingSetting:
     if ends < preset_ends:
         notes.append(f"vLLM always keeps the first and last {preset_ends} layers unquantized")
     source = VLLM_INT4_SOURCE if dtype == INT4 else VLLM_TQ_SOURCE
-    return ServingSetting("vLLM", setting, VLLM_VERSION, source, "; ".join(notes))
+    return ServingSetting("vLLM", setting, VLLM_VERSION, source, "; ".join(notes), MEASURED_VLLM)
 
 
 def _other_engines(dtype: str) -> list[ServingSetting]:
-    if dtype != INT4:
-        other = "no rotation-quantized KV type in the options checked; its plain fp8 / q4_0 cache types are the nearest"
-        return [ServingSetting(engine, None, note=other) for engine in ENGINES[1:]]
-    other = "no 4-bit integer KV type with per-token-head scales in the options checked"
-    return [ServingSetting("SGLang", None, note=other), ServingSetting("TensorRT-LLM", None, note=other),
-            ServingSetting("llama.cpp", "--cache-type-k q4_0 --cache-type-v q4_0 -fa on", LLAMA_VERSION, LLAMA_SERVER,
-                           "also Hadamard-rotated when head_dim % 64 == 0, but one fp16 scale per 32 values and no "
-                           "zero point")]
+    """SGLang's and TensorRT-LLM's nearest types in bits (fp8 for k8v4's fp8 keys, their 4-bit float type
+    otherwise; neither has a rotated type) and llama.cpp's block types per K and V, rotated too."""
+    bits = 8 if dtype == "turboquant_k8v4" else 4
+    what = f"vLLM's {dtype}"
+    others = [s for s in engine_settings(bits, what) if s.engine != "vLLM"]
+    type_k = "q8_0" if dtype == "turboquant_k8v4" else "q4_0"
+    note = ("one fp16 scale per 32 values and no zero point, also Hadamard-rotated when head_dim % 64 == 0"
+            if dtype == INT4 else
+            "Hadamard-rotated when head_dim % 64 == 0 as vLLM's TurboQuant is, then uniform codes in blocks of 32 "
+            "with one fp16 scale each instead of Lloyd-Max key codes and a norm")
+    if dtype == "turboquant_3bit_nc":
+        note = "no 3-bit type: q4_0 is the nearest; " + note
+    return [*others, llama_setting(type_k, "q4_0", note, MEASURED_LLAMACPP if type_k == "q4_0" else "")]
 
 
 def vllm_kv_cache(config, kv_cache_dtype: str = DEFAULTS["kv_cache_dtype"], **knobs):
