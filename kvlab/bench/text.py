@@ -129,7 +129,8 @@ def plan_lines(s: dict) -> list[str]:
     width = max([len(model.split("/")[-1]) for model in models] + [LABEL_WIDTH])
     for model, times in models.items():
         lines.append(f"  {model.split('/')[-1]:<{width}} first plan {_num(times['first_s'], 's')}  "
-                     f"other contexts {_num(times['other_contexts_s'], 's')}")
+                     f"other contexts {_num(times['other_contexts_s'], 's')}  "
+                     f"first contexts again {_num(times['again_s'], 's')}")
     if "rss_peak_extra_bytes" in s:
         lines.append(f"  {'peak extra RSS':<{LABEL_WIDTH}} {_num(s['rss_peak_extra_bytes'] / 1e6, 'MB')} over the "
                      f"warm-up and plans, {_num(s['rss_peak_extra_plans_only_bytes'] / 1e6, 'MB')} over the plans "

@@ -23,8 +23,9 @@ import torch
 from .meter import StrategyMeter, linear_state_bytes
 from .probe import Architecture, config_key
 
-MEASUREMENTS_KEPT = 64
-"""(model, strategy, batch, dtype) measurements kept at once; a few KiB each (figures, not tensors)."""
+MEASUREMENTS_KEPT = 256
+"""(model, strategy, batch, dtype) measurements kept at once: the whole catalog under the Plan tab's six opening
+cards and as many again; a few KiB each (figures and the probe's meta-device stand-in, no tensor data)."""
 
 
 @dataclass

@@ -230,7 +230,9 @@ def _cpu_rotary(model) -> None:
         return
 
 
-_CACHE_SIZE = 8
+_CACHE_SIZE = 32
+"""Configs (and config, dtype pairs) whose probes are kept: the whole catalog and more. A kept probe of the
+largest catalog model is about 2 MB (its meta-device model's modules, no tensor data)."""
 _GROUPS: dict[str, tuple[LayerGroup, ...]] = {}
 _MODELS: dict[tuple[str, torch.dtype], object] = {}
 

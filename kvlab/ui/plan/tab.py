@@ -8,8 +8,10 @@ cards are Compare's (`kvlab.ui.shared.knobs`, `kvlab.ui.shared.cards`), and plan
 with a Compare run's torch threads. Plan streams a status line per step; Stop
 (gradio's `cancels`) or a closed page ends the plan between two steps. When
 the app preloads the bundled model, one warm-up plan (`kvlab.plan.planner.warm_up`)
-follows it on that thread, so the first plan a user asks for pays no one-time
-set-up. "Measure it for real", shown for the bundled model and any model the
+follows it on that thread, then the opening form's plan of every catalog model
+(`kvlab.ui.plan.view.default_requests`, kept by `kvlab.plan.measured`), so the
+first plan a user asks for pays no one-time set-up and a catalog model's figures
+are read back. "Measure it for real", shown for the bundled model and any model the
 app holds loaded, fills Compare's model and columns from this tab's cards and
 switches to Compare.
 """
@@ -26,7 +28,7 @@ from kvlab.compute import compute, compute_iter
 from kvlab.models.bundled import bundled_model
 from kvlab.models.loading import ModelLoadError, ModelSpec
 from kvlab.models.sources import allow_local_folders, safe_line
-from kvlab.plan.planner import DTYPES, warm_up
+from kvlab.plan.planner import DTYPES, plan, warm_up
 
 from ..shared.cards import StrategyCard, build_card
 from ..shared.knobs import card_form, max_knobs, strategy_choices
@@ -44,6 +46,7 @@ from .view import (
     PlanRejected,
     budget_choices,
     compare_columns,
+    default_requests,
     model_choices,
     plan_progress,
     slot_forms,
@@ -79,7 +82,9 @@ class PlanTab:
             threading.Thread(target=self._warm, daemon=True, name="kvlab-plan-warm").start()
 
     def _warm(self) -> None:
-        """After the bundled model's load (never during it: both would share 2 cores), warm the planner."""
+        """After the bundled model's load (never during it: both would share 2 cores), warm the planner, then
+        plan the opening form for every catalog model (`default_requests`), each its own turn on the compute
+        thread, so a Run asked for meanwhile waits for one model's plan at most."""
         if self.compare is not None:
             try:
                 self.compare.loader.get(ModelSpec())
@@ -87,7 +92,9 @@ class PlanTab:
                 pass  # Compare shows the load error; the planner needs no model
         try:
             compute(warm_up)
-        except Exception:  # noqa: BLE001 - a failed warm-up only makes the first plan slower
+            for request in default_requests():
+                compute(plan, request)
+        except Exception:  # noqa: BLE001 - a failed warm-up only makes a first plan slower
             logger.exception("planner warm-up failed")
 
     # ----- building -----
