@@ -6,7 +6,9 @@ in its `kvlab.ui` modules; this file only assembles them.
 
 Started as a script, the app begins loading the bundled model on a background
 thread *before* importing gradio (which takes seconds), so the two overlap
-(`KVLAB_EARLY_LOAD=0` turns that off). The queue holds at most
+(`KVLAB_EARLY_LOAD=0` turns that off). The load ends with the one-time warm-up
+of the columns the Compare page opens with (`kvlab.ui.compare.warm`), so the
+first Run times like the second. The queue holds at most
 `KVLAB_QUEUE_MAX_SIZE` waiting events (default 16; 0 = no limit). Gradio itself
 refuses an upload larger than a record may be (`KVLAB_MAX_RECORD_MB`, default 16
 MiB; `kvlab.measure.record_json`) before storing it. On a Hugging Face Space a
@@ -120,10 +122,11 @@ try:
         readiness.reset()  # an earlier start's lines must not make this one look ready
     if __name__ == "__main__" and os.environ.get("KVLAB_EARLY_LOAD", "1") != "0":
         from kvlab.models.loading import ModelPool, ModelSpec
+        from kvlab.ui.compare.warm import OpeningWarmUp
         from kvlab.ui.shared.loader import BackgroundLoader
 
         log_to_stderr()
-        EARLY_LOADER = BackgroundLoader(ModelPool())
+        EARLY_LOADER = BackgroundLoader(ModelPool(), warm=OpeningWarmUp())
         EARLY_LOADER.start(ModelSpec())
 
     import gradio as gr

@@ -3,8 +3,11 @@
 `BackgroundLoader` wraps the one shared `kvlab.models.ModelPool`: `start(spec)`
 loads on a daemon thread and returns at once, so the page stays usable while
 weights load; `status(spec)` says where that load is (fraction, message, error,
-model info). `get(spec)` blocks until the model is ready, reusing a load in
-flight. Load outcomes are shared by every session, like the weights themselves.
+model info). A loader made with `warm` runs it as the load's last step (the
+Compare tab's one-time warm-up of its opening columns,
+`kvlab.ui.compare.warm.OpeningWarmUp`): the load reports its progress and the
+model counts as ready, here and in the ready file, once it is done. `get(spec)`
+blocks until the model is ready, reusing a load in flight. Load outcomes are shared by every session, like the weights themselves.
 `CONCURRENCY` and `MODEL_CONCURRENCY_ID` are the one queue limit every tab's
 model-bound events share. This module does not import gradio.
 """
@@ -51,21 +54,28 @@ class LoadStatus:
 
 
 class BackgroundLoader:
-    """Loads specs into `pool` on daemon threads and remembers each load's progress and outcome."""
+    """Loads specs into `pool` on daemon threads and remembers each load's progress and outcome.
 
-    def __init__(self, pool: ModelPool):
-        self.pool = pool
+    warm: called as `warm(loaded, progress)` on the load's thread once the weights are loaded, before the load
+    counts as ready (`progress(fraction, message)` as the load's own); it must raise nothing.
+    """
+
+    def __init__(self, pool: ModelPool, warm=None):
+        self.pool, self.warm = pool, warm
         self._status: dict[ModelSpec, LoadStatus] = {}
         self._threads: dict[ModelSpec, threading.Thread] = {}
         self._guard = threading.Lock()
         self._failures_logged: set[str] = set()
 
     def status(self, spec: ModelSpec) -> LoadStatus:
+        with self._guard:
+            status = self._status.get(spec, LoadStatus("idle"))
+            thread = self._threads.get(spec)
+        if status.state == "loading" and thread is not None and thread.is_alive():
+            return status  # weights loading, or loaded and warming up
         loaded = self.pool.loaded(spec)
         if loaded is not None:
             return LoadStatus("ready", 1.0, f"{loaded.name} ready", loaded)
-        with self._guard:
-            status = self._status.get(spec, LoadStatus("idle"))
         if status.state == "ready":
             # Loaded once, then dropped from the pool (least recently used): it would load again.
             return LoadStatus("idle")
@@ -88,9 +98,9 @@ class BackgroundLoader:
         Raises:
             ModelLoadError: the spec cannot be loaded; the message says why.
         """
-        loaded = self.pool.loaded(spec)
-        if loaded is not None:
-            return loaded
+        status = self.status(spec)
+        if status.state == "ready":
+            return status.loaded
         self.start(spec)
         with self._guard:
             thread = self._threads.get(spec)
@@ -109,13 +119,17 @@ class BackgroundLoader:
         started = time.perf_counter()
         try:
             loaded = self.pool.get(spec, progress=progress)
+            load_s = time.perf_counter() - started
+            if self.warm is not None:
+                warm_s = self.warm(loaded, progress)
+                logger.info("warmed up %s in %.1f s", loaded.name, warm_s)
         except (ModelLoadError, ValueError) as err:
             outcome = LoadStatus("error", 1.0, str(err))
         except Exception as err:  # noqa: BLE001 - any failure is reported on the page, never raised in a thread
             outcome = LoadStatus("error", 1.0, f"could not load {spec.source!r}: {type(err).__name__}: {err}")
         else:
             outcome = LoadStatus("ready", 1.0, f"{loaded.name} ready")  # the pool holds the model, not this record
-            self._announce_ready(loaded, time.perf_counter() - started)
+            self._announce_ready(loaded, load_s)
         if outcome.state == "error":
             self._log_failure(outcome.message)
             readiness.announce(readiness.ERROR, name=spec.source, message=outcome.message)
