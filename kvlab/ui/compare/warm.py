@@ -25,12 +25,12 @@ from kvlab.measure.warmup import needs_warm_up, warm_up_columns
 from kvlab.presets import list_presets
 from kvlab.strategies import StrategyError
 
+from ..shared.loader import WARM_START
+
 from .form import start_preset
 
 logger = logging.getLogger(__name__)
 
-WARM_FRACTION = 0.9
-"""Where the load's progress stands when the warm-up starts: the rest of the bar is the warm-up."""
 
 
 class OpeningWarmUp:
@@ -65,7 +65,7 @@ class OpeningWarmUp:
             ids = encode_prompt(loaded.tokenizer, prompt.text, prompt.system or "", bool(prompt.chat))
             cold = [s for s in strategies if needs_warm_up(loaded, [s])]
             for done, strategy in enumerate(cold):
-                progress(WARM_FRACTION + (1 - WARM_FRACTION) * done / len(cold),
+                progress(WARM_START + (1 - WARM_START) * done / len(cold),
                          f"warming up the opening columns once ({done + 1} of {len(cold)}: {strategy.describe()})")
                 compute(warm_up_columns, loaded, [strategy], ids.shape[1])
         except Exception:  # noqa: BLE001 - the model is loaded; a run pays what was not warmed

@@ -27,6 +27,9 @@ logger = logging.getLogger(__name__)
 CONCURRENCY = int(os.environ.get("KVLAB_CONCURRENCY", "1"))
 """Model-bound jobs (Compare runs, the `compare` API, perplexity runs) running at once; the rest wait in the queue."""
 MODEL_CONCURRENCY_ID = "kvlab-model"
+WARM_START = 0.9
+"""Where a load with a warm-up step stands when its weights are loaded: the rest of the bar is the warm-up."""
+WEIGHTS_LOADED = "weights loaded; the one-time warm-up follows"
 READY_LOG = "model ready: %s (%.1f s to load)"
 """Logged once per finished load, for whoever reads the server log. A launching process (the benchmark's
 start-up section) learns the outcome from `kvlab.models.readiness` instead, which `_load` also calls."""
@@ -116,9 +119,14 @@ class BackgroundLoader:
             with self._guard:
                 self._status[spec] = LoadStatus("loading", fraction, message)
 
+        def loading(fraction: float, message: str) -> None:
+            if self.warm is not None:  # the load's own "ready" is not the end of it: the warm-up follows
+                fraction, message = fraction * WARM_START, message if fraction < 1 else WEIGHTS_LOADED
+            progress(fraction, message)
+
         started = time.perf_counter()
         try:
-            loaded = self.pool.get(spec, progress=progress)
+            loaded = self.pool.get(spec, progress=loading)
             load_s = time.perf_counter() - started
             if self.warm is not None:
                 warm_s = self.warm(loaded, progress)
