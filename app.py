@@ -104,9 +104,12 @@ def port_refusal(port: int) -> str | None:
 if __name__ == "__main__":
     from kvlab.measure.record_json import max_record_bytes
 
+    from kvlab.ui.compare.kept_runs import check_settings as check_kept_runs
+
     try:
         queue_max_size()  # bad settings are said before anything loads
         max_record_bytes()
+        check_kept_runs()
         refusal = port_refusal(server_port())
     except ValueError as bad:
         sys.exit(f"kvlab: {bad}")
