@@ -1,5 +1,6 @@
 """Fault catalogue: the environment at start-up — a port already taken, a required package missing, a bad
-KVLAB_QUEUE_MAX_SIZE or shared-runs setting. Right: one line naming what is wrong and the setting or command that fixes it, no traceback."""
+KVLAB_QUEUE_MAX_SIZE or shared-runs setting. Right: one line naming what is wrong and the setting or command
+that fixes it, no traceback."""
 
 import os
 import socket
