@@ -14,6 +14,10 @@ from pagekit import ARTIFACTS, open_page, serving  # noqa: F401  (the fixtures b
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
+TEST_RUN_STEPS = 200_000
+"""The app's per-run cap here (KVLAB_MAX_RUN_STEPS): the long runs some tests stop or abandon (6 columns × 1,500
+or 2,000 tokens: up to 143,000 steps) cost more than the default; the sharing test's over-cap requests
+(300,000 steps and more) cost more than this."""
 
 
 @pytest.fixture(scope="session")
@@ -22,7 +26,7 @@ def app():
     `url` and the `log` file its output goes to, stop it. One app for the whole browser tier, as one server would
     be."""
     port = int(os.environ.get("KVLAB_BROWSER_PORT") or 0) or None
-    with serving("app-browser", port) as url:
+    with serving("app-browser", port, KVLAB_MAX_RUN_STEPS=str(TEST_RUN_STEPS)) as url:
         yield types.SimpleNamespace(url=url, log=ARTIFACTS / "app-browser.log")
 
 

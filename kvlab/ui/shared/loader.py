@@ -7,15 +7,14 @@ model info). A loader made with `warm` runs it as the load's last step (the
 Compare tab's one-time warm-up of its opening columns,
 `kvlab.ui.compare.warm.OpeningWarmUp`): the load reports its progress and the
 model counts as ready, here and in the ready file, once it is done. `get(spec)`
-blocks until the model is ready, reusing a load in flight. Load outcomes are shared by every session, like the weights themselves.
-`CONCURRENCY` and `MODEL_CONCURRENCY_ID` are the one queue limit every tab's
-model-bound events share. This module does not import gradio.
+blocks until the model is ready, reusing a load in flight. Load outcomes are
+shared by every session, like the weights themselves. (Model-bound events take
+their turns in `kvlab.ui.shared.turns`.) This module does not import gradio.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from dataclasses import dataclass
@@ -24,9 +23,6 @@ from kvlab.models import readiness
 from kvlab.models.loading import LoadedModel, ModelLoadError, ModelPool, ModelSpec
 
 logger = logging.getLogger(__name__)
-CONCURRENCY = int(os.environ.get("KVLAB_CONCURRENCY", "1"))
-"""Model-bound jobs (Compare runs, the `compare` API, perplexity runs) running at once; the rest wait in the queue."""
-MODEL_CONCURRENCY_ID = "kvlab-model"
 WARM_START = 0.9
 """Where a load with a warm-up step stands when its weights are loaded: the rest of the bar is the warm-up."""
 WEIGHTS_LOADED = "weights loaded; the one-time warm-up follows"
@@ -83,6 +79,11 @@ class BackgroundLoader:
             # Loaded once, then dropped from the pool (least recently used): it would load again.
             return LoadStatus("idle")
         return status
+
+    def ready(self, spec: ModelSpec) -> LoadedModel | None:
+        """The loaded model when its load, the warm-up step included, is done; None otherwise (never waits)."""
+        status = self.status(spec)
+        return status.loaded if status.state == "ready" else None
 
     def start(self, spec: ModelSpec) -> LoadStatus:
         """Begin loading `spec` in the background unless it is loaded or loading; returns its status."""
