@@ -26,11 +26,9 @@ from kvlab.presets import list_presets
 from kvlab.strategies import StrategyError
 
 from ..shared.loader import WARM_START
-
 from .form import start_preset
 
 logger = logging.getLogger(__name__)
-
 
 
 class OpeningWarmUp:
