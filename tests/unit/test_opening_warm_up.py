@@ -76,7 +76,7 @@ def test_the_load_warms_the_opening_columns_and_the_first_run_shows_no_warm_up(t
     seen = []
     with gr.Blocks():
         tab = CompareTab(pool, preload=False, presets=opening)
-        real = tab.loader.warm
+        (real,) = tab.loader.warm
 
         def watched(loaded, progress):
             def report(fraction, message):
@@ -84,7 +84,7 @@ def test_the_load_warms_the_opening_columns_and_the_first_run_shows_no_warm_up(t
                 seen.append(tab.loader.status(ModelSpec()))  # the weights are in the pool, the load goes on
             return real(loaded, report)
 
-        tab.loader.warm = watched
+        tab.loader.warm = (watched,)
         tab.build()
     pool.watch = lambda: tab.loader.status(ModelSpec())
     tab.loader.start(ModelSpec())
@@ -112,7 +112,7 @@ def test_without_the_load_step_the_first_run_pays_the_warm_up(tiny, opening):
 
 def test_the_warm_up_covers_the_runs_prompt_shapes_and_every_event_of_a_first_run(tiny, opening):
     pool = FreshPool(tiny)
-    loader = BackgroundLoader(pool, warm=OpeningWarmUp(opening))
+    loader = BackgroundLoader(pool, warm=(OpeningWarmUp(opening),))
     loaded = loader.get(ModelSpec())
     preset = load_preset(opening["quickstart"])
     ids = encode_prompt(loaded.tokenizer, preset.prompt.text, preset.prompt.system, preset.prompt.chat)
@@ -126,6 +126,6 @@ def test_a_warm_up_that_fails_leaves_the_model_ready(tiny, opening, tmp_path):
     broken = tmp_path / "quickstart.yaml"
     broken.write_text("name: quickstart\ncolumns: not a list\n")
     pool = FreshPool(tiny)
-    loader = BackgroundLoader(pool, warm=OpeningWarmUp({"quickstart": broken}))
+    loader = BackgroundLoader(pool, warm=(OpeningWarmUp({"quickstart": broken}),))
     assert loader.get(ModelSpec()) is pool.model
     assert loader.status(ModelSpec()).state == "ready"

@@ -70,7 +70,7 @@ class CompareTab:
     def __init__(self, pool, preload: bool = True, loader: BackgroundLoader | None = None,
                  presets: dict | None = None):
         self.presets = list_presets() if presets is None else dict(presets)
-        self.loader = loader or BackgroundLoader(pool, warm=OpeningWarmUp(self.presets))
+        self.loader = loader or BackgroundLoader(pool, warm=(OpeningWarmUp(self.presets),))
         self.knob_count = max_knobs()
         self.api = CompareApi(self.loader, self.presets)
         self.devices = [d for d in DEVICES if d in ("auto", "cpu") or device_present(d)]

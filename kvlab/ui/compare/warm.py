@@ -10,7 +10,7 @@ like the second.
 
 The warm-up runs on kvlab's compute thread, one strategy per call, so another tab's work waits for one
 strategy at most. A strategy that cannot run on the model, or whose warm-up fails, is skipped (its column
-says why when it runs). No gradio.
+says why when it runs); an opening preset that does not load skips the whole step (logged). No gradio.
 """
 
 from __future__ import annotations
@@ -18,12 +18,10 @@ from __future__ import annotations
 import logging
 import time
 
-from kvlab.compare.columns import Column
 from kvlab.compute import compute
 from kvlab.generation import encode_prompt
 from kvlab.measure.warmup import needs_warm_up, warm_up_columns
 from kvlab.presets import list_presets
-from kvlab.strategies import StrategyError
 
 from ..shared.loader import WARM_START
 from .form import start_preset
@@ -42,15 +40,13 @@ class OpeningWarmUp:
         self.presets = presets
 
     def strategies(self) -> tuple[list, object]:
-        """(the opening preset's column strategies that build, the preset)."""
+        """(the opening preset's column strategies, the preset).
+
+        Raises:
+            PresetError, StrategyError: the opening preset does not load or build (the warm-up is skipped).
+        """
         preset = start_preset(list_presets() if self.presets is None else self.presets)
-        strategies = []
-        for spec in preset.columns:
-            try:
-                strategies.append(Column.from_spec(dict(spec)).strategy)
-            except StrategyError:
-                continue
-        return strategies, preset
+        return [column.strategy for column in preset.build_columns()], preset
 
     def __call__(self, loaded, progress) -> float:
         """Warm every cold strategy of the opening preset on `loaded` at the preset's prompt length, calling

@@ -3,10 +3,11 @@
 `BackgroundLoader` wraps the one shared `kvlab.models.ModelPool`: `start(spec)`
 loads on a daemon thread and returns at once, so the page stays usable while
 weights load; `status(spec)` says where that load is (fraction, message, error,
-model info). A loader made with `warm` runs it as the load's last step (the
-Compare tab's one-time warm-up of its opening columns,
-`kvlab.ui.compare.warm.OpeningWarmUp`): the load reports its progress and the
-model counts as ready, here and in the ready file, once it is done. `get(spec)`
+model info). A loader made with `warm` steps runs them as the load's last part
+(the Compare tab's one-time warm-up of its opening columns,
+`kvlab.ui.compare.warm.OpeningWarmUp`; the planner's, `kvlab.ui.plan.warm`):
+the load reports their progress and the model counts as ready, here and in the
+ready file, once they are done. `get(spec)`
 blocks until the model is ready, reusing a load in flight. Load outcomes are
 shared by every session, like the weights themselves. (Model-bound events take
 their turns in `kvlab.ui.shared.turns`.) This module does not import gradio.
@@ -55,12 +56,13 @@ class LoadStatus:
 class BackgroundLoader:
     """Loads specs into `pool` on daemon threads and remembers each load's progress and outcome.
 
-    warm: called as `warm(loaded, progress)` on the load's thread once the weights are loaded, before the load
-    counts as ready (`progress(fraction, message)` as the load's own); it must raise nothing.
+    warm: steps, each called as `step(loaded, progress)` in order on the load's thread once the weights are
+    loaded, before the load counts as ready (`progress(fraction, message)` as the load's own); a step returns
+    the seconds it spent and must raise nothing.
     """
 
-    def __init__(self, pool: ModelPool, warm=None):
-        self.pool, self.warm = pool, warm
+    def __init__(self, pool: ModelPool, warm: tuple = ()):
+        self.pool, self.warm = pool, tuple(warm)
         self._status: dict[ModelSpec, LoadStatus] = {}
         self._threads: dict[ModelSpec, threading.Thread] = {}
         self._guard = threading.Lock()
@@ -121,7 +123,7 @@ class BackgroundLoader:
                 self._status[spec] = LoadStatus("loading", fraction, message)
 
         def loading(fraction: float, message: str) -> None:
-            if self.warm is not None:  # the load's own "ready" is not the end of it: the warm-up follows
+            if self.warm:  # the load's own "ready" is not the end of it: the warm-up follows
                 fraction, message = fraction * WARM_START, message if fraction < 1 else WEIGHTS_LOADED
             progress(fraction, message)
 
@@ -129,8 +131,8 @@ class BackgroundLoader:
         try:
             loaded = self.pool.get(spec, progress=loading)
             load_s = time.perf_counter() - started
-            if self.warm is not None:
-                warm_s = self.warm(loaded, progress)
+            if self.warm:
+                warm_s = sum(step(loaded, progress) for step in self.warm)
                 logger.info("warmed up %s in %.1f s", loaded.name, warm_s)
         except (ModelLoadError, ValueError) as err:
             outcome = LoadStatus("error", 1.0, str(err))
