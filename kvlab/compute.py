@@ -46,8 +46,10 @@ THREAD_NAME = "kvlab-compute"
 CLOSED_MESSAGE = "kvlab is shutting down: no more model work is taken"
 _executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=THREAD_NAME)
 _closed = threading.Event()
-IDLE_S = 2.0
-"""`when_idle` waits until the compute thread has had nothing to do for this long (seconds)."""
+IDLE_S = 10.0
+"""`when_idle` waits until the compute thread has had nothing to do for this long (seconds): longer than the
+gap between two runs an API client or a visitor starts back to back, which a background call would otherwise
+slip into and delay the second."""
 IDLE_POLL_S = 0.25
 _activity = {"pending": 0, "last": time.monotonic()}
 _activity_lock = threading.Lock()

@@ -115,7 +115,7 @@ def test_the_apps_background_plans_answer_the_opening_page_of_a_catalog_model(ta
     monkeypatch.setattr(warm, "default_requests", lambda: [r for r in every if r.model == GEMMA])
     measured.forget_all()
     try:
-        assert warm.fill_catalog() == 1
+        assert warm.fill_catalog(quiet_s=0.0) == 1
         filled = measured.cache_info()
         assert filled["misses"] >= 4 and filled["hits"] == 0
         plan, _, _ = tabs

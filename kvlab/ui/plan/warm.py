@@ -18,7 +18,7 @@ import logging
 import threading
 import time
 
-from kvlab.compute import compute, when_idle
+from kvlab.compute import IDLE_S, compute, when_idle
 from kvlab.plan.planner import PlanError, plan, warm_up
 
 from .view import default_requests
@@ -56,14 +56,14 @@ class PlannerWarmUp:
         return time.perf_counter() - started
 
 
-def fill_catalog(stop: threading.Event | None = None) -> int:
-    """Plan the opening form of every catalog model when the compute thread is idle (see the module docstring);
-    returns how many were planned. Stops between two plans when `stop` is set; a model that cannot be planned
-    is logged and skipped."""
+def fill_catalog(stop: threading.Event | None = None, quiet_s: float = IDLE_S) -> int:
+    """Plan the opening form of every catalog model, each once the compute thread has been idle `quiet_s`
+    seconds (see the module docstring); returns how many were planned. Stops between two plans when `stop` is
+    set; a model that cannot be planned is logged and skipped."""
     planned = 0
     for request in default_requests():
         try:
-            if when_idle(plan, request, stop=stop) is None:
+            if when_idle(plan, request, quiet_s=quiet_s, stop=stop) is None:
                 return planned
         except PlanError as err:
             logger.info("planning %s at start failed: %s", request.model, err)
