@@ -203,7 +203,7 @@ def calibration_file(key: str) -> Path:
 
 
 def _payload(centres: QueryCentres) -> dict:
-    return {"format": CALIBRATION_FORMAT, "key": centres.key, "text": centres.text, "tokens": centres.tokens,
+    return {"layout": CALIBRATION_FORMAT, "key": centres.key, "text": centres.text, "tokens": centres.tokens,
             "seconds": centres.seconds,
             "layers": {str(i): {"q_mean_real": c.q_mean.real.contiguous(), "q_mean_imag": c.q_mean.imag.contiguous(),
                                 "q_abs_mean": c.q_abs_mean, "omega": c.omega, "scale_sq": c.scale_sq}
@@ -232,7 +232,7 @@ def load(key: str, model) -> QueryCentres | None:
     path = calibration_file(key)
     try:
         payload = torch.load(path, map_location="cpu", weights_only=True)
-        if payload.get("format") != CALIBRATION_FORMAT or payload.get("key") != key:
+        if payload.get("layout") != CALIBRATION_FORMAT or payload.get("key") != key:
             return None
         layers = {int(i): LayerCentres(torch.complex(c["q_mean_real"], c["q_mean_imag"]), c["q_abs_mean"],
                                        c["omega"], c["scale_sq"]) for i, c in payload["layers"].items()}
