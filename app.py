@@ -6,7 +6,9 @@ in its `kvlab.ui` modules; this file only assembles them.
 
 Started as a script, the app begins loading the bundled model on a background
 thread *before* importing gradio (which takes seconds), so the two overlap
-(`KVLAB_EARLY_LOAD=0` turns that off). gradio's queue holds at most
+(`KVLAB_EARLY_LOAD=0` turns that off). The load ends with the one-time warm-up
+of the columns the Compare page opens with (`kvlab.ui.compare.warm`) and of the
+planner (`kvlab.ui.plan.warm`), so the first Run times like the second. gradio's queue holds at most
 `KVLAB_QUEUE_MAX_SIZE` waiting events (default 16; 0 = no limit); model-bound
 events start at once and take their turns for the model in kvlab's scheduler,
 under the caps of `kvlab.sharing.limits` (`kvlab.ui.shared.turns`). Gradio itself
@@ -104,11 +106,13 @@ def port_refusal(port: int) -> str | None:
 
 if __name__ == "__main__":
     from kvlab.measure.record_json import max_record_bytes
+    from kvlab.ui.compare.kept_runs import check_settings as check_kept_runs
 
     try:
         queue_max_size()  # bad settings are said before anything loads
         Limits.from_env()
         max_record_bytes()
+        check_kept_runs()
         refusal = port_refusal(server_port())
     except ValueError as bad:
         sys.exit(f"kvlab: {bad}")
@@ -124,10 +128,12 @@ try:
         readiness.reset()  # an earlier start's lines must not make this one look ready
     if __name__ == "__main__" and os.environ.get("KVLAB_EARLY_LOAD", "1") != "0":
         from kvlab.models.loading import ModelPool, ModelSpec
+        from kvlab.ui.compare.warm import OpeningWarmUp
+        from kvlab.ui.plan.warm import PlannerWarmUp
         from kvlab.ui.shared.loader import BackgroundLoader
 
         log_to_stderr()
-        EARLY_LOADER = BackgroundLoader(ModelPool())
+        EARLY_LOADER = BackgroundLoader(ModelPool(), warm=(OpeningWarmUp(), PlannerWarmUp()))
         EARLY_LOADER.start(ModelSpec())
 
     import gradio as gr

@@ -20,6 +20,11 @@ deadlock. What runs here must not wait for another call to `compute`.
 Parallel-mode columns do not use this thread; while they run, they and this
 thread get a share of the intra-op threads (`kvlab.compare.runner.shared_threads`).
 
+Background work that must not delay anyone (the app filling the Plan tab's
+kept measurements after start) goes through `when_idle`: it waits until no call
+has been waiting or running for a while, then takes one turn, so a Run started
+meanwhile waits for one such call at most.
+
 `close()` (the app's SIGTERM handler calls it) ends kvlab's torch work for
 good: calls still waiting are cancelled and new ones raise `ComputeClosed`; the
 call running now goes on, but every `kvlab.engine` loop (decoding, teacher
@@ -30,6 +35,7 @@ and stops before its next forward, as if its stop event were set.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import CancelledError, ThreadPoolExecutor
 from typing import TypeVar
@@ -40,6 +46,13 @@ THREAD_NAME = "kvlab-compute"
 CLOSED_MESSAGE = "kvlab is shutting down: no more model work is taken"
 _executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=THREAD_NAME)
 _closed = threading.Event()
+IDLE_S = 10.0
+"""`when_idle` waits until the compute thread has had nothing to do for this long (seconds): longer than the
+gap between two runs an API client or a visitor starts back to back, which a background call would otherwise
+slip into and delay the second."""
+IDLE_POLL_S = 0.25
+_activity = {"pending": 0, "last": time.monotonic()}
+_activity_lock = threading.Lock()
 
 
 class ComputeClosed(RuntimeError):
@@ -74,14 +87,43 @@ def compute(fn: Callable[..., T], *args, **kwargs) -> T:
         return fn(*args, **kwargs)
     if closed():
         raise ComputeClosed(CLOSED_MESSAGE)
+    _note(+1)
     try:
         future = _executor.submit(fn, *args, **kwargs)
     except RuntimeError:  # shut down between the check and the submit
+        _note(-1)
         raise ComputeClosed(CLOSED_MESSAGE) from None
+    future.add_done_callback(lambda _: _note(-1))
     try:
         return future.result()
     except CancelledError:
         raise ComputeClosed(CLOSED_MESSAGE) from None
+
+
+def _note(change: int) -> None:
+    with _activity_lock:
+        _activity["pending"] += change
+        _activity["last"] = time.monotonic()
+
+
+def idle_s() -> float:
+    """Seconds since the compute thread last had a call waiting or running (0.0 while one does)."""
+    with _activity_lock:
+        return 0.0 if _activity["pending"] else time.monotonic() - _activity["last"]
+
+
+def when_idle(fn: Callable[..., T], *args, quiet_s: float = IDLE_S, stop: threading.Event | None = None) -> T | None:
+    """`compute(fn, *args)` once the compute thread has been idle for `quiet_s` seconds (background work that
+    yields to everyone else); None, without running `fn`, when `stop` is set or `close()` is called first.
+
+    Raises:
+        ComputeClosed: as `compute`; whatever `fn` raises.
+    """
+    while idle_s() < quiet_s:
+        if closed() or (stop is not None and stop.is_set()):
+            return None
+        time.sleep(IDLE_POLL_S)
+    return compute(fn, *args)
 
 
 _DONE = object()

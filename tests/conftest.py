@@ -21,6 +21,7 @@ with an empty model cache folder that they must leave empty, so the unit tier
 never converts the bundled GGUF.
 """
 
+import os
 from pathlib import Path
 
 import pytest
@@ -100,6 +101,16 @@ def pytest_runtest_setup(item):
         pytest.fail(f"{item.nodeid} is a unit test but requests {', '.join(requested)} (the real bundled model); "
                     "unit tests run on `tiny` / `tiny_tokenizer`: use those, or move the test to tests/integration",
                     pytrace=False)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def shared_runs_in_a_folder_of_the_session(tmp_path_factory):
+    """The shared runs every tier writes (`KVLAB_RUNS_DIR`, and so the apps the tests start) go to one folder of
+    this session, never the user's data folder; a caller's own KVLAB_RUNS_DIR is kept."""
+    with pytest.MonkeyPatch.context() as patch:
+        if not os.environ.get("KVLAB_RUNS_DIR"):
+            patch.setenv("KVLAB_RUNS_DIR", str(tmp_path_factory.mktemp("kvlab-runs")))
+        yield
 
 
 @pytest.fixture(autouse=True)

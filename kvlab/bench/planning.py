@@ -1,12 +1,16 @@
-"""Plan section: how long the Plan tab's planner takes for one catalog model, and how much memory it adds.
+"""Plan section: how long the Plan tab's planner takes for four catalog models, and how much memory it adds.
 
 As the app does after start, the section first runs the planner's warm-up
 (`kvlab.plan.planner.warm_up`: a plan of another catalog model with every strategy),
-then times a plan of `PLAN_MODEL` with `PLAN_STRATEGIES` (6) at `PLAN_CONTEXTS`
-(5) under a `PLAN_BUDGET_GIB` budget, `repeats` times, on kvlab's compute thread
-as the tab runs it. The first repeat is that model's first plan (its
-architecture is probed on the meta device then); later repeats reuse the probe,
-as a user changing contexts or the budget does.
+then times plans with `PLAN_STRATEGIES` (6) under a `PLAN_BUDGET_GIB` budget on
+kvlab's compute thread as the tab runs them: the first plan of each of
+`PLAN_MODELS` at `PLAN_CONTEXTS` (5, 1k-128k; its architecture is probed on the
+meta device then and every strategy measured), then a plan of each at
+`OTHER_CONTEXTS` (the kept measurements, `kvlab.plan.measured`, serve the
+contexts seen before; the new ones are measured) and at `PLAN_CONTEXTS` again
+(all read back: what the app's page gets for a catalog model, which the app
+plans once after start), then `repeats - 1` more plans of `PLAN_MODEL` at
+`PLAN_CONTEXTS`.
 
 Memory is the kernel's resident-set high-water mark (`VmHWM` in
 /proc/self/status), reset to the current RSS by writing 5 to
@@ -36,6 +40,10 @@ PLAN_STRATEGIES = ({"strategy": "dynamic"}, {"strategy": "static"},
                    {"strategy": "quantized", "backend": "hqq", "nbits": 4},
                    {"strategy": "sink", "window_length": 1024}, {"strategy": "offloaded"})
 PLAN_CONTEXTS = (1024, 4096, 16384, 65536, 131072)
+PLAN_MODELS = (PLAN_MODEL, "Qwen/Qwen3-8B", "google/gemma-3-27b-it", "mistralai/Mistral-7B-Instruct-v0.3")
+"""Four public catalog models: two grouped-query Llama-style models, one with sliding layers (Gemma 3), one more."""
+OTHER_CONTEXTS = (2048, 8192, 32768, 100_000, 131072)
+"""A second context list, mostly new contexts, planned after each model's first plan."""
 PLAN_BUDGET_GIB = 24
 PLAN_TARGET_S = 2.0
 """Seconds one plan may take after the app is up (issue #14)."""
@@ -76,10 +84,10 @@ class PeakRss:
         return self._read("VmHWM")
 
 
-def _plan_request():
+def _plan_request(model: str = PLAN_MODEL, contexts: tuple[int, ...] = PLAN_CONTEXTS):
     from ..plan.planner import GIB, PlanRequest
 
-    return PlanRequest(model=PLAN_MODEL, contexts=PLAN_CONTEXTS, dtype="bfloat16", strategies=PLAN_STRATEGIES,
+    return PlanRequest(model=model, contexts=contexts, dtype="bfloat16", strategies=PLAN_STRATEGIES,
                        budget_bytes=PLAN_BUDGET_GIB * GIB)
 
 
@@ -91,7 +99,8 @@ def _timed(fn, *args) -> float:
 
 
 def measure_planning(ctx: Context) -> dict:
-    """{warm_up_s, plan_s: [seconds per repeat], rss_*} (RSS in bytes; None where unavailable)."""
+    """{warm_up_s, plan_s: [seconds per plan of PLAN_MODEL at PLAN_CONTEXTS, its first plan first], models:
+    {model: {first_s, other_contexts_s, again_s}}, rss_*} (RSS in bytes; None where unavailable)."""
     from ..plan.planner import plan, warm_up
 
     memory = PeakRss()
@@ -106,22 +115,31 @@ def measure_planning(ctx: Context) -> dict:
     if not memory.error:
         figures["rss_peak_warm_up_bytes"] = memory.peak()
         figures["rss_after_warm_up_bytes"] = memory.reset()
-    request = _plan_request()
-    figures["plan_s"] = []
-    for rep in range(ctx.size.repeats):
+    figures["models"] = {model: {} for model in PLAN_MODELS}
+    for model in PLAN_MODELS:
+        ctx.say(f"plan: {model}, first plan")
+        figures["models"][model]["first_s"] = _timed(plan, _plan_request(model))
+    for model in PLAN_MODELS:
+        ctx.say(f"plan: {model}, other contexts, then the first contexts again")
+        figures["models"][model]["other_contexts_s"] = _timed(plan, _plan_request(model, OTHER_CONTEXTS))
+        figures["models"][model]["again_s"] = _timed(plan, _plan_request(model))
+    figures["plan_s"] = [figures["models"][PLAN_MODEL]["first_s"]]
+    for rep in range(1, ctx.size.repeats):
         ctx.say(f"plan: {PLAN_MODEL}, repeat {rep + 1}/{ctx.size.repeats}")
-        figures["plan_s"].append(_timed(plan, request))
+        figures["plan_s"].append(_timed(plan, _plan_request()))
     if not memory.error:
         figures["rss_peak_plans_bytes"] = memory.peak()
     return figures
 
 
 def bench_planning(ctx: Context) -> dict:
-    """The plan section's record: the figures and three checks (first plan, later plans, peak extra RSS)."""
+    """The plan section's record: the figures and the checks (PLAN_MODEL's first plan and later plans, the
+    models' first plans, their other contexts and repeats, peak extra RSS)."""
     figures = measure_planning(ctx)
     label = f"{PLAN_MODEL.split('/')[-1]}, {len(PLAN_STRATEGIES)} strategies × {len(PLAN_CONTEXTS)} contexts"
     first, later = figures["plan_s"][0], figures["plan_s"][1:]
     section = {"model": PLAN_MODEL, "strategies": list(PLAN_STRATEGIES), "contexts": list(PLAN_CONTEXTS),
+               "other_contexts": list(OTHER_CONTEXTS), "models": figures["models"],
                "budget_gib": PLAN_BUDGET_GIB, "target_s": PLAN_TARGET_S, "warm_up_s": figures["warm_up_s"],
                "first_plan_s": first,
                "plan_s": summarize(figures["plan_s"]), "later_plan_s": summarize(later) if later else None,
@@ -133,9 +151,22 @@ def bench_planning(ctx: Context) -> dict:
     if later:
         checks.append(make_check("plan", f"{label}: later plans", later, f"≤ {PLAN_TARGET_S} s",
                                  lambda v: v <= PLAN_TARGET_S, f"median {statistics.median(later):.2f} s", unit="s"))
+    checks.append(_models_check(figures["models"], ("first_s",),
+                                "first plan (cold: the command line, a model the app did not plan at start)"))
+    checks.append(_models_check(figures["models"], ("other_contexts_s", "again_s"),
+                                "other contexts and the first again (the app, after its start-up plans)"))
     checks.append(_memory_check(section, figures["memory_error"]))
     section["checks"] = checks
     return section
+
+
+def _models_check(models: dict[str, dict], keys: tuple[str, ...], what: str) -> dict:
+    """The slowest of `keys`' seconds over PLAN_MODELS against PLAN_TARGET_S, the model that took it named."""
+    times = {(model, key): figures[key] for model, figures in models.items() for key in keys}
+    (model, _), slowest = max(times.items(), key=lambda item: item[1])
+    return make_check("plan", f"{len(models)} catalog models, {what}: slowest", list(times.values()),
+                      f"≤ {PLAN_TARGET_S} s", lambda v: v <= PLAN_TARGET_S, f"{model}: {slowest:.2f} s",
+                      value=slowest, unit="s")
 
 
 def _memory_check(section: dict, error: str) -> dict:

@@ -31,7 +31,9 @@ from .harness import PROMPT, BenchSize, Context, make_check, summarize
 
 STARTUP_READY_MAX_S = 5.0
 """A second launch must have its model ready within this many seconds of process start."""
-APP_TIMEOUT_S = 180.0
+APP_TIMEOUT_S = 900.0
+"""Longest wait for app.py to serve and announce its model ready, which includes the opening columns' one-time
+warm-up (`kvlab.ui.compare.warm`): minutes on a 2-core machine busy with other work."""
 APP_POLL_S = 0.02
 APP_STOP_TIMEOUT_S = 20.0
 STDERR_TAIL_LINES = 5

@@ -125,6 +125,12 @@ def plan_lines(s: dict) -> list[str]:
              f"{s['budget_gib']} GiB budget; s per plan):",
              f"  {'warm-up':<{LABEL_WIDTH}} {_num(s['warm_up_s'], 's')}  first plan {_num(s['first_plan_s'], 's')}  "
              f"every plan {_spread(s['plan_s'], 's')}"]
+    models = s.get("models") or {}
+    width = max([len(model.split("/")[-1]) for model in models] + [LABEL_WIDTH])
+    for model, times in models.items():
+        lines.append(f"  {model.split('/')[-1]:<{width}} first plan {_num(times['first_s'], 's')}  "
+                     f"other contexts {_num(times['other_contexts_s'], 's')}  "
+                     f"first contexts again {_num(times['again_s'], 's')}")
     if "rss_peak_extra_bytes" in s:
         lines.append(f"  {'peak extra RSS':<{LABEL_WIDTH}} {_num(s['rss_peak_extra_bytes'] / 1e6, 'MB')} over the "
                      f"warm-up and plans, {_num(s['rss_peak_extra_plans_only_bytes'] / 1e6, 'MB')} over the plans "

@@ -11,7 +11,9 @@ explanation.
 Method: `kvlab.plan.probe` finds the layer groups and what each layer writes
 to its cache from a shrunk copy of the model on the meta device;
 `kvlab.plan.meter` runs each strategy's real cache on one layer per group and
-counts its bytes with `kvlab.accounting`; this module multiplies by the layers
+counts its bytes with `kvlab.accounting`, and `kvlab.plan.measured` keeps what it
+measured per model and strategy, so a later plan of the same model measures only
+contexts it has not seen; this module multiplies by the layers
 of each group, adds the weights, searches the budget and explains. A context of
 10^7 tokens is numbers, not memory: nothing is allocated at full size.
 
@@ -38,7 +40,8 @@ import torch
 
 from .config_limits import check_config
 from .explain import explain, strategy_notes
-from .meter import FAR_TOKENS, GroupLaw, MeasureError, PlanLimit, StrategyMeter, linear_state_bytes
+from .measured import meter_for
+from .meter import FAR_TOKENS, GroupLaw, MeasureError, PlanLimit
 from .probe import Architecture, ProbeError, describe_architecture
 from ..strategies import StrategyError, make_strategy
 from ..strategies.dynamic import Dynamic
@@ -267,8 +270,8 @@ class _Totals:
     def __init__(self, arch: Architecture, strategy, request: PlanRequest):
         self.arch, self.strategy, self.request = arch, strategy, request
         self.measured, self.resident_sliding = _offload_equivalent(strategy)
-        self.meter = StrategyMeter(arch, self.measured, request.batch, DTYPES[request.dtype])
-        self.states = linear_state_bytes(arch, self.measured, request.batch, DTYPES[request.dtype])
+        kept = meter_for(arch, self.measured, request.batch, DTYPES[request.dtype])
+        self.meter, self.states = kept.meter, kept.states
 
     def prefill_for(self, context: int) -> int | None:
         prefill = self.request.prefill_tokens
@@ -423,5 +426,6 @@ def warm_up() -> None:
         except StrategyError:
             continue
         buildable.append(spec)
-    plan(PlanRequest(model=WARM_UP_MODEL, contexts=(1024, 4096), strategies=tuple(buildable[:MAX_STRATEGIES]),
-                     budget_bytes=16 * GIB))
+    for start in range(0, len(buildable), MAX_STRATEGIES):  # every spec, in requests of at most MAX_STRATEGIES
+        plan(PlanRequest(model=WARM_UP_MODEL, contexts=(1024, 4096),
+                         strategies=tuple(buildable[start:start + MAX_STRATEGIES]), budget_bytes=16 * GIB))

@@ -96,7 +96,9 @@ class Architecture:
     parameter_bytes: bytes of those parameters at the dtype asked for. stand_in: a
     meta-device stand-in for `LoadedModel`. model_class: the class
     `AutoModelForCausalLM` builds. max_position_embeddings: the model's trained
-    context, tokens (None when the config has none).
+    context, tokens (None when the config has none). key: `config_key` of the config as given, read
+    before anything was built from it (building a model writes fields such as its dtype into the config): what
+    the probes, and the planner's kept measurements (`kvlab.plan.measured`), are cached under.
     """
 
     config: object
@@ -107,6 +109,7 @@ class Architecture:
     stand_in: StandIn
     model_class: str
     max_position_embeddings: int | None
+    key: str = ""
 
 
 def config_key(config) -> str:
@@ -227,7 +230,9 @@ def _cpu_rotary(model) -> None:
         return
 
 
-_CACHE_SIZE = 8
+_CACHE_SIZE = 32
+"""Configs (and config, dtype pairs) whose probes are kept: the whole catalog and more. A kept probe of the
+largest catalog model is about 2 MB (its meta-device model's modules, no tensor data)."""
 _GROUPS: dict[str, tuple[LayerGroup, ...]] = {}
 _MODELS: dict[tuple[str, torch.dtype], object] = {}
 
@@ -268,4 +273,5 @@ def describe_architecture(config, dtype: torch.dtype) -> Architecture:
         stand_in=StandIn(config, model),
         model_class=type(model).__name__,
         max_position_embeddings=getattr(text, "max_position_embeddings", None),
+        key=key,
     )

@@ -108,9 +108,9 @@ def test_the_page_refuses_an_upload_over_the_cap_with_gradios_notice_naming_the_
 def test_the_exports_folder_is_not_served_and_a_malformed_share_link_is_one_line(app_url, browser):
     import shutil
 
-    from kvlab.ui.shared.exports import fresh_export_folder
+    from kvlab.ui.compare.kept_runs import new_run_folder
 
-    folder = fresh_export_folder("run-")  # the app runs on this machine: an export as it writes one
+    folder = new_run_folder("run-")  # the app runs on this machine: a kept result as it writes one
     try:
         (folder / "kvlab-run.json").write_text("{}")
         with pytest.raises(urllib.error.HTTPError) as refused:

@@ -56,10 +56,10 @@ def hover_until_tooltip(page, plot_id: str) -> str:
 
 
 def newest_record() -> Path:
-    """The JSON record of the latest run's export (the app runs on this machine, writing under EXPORTS_DIR)."""
-    from kvlab.ui.shared.exports import EXPORTS_DIR
+    """The JSON record of the latest run's export (the app runs on this machine, keeping it under runs_dir())."""
+    from kvlab.ui.compare.kept_runs import runs_dir
 
-    return max(EXPORTS_DIR.glob("*/kvlab-run.json"), key=lambda path: path.stat().st_mtime)
+    return max(runs_dir().glob("run-*/kvlab-run.json"), key=lambda path: path.stat().st_mtime)
 
 
 def test_native_plots_update_live_and_show_a_value_with_its_unit_on_hover(page, other_page):

@@ -1,5 +1,6 @@
 """Fault catalogue: the environment at start-up — a port already taken, a required package missing, a bad
-KVLAB_QUEUE_MAX_SIZE. Right: one line naming what is wrong and the setting or command that fixes it, no traceback."""
+KVLAB_QUEUE_MAX_SIZE or shared-runs setting. Right: one line naming what is wrong and the setting or command
+that fixes it, no traceback."""
 
 import os
 import socket
@@ -63,4 +64,21 @@ def test_a_bad_queue_size_is_said_before_anything_loads(bad, tmp_path):
     assert proc.returncode == 1
     line = one_kvlab_line(proc.stderr)
     assert "KVLAB_QUEUE_MAX_SIZE must be a whole number >= 0" in line and repr(bad) in line
+    assert "model ready" not in proc.stderr and "Loading weights" not in proc.stderr
+
+
+@pytest.mark.parametrize("env,value,said", [
+    ("KVLAB_RUNS_KEEP_DAYS", "0", "KVLAB_RUNS_KEEP_DAYS must be a whole number >= 1, got '0'"),
+    ("KVLAB_RUNS_MAX_MB", "lots", "KVLAB_RUNS_MAX_MB must be a whole number >= 1, got 'lots'"),
+    ("KVLAB_RUNS_DIR", "{blocked}/runs", "KVLAB_RUNS_DIR must be a folder the app can write"),
+])
+def test_a_bad_shared_runs_setting_is_said_before_anything_loads(env, value, said, tmp_path):
+    blocked = tmp_path / "a-file"
+    blocked.write_text("")
+    env_vars = {**os.environ, env: value.format(blocked=blocked), "PYTHONPATH": str(REPO),
+                "KVLAB_CACHE_DIR": str(tmp_path / "cache")}
+    proc = subprocess.run([sys.executable, "app.py"], cwd=REPO, env=env_vars, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 1
+    assert said in one_kvlab_line(proc.stderr)
     assert "model ready" not in proc.stderr and "Loading weights" not in proc.stderr

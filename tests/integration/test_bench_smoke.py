@@ -101,7 +101,7 @@ def test_figures_carry_median_min_max(smoke):
     assert_stats(planning["plan_s"])
     assert planning["first_plan_s"] == planning["plan_s"]["values"][0] and planning["warm_up_s"] > 0
     assert (len(planning["strategies"]), len(planning["contexts"])) == (6, 5)
-    assert [c["unit"] for c in planning["checks"]] == ["s", "s", "MB"]
+    assert [c["unit"] for c in planning["checks"]] == ["s", "s", "s", "s", "MB"]
     assert planning["rss_peak_extra_bytes"] >= 0
 
 

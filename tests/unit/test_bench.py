@@ -258,7 +258,7 @@ def test_harness_orders_alternate_and_rotate():
 
 
 def test_plan_section_times_each_repeat_and_reads_the_peak_rss(tiny):
-    from kvlab.bench.planning import PLAN_CONTEXTS, PLAN_STRATEGIES, bench_planning
+    from kvlab.bench.planning import PLAN_CONTEXTS, PLAN_MODELS, PLAN_STRATEGIES, bench_planning
     from kvlab.bench.text import plan_lines
 
     said = []
@@ -267,12 +267,18 @@ def test_plan_section_times_each_repeat_and_reads_the_peak_rss(tiny):
     assert section["plan_s"]["n"] == SIZES["smoke"].repeats
     assert section["first_plan_s"] == section["plan_s"]["values"][0]
     assert [c["name"].split(": ")[-1] for c in section["checks"]] == [
-        "first plan after warm-up", "later plans", "peak extra RSS, warm-up and plans (MB)"]
-    assert [c["unit"] for c in section["checks"]] == ["s", "s", "MB"]
+        "first plan after warm-up", "later plans", "slowest", "slowest", "peak extra RSS, warm-up and plans (MB)"]
+    assert [c["unit"] for c in section["checks"]] == ["s", "s", "s", "s", "MB"]
+    assert set(section["models"]) == set(PLAN_MODELS) and len(PLAN_MODELS) == 4
+    assert all(set(times) == {"first_s", "other_contexts_s", "again_s"} for times in section["models"].values())
+    assert section["checks"][2]["value"] == max(times["first_s"] for times in section["models"].values())
+    assert section["checks"][3]["value"] == max(max(times["other_contexts_s"], times["again_s"])
+                                                for times in section["models"].values())
     assert all(c["met"] in (True, False) for c in section["checks"])
     assert section["rss_peak_extra_bytes"] >= section["rss_peak_extra_plans_only_bytes"] >= 0
     assert said[0] == "plan: warming the planner up"
-    assert "peak extra RSS" in "\n".join(plan_lines(section))
+    text = "\n".join(plan_lines(section))
+    assert "peak extra RSS" in text and all(model.split("/")[-1] in text for model in PLAN_MODELS)
 
 
 def test_plan_section_memory_check_is_not_judged_without_proc(tiny, monkeypatch, tmp_path):
@@ -282,7 +288,7 @@ def test_plan_section_memory_check_is_not_judged_without_proc(tiny, monkeypatch,
     section = planning.bench_planning(Context(tiny, dataclasses.replace(SIZES["smoke"], repeats=1), PROMPT,
                                               lambda message: None, None))
     assert [c["name"].split(": ")[-1] for c in section["checks"]] == [
-        "first plan after warm-up", "peak extra RSS, warm-up and plans (MB)"]
+        "first plan after warm-up", "slowest", "slowest", "peak extra RSS, warm-up and plans (MB)"]
     memory = section["checks"][-1]
     assert status_of(memory).startswith("n/a (the kernel's peak RSS cannot be read and reset here")
     assert section["rss_before_bytes"] is None

@@ -150,3 +150,44 @@ def test_cpu_shares_count_the_app_tree_under_the_current_label_only():
     # the spinning child used about 0.6 s of CPU; a process that ends between samples loses at most its last one
     assert first["app"] * first["wall_s"] > 0.3 and first["browser"] == 0.0
     assert first["app"] > first["bench"]
+
+
+def test_warm_section_reports_first_over_second_run_and_what_the_first_paid(monkeypatch):
+    import gradio_client
+
+    from benchmarks import warm_section
+
+    summaries = iter([10.0, 8.0, 9.0, 9.0])
+    warm_ups = iter([[2.0, 0.0], [0.0, 0.0], [0.0, 0.0], [0.0, 0.0]])
+
+    class FakeApp:
+        url = "http://127.0.0.1:1/"
+
+        def __init__(self, say):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return None
+
+    class FakeClient:
+        def __init__(self, url, verbose=False):
+            pass
+
+        def predict(self, preset, prompt, tokens, api_name):
+            assert (preset, api_name) == ("quickstart", "/compare")
+            return {"summary_s": next(summaries),
+                    "columns": [{"timing": {"warm_up_s": s}} for s in next(warm_ups)]}
+
+    monkeypatch.setattr(warm_section, "RunningApp", FakeApp)
+    monkeypatch.setattr(gradio_client, "Client", FakeClient)
+    ctx = Context(None, SIZES["small"], None, lambda message: None, None)
+    s = warm_section.bench_warm(ctx)
+    assert [app["summary_ratio"] for app in s["apps"]] == [1.25, 1.0]
+    check = s["checks"][0]
+    assert check["value"] == 1.125 and check["met"] is False
+    assert check["reason"] == "the first Runs paid 2.0 s of one-time set-up"
+    text = "\n".join(warm_section.warm_lines(s))
+    assert "Run -> summary 10 s / 8 s = 1.25" in text and "first Run's warm-up 2 s" in text

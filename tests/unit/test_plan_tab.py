@@ -101,3 +101,37 @@ def test_stop_cancels_both_plan_triggers():
     cancelling = [fn for fn in demo.fns.values()
                   if fn.cancels and any(target[0] == plan.stop_button._id for target in fn.targets)]
     assert len(events) == 2 and [set(fn.cancels) for fn in cancelling] == [events]
+
+
+def test_the_apps_background_plans_answer_the_opening_page_of_a_catalog_model(tabs, monkeypatch):
+    from kvlab.plan import measured
+    from kvlab.plan.catalog import known_models
+    from kvlab.ui.plan import warm
+    from kvlab.ui.plan.view import default_requests
+
+    every = default_requests()
+    assert [request.model for request in every] == known_models()
+    assert all(len(request.strategies) == 6 and len(request.contexts) == 5 for request in every)
+    monkeypatch.setattr(warm, "default_requests", lambda: [r for r in every if r.model == GEMMA])
+    measured.forget_all()
+    try:
+        assert warm.fill_catalog(quiet_s=0.0) == 1
+        filled = measured.cache_info()
+        assert filled["misses"] >= 4 and filled["hits"] == 0
+        plan, _, _ = tabs
+        updates = final(plan.plan(page(plan, model=GEMMA)))
+        assert "planned 6 strategies × 5 contexts" in updates[plan.status]
+        after = measured.cache_info()
+        assert after["misses"] == filled["misses"] and after["hits"] == filled["misses"]
+    finally:
+        measured.forget_all()
+
+
+def test_background_plans_stop_when_asked(monkeypatch):
+    import threading
+
+    from kvlab.ui.plan import warm
+
+    stop = threading.Event()
+    stop.set()
+    assert warm.fill_catalog(stop) == 0

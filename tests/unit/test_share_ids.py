@@ -34,6 +34,7 @@ def test_export_folders_are_unguessable_and_private(monkeypatch, tmp_path):
 def test_a_share_id_is_checked_before_any_file_is_touched(monkeypatch):
     touched = []
     monkeypatch.setattr(Path, "is_file", lambda self: touched.append(self) or False)
+    monkeypatch.setattr(Path, "is_dir", lambda self: touched.append(self) or False)
     monkeypatch.setattr(Path, "exists", lambda self: touched.append(self) or False)
     for run_id in HOSTILE_IDS:
         assert not records.valid_share_id(run_id) and shared_exports(run_id) is None
@@ -44,11 +45,12 @@ def test_a_share_id_is_checked_before_any_file_is_touched(monkeypatch):
 
 def test_a_written_result_is_found_by_its_own_share_id_only(monkeypatch, tmp_path):
     monkeypatch.setattr(exports, "EXPORTS_DIR", tmp_path)
-    monkeypatch.setattr(records, "EXPORTS_DIR", tmp_path)
+    monkeypatch.setenv("KVLAB_RUNS_DIR", str(tmp_path))
     paths = write_exports({"format": "kvlab.compare"}, [])
     run_id = Path(paths[0]).parent.name
     assert records.valid_share_id(run_id) and shared_exports(run_id) == paths
     assert [Path(p).name for p in paths] == list(EXPORT_NAMES)
+    assert stat.S_IMODE(Path(paths[0]).parent.stat().st_mode) == 0o700
     png = fresh_export_folder("png-")
     for name in EXPORT_NAMES:
         (png / name).write_text("{}")
@@ -73,5 +75,8 @@ def test_the_page_refuses_a_malformed_share_link_in_one_line_without_echoing_it(
 def test_the_exports_are_not_in_a_folder_gradio_serves():
     from gradio.utils import get_cache_folder, get_upload_folder, is_in_or_equal
 
+    from kvlab.ui.compare.kept_runs import runs_dir
+
     for served in (get_cache_folder(), get_upload_folder()):
-        assert not is_in_or_equal(EXPORTS_DIR, served) and not is_in_or_equal(served, EXPORTS_DIR)
+        for kept in (EXPORTS_DIR, runs_dir()):
+            assert not is_in_or_equal(kept, served) and not is_in_or_equal(served, kept)

@@ -30,6 +30,7 @@ from ..shared.costs import compare_cost, whole
 from .replay import form_values, replay_code, view_from_record
 from .updates import CompareUpdater
 from ..shared.knobs import NO_STRATEGY
+from .kept_runs import policy_text
 from .records import SHARE_PARAM, run_preset, shared_exports, valid_share_id
 from ..shared.theme import line_html
 
@@ -97,7 +98,8 @@ def replay(updater: CompareUpdater, path: str | None, session: dict, exports: li
 def open_shared(updater: CompareUpdater, session: dict, request: gr.Request | None) -> dict:
     """Page load: the result a share link names (`?run=<id>`, `kvlab.ui.compare.records.SHARE_PARAM`) shown as
     `replay` shows it, with its own exports and link; nothing without the parameter; a link whose result
-    is no longer kept says so in the status line."""
+    is no longer kept (expired or evicted, `kvlab.ui.compare.kept_runs`) says so, and the keeping rule, in one
+    line."""
     run_id = dict(request.query_params).get(SHARE_PARAM) if request is not None else None
     if not run_id:
         return {updater.run_status: gr.skip()}  # an empty dict would read as one value for every output
@@ -106,8 +108,8 @@ def open_shared(updater: CompareUpdater, session: dict, request: gr.Request | No
                                               "app makes): ask for the link again", "error")}
     exports = shared_exports(run_id)
     if exports is None:
-        return {updater.run_status: line_html("✖ this shared result is not kept on this server any more (results "
-                                              "are kept a day): run it again", "error")}
+        return {updater.run_status: line_html(f"✖ this shared result is not kept on this server any more (results "
+                                              f"are {policy_text()}): run it again", "error")}
     return replay(updater, exports[0], session, exports)
 
 

@@ -3,8 +3,9 @@
 - `page_preset`: the preset a page run is made from, which its record names; `record_for`: the run's record
   with what only the page has (as `python -m kvlab compare --json` writes it, plus slots, memory, refused).
 - `write_exports`: that record and the summary CSV as files the page offers (the plots PNG is rendered only
-  when asked for: `kvlab.ui.shared.live_plots`); their folder's name is the result's share id (`share_id`), and
-  `shared_exports` finds a shared result's files again for the page a share link opens.
+  when asked for: `kvlab.ui.shared.live_plots`), kept where a restart finds them (`kvlab.ui.compare.kept_runs`:
+  a size cap and an expiry); their folder's name is the result's share id (`share_id`), and `shared_exports`
+  finds a shared result's files again for the page a share link opens.
 - `code_text`: the reproduce-it transformers code for every column of a plan.
 - `run_preset`: a preset run headless (the `/compare` API), returning its record.
 
@@ -27,7 +28,8 @@ from kvlab.presets import Preset, load_preset, parse_preset
 from kvlab.protocol import RunDone, collect
 
 from ..shared.code import code_snippet
-from ..shared.exports import EXPORTS_DIR, export_id_pattern, fresh_export_folder
+from ..shared.exports import export_id_pattern
+from .kept_runs import kept_folder, new_run_folder, prune
 from .form import RunPlan
 from .view import RunView
 
@@ -35,7 +37,7 @@ SHARE_PARAM = "run"
 """The URL query parameter of a share link: `?run=<share id>`."""
 SHARE_PREFIX = "run-"
 SHARE_ID = export_id_pattern(SHARE_PREFIX)
-"""The exact form of a share id: `run-` and 32 hex digits (the export folder's name, `fresh_export_folder`)."""
+"""The exact form of a share id: `run-` and 32 hex digits (the kept folder's name, `kept_runs.new_run_folder`)."""
 EXPORT_NAMES = ("kvlab-run.json", "kvlab-summary.csv")
 
 
@@ -73,15 +75,18 @@ def record_for(plan: RunPlan, done: RunDone, view: RunView | None = None) -> dic
 
 
 def write_exports(record: dict, rows: list[dict]) -> list[str]:
-    """JSON record and summary CSV in a fresh folder under EXPORTS_DIR; returns their paths.
+    """JSON record and summary CSV in a fresh kept folder (`kvlab.ui.compare.kept_runs.new_run_folder`);
+    returns their paths.
 
-    Folders older than EXPORTS_KEEP_S are removed first (gradio serves its own copies of the files). Each file
-    is written whole (`kvlab.models.atomic.write_atomic`) and a share link needs both, so a process killed while
-    writing leaves no share link to half a record; its temporaries go with their folder after EXPORTS_KEEP_S.
+    Then the kept results past the keeping rule are removed (`kept_runs.prune`; this one stays). gradio serves
+    its own copies of the files. Each file is written whole (`kvlab.models.atomic.write_atomic`) and a share
+    link needs both, so a process killed while writing leaves no share link to half a record; its folder goes
+    when it expires.
     """
-    folder = fresh_export_folder(SHARE_PREFIX)
+    folder = new_run_folder(SHARE_PREFIX)
     write_atomic(folder / EXPORT_NAMES[0], json.dumps(record, indent=1))
     write_atomic(folder / EXPORT_NAMES[1], rows_to_csv(rows))
+    prune(SHARE_PREFIX, keep=folder)
     return [str(folder / name) for name in EXPORT_NAMES]
 
 
@@ -98,10 +103,14 @@ def valid_share_id(run_id) -> bool:
 
 def shared_exports(run_id: str | None) -> list[str] | None:
     """The export paths (record first) of the result `run_id` names, or None when it names none kept here
-    (not a share id, or removed after EXPORTS_KEEP_S). Nothing is touched unless `valid_share_id(run_id)`."""
+    (not a share id, or expired or evicted: `kvlab.ui.compare.kept_runs`). Nothing is touched unless
+    `valid_share_id(run_id)`."""
     if not valid_share_id(run_id):
         return None
-    paths = [EXPORTS_DIR / run_id / name for name in EXPORT_NAMES]
+    folder = kept_folder(run_id)
+    if folder is None:
+        return None
+    paths = [folder / name for name in EXPORT_NAMES]
     return [str(path) for path in paths] if all(path.is_file() for path in paths) else None
 
 

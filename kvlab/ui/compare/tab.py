@@ -41,6 +41,7 @@ from .view import SUMMARY_DATATYPES, SUMMARY_HELP, SUMMARY_WIDTHS, RunView
 from ..shared.inspect_links import divergence_links
 from ..shared.knobs import card_form, max_knobs, strategy_choices
 from ..shared.loader import BackgroundLoader, device_present
+from .warm import OpeningWarmUp
 from ..shared.model_picker import chat_box, model_bar
 from ..shared.theme import line_html
 from .timing_text import POLICY_INFO
@@ -60,9 +61,9 @@ class CompareTab:
 
     def __init__(self, pool, preload: bool = True, loader: BackgroundLoader | None = None,
                  presets: dict | None = None):
-        self.loader = loader or BackgroundLoader(pool)
-        self.knob_count = max_knobs()
         self.presets = list_presets() if presets is None else dict(presets)
+        self.loader = loader or BackgroundLoader(pool, warm=(OpeningWarmUp(self.presets),))
+        self.knob_count = max_knobs()
         self.api = CompareApi(self.loader, self.presets)
         self.devices = [d for d in DEVICES if d in ("auto", "cpu") or device_present(d)]
         self.dtypes = list(DTYPES) if device_present("cuda") else ["float32"]
@@ -395,9 +396,7 @@ class CompareTab:
             return
         try:
             plan = plan_run(request)
-            loaded = self.loader.pool.loaded(plan.spec)
-            if loaded is None:
-                loaded = yield from self._wait_for_model(plan.spec)
+            loaded = self.loader.ready(plan.spec) or (yield from self._wait_for_model(plan.spec))  # warm-up too
             prompt_ids = encode_prompt(loaded.tokenizer, request.prompt, request.system or "", bool(request.chat))
         except (RunRejected, ModelLoadError, ValueError) as err:
             yield {self.run_status: line_html(f"✖ {err}", "error")}

@@ -30,6 +30,7 @@ from .form import RunPlan
 from ..shared.live_plots import LivePlots
 from .view import RunView
 from ..shared.knobs import NO_STRATEGY, card_form, strategy_choices
+from .kept_runs import policy_text
 from .records import code_text, record_for, share_id, write_exports
 from ..shared.theme import line_html, share_html, status_html
 
@@ -149,7 +150,7 @@ class CompareUpdater:
         rows, _ = view.summary()
         exports = exports or write_exports(record, rows)
         return {self.summary: gr.update(value=table, headers=headers), self.results: gr.update(visible=True),
-                self.exports: exports, self.share: share_html(share_id(exports)),
+                self.exports: exports, self.share: share_html(share_id(exports), policy_text()),
                 self.summary_notes: view.summary_notes()}
 
     def recorded_cards(self, view: RunView, record: dict | None = None) -> dict:

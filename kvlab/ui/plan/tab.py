@@ -7,9 +7,11 @@ cards are Compare's (`kvlab.ui.shared.knobs`, `kvlab.ui.shared.cards`), and plan
 (`kvlab.compute.compute_iter`) so that its CPU measurements (hqq) never compete
 with a Compare run's torch threads. Plan streams a status line per step; Stop
 (gradio's `cancels`) or a closed page ends the plan between two steps. When
-the app preloads the bundled model, one warm-up plan (`kvlab.plan.planner.warm_up`)
-follows it on that thread, so the first plan a user asks for pays no one-time
-set-up. "Measure it for real", shown for the bundled model and any model the
+the app preloads the bundled model, the planner's warm-up is part of that load
+(`kvlab.ui.plan.warm`) and the opening form's plan of every catalog model follows
+in the background, when the compute thread is idle (kept by `kvlab.plan.measured`),
+so the first plan a user asks for pays no one-time set-up and a catalog model's
+figures are read back. "Measure it for real", shown for the bundled model and any model the
 app holds loaded, fills Compare's model and columns from this tab's cards and
 switches to Compare.
 """
@@ -22,14 +24,15 @@ import threading
 import gradio as gr
 import pandas as pd
 
-from kvlab.compute import compute, compute_iter
+from kvlab.compute import compute_iter
 from kvlab.models.bundled import bundled_model
 from kvlab.models.loading import ModelLoadError, ModelSpec
 from kvlab.models.sources import allow_local_folders, safe_line
-from kvlab.plan.planner import DTYPES, warm_up
+from kvlab.plan.planner import DTYPES
 
 from ..shared.cards import StrategyCard, build_card
 from ..shared.knobs import card_form, max_knobs, strategy_choices
+from .warm import fill_catalog, warm_planner_once
 from .view import (
     BUDGET_HELP,
     CONTEXT_HELP,
@@ -79,15 +82,18 @@ class PlanTab:
             threading.Thread(target=self._warm, daemon=True, name="kvlab-plan-warm").start()
 
     def _warm(self) -> None:
-        """After the bundled model's load (never during it: both would share 2 cores), warm the planner."""
+        """After the bundled model's load (never during it: both would share 2 cores), warm the planner (done
+        already when the load's own steps did, `kvlab.ui.plan.warm`), then plan the opening form of every
+        catalog model in the background, each when the compute thread is idle (`fill_catalog`)."""
         if self.compare is not None:
             try:
                 self.compare.loader.get(ModelSpec())
             except ModelLoadError:
                 pass  # Compare shows the load error; the planner needs no model
         try:
-            compute(warm_up)
-        except Exception:  # noqa: BLE001 - a failed warm-up only makes the first plan slower
+            warm_planner_once()
+            fill_catalog()
+        except Exception:  # noqa: BLE001 - a failed warm-up only makes a first plan slower
             logger.exception("planner warm-up failed")
 
     # ----- building -----

@@ -224,6 +224,16 @@ def slot_forms() -> list[tuple[str, dict]]:
     return [(name, dict(knobs)) for name, knobs in DEFAULT_SLOTS[:PLAN_SLOTS]]
 
 
+def default_requests() -> list[PlanRequest]:
+    """The request the tab's opening form makes (its cards, contexts, batch, dtype and budget) for each catalog
+    model, in catalog order: what the app plans once after start (`kvlab.ui.plan.tab.PlanTab`), so the kept
+    measurements (`kvlab.plan.measured`) answer a visitor's first plan of any catalog model, and a changed
+    context list or budget measures only what is new."""
+    specs = tuple({"strategy": name, **knobs} for name, knobs in slot_forms() if name != NO_STRATEGY)
+    return [PlanRequest(model=model, contexts=parse_contexts(DEFAULT_CONTEXTS), dtype=DEFAULT_DTYPE,
+                        strategies=specs, budget_bytes=parse_budget(DEFAULT_BUDGET)) for model in known_models()]
+
+
 def gib_text(size: int | None) -> str:
     """Bytes as GiB for the table: `0.484`, `31.0`, `113`; `—` for none."""
     if size is None:

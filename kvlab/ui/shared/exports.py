@@ -1,9 +1,10 @@
 """Where the page's downloadable files go: one fresh folder per export under `EXPORTS_DIR`, kept a day.
 
-Compare's record and CSV (and so its share links) and every tab's PNG exports live here. Each folder is
-`<prefix><token>`, the token EXPORT_TOKEN_BYTES random bytes from `secrets` in hex (`export_id`), so a folder,
-and the share id that names a Compare result's folder, cannot be guessed; folders are made readable by this
-user only. Gradio never serves this folder: it serves its own copies of the files a component shows, under its
+Every tab's PNG, report and needle exports live here; a Compare result's record and CSV (its share link) are
+kept longer, where a restart finds them (`kvlab.ui.compare.kept_runs`), in folders named the same way. Each
+folder is `<prefix><token>`, the token EXPORT_TOKEN_BYTES random bytes from `secrets` in hex (`export_id`),
+so a folder, and the share id that names a Compare result's folder, cannot be guessed; folders are made
+readable by this user only. Gradio never serves this folder: it serves its own copies of the files a component shows, under its
 cache folder, by a hash of their content (`gradio_api/file=`), and lists no folder. No gradio.
 """
 
@@ -18,7 +19,7 @@ from pathlib import Path
 
 EXPORTS_DIR = Path(tempfile.gettempdir()) / "kvlab-exports"
 EXPORTS_KEEP_S = 24 * 3600
-"""Exported files of a run (and so its share link) stay this long on the server (seconds)."""
+"""Exported files (PNG, report, needle) stay this long on the server (seconds)."""
 EXPORT_TOKEN_BYTES = 16
 """Random bytes in an export folder's name (128 bits, written as 32 hex digits)."""
 _TOKEN = f"[0-9a-f]{{{2 * EXPORT_TOKEN_BYTES}}}"

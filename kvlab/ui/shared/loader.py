@@ -3,9 +3,14 @@
 `BackgroundLoader` wraps the one shared `kvlab.models.ModelPool`: `start(spec)`
 loads on a daemon thread and returns at once, so the page stays usable while
 weights load; `status(spec)` says where that load is (fraction, message, error,
-model info). `get(spec)` blocks until the model is ready, reusing a load in
-flight. Load outcomes are shared by every session, like the weights themselves.
-(Model-bound events take their turns in `kvlab.ui.shared.turns`.) This module does not import gradio.
+model info). A loader made with `warm` steps runs them as the load's last part
+(the Compare tab's one-time warm-up of its opening columns,
+`kvlab.ui.compare.warm.OpeningWarmUp`; the planner's, `kvlab.ui.plan.warm`):
+the load reports their progress and the model counts as ready, here and in the
+ready file, once they are done. `get(spec)`
+blocks until the model is ready, reusing a load in flight. Load outcomes are
+shared by every session, like the weights themselves. (Model-bound events take
+their turns in `kvlab.ui.shared.turns`.) This module does not import gradio.
 """
 
 from __future__ import annotations
@@ -19,6 +24,9 @@ from kvlab.models import readiness
 from kvlab.models.loading import LoadedModel, ModelLoadError, ModelPool, ModelSpec
 
 logger = logging.getLogger(__name__)
+WARM_START = 0.9
+"""Where a load with a warm-up step stands when its weights are loaded: the rest of the bar is the warm-up."""
+WEIGHTS_LOADED = "weights loaded; the one-time warm-up follows"
 READY_LOG = "model ready: %s (%.1f s to load)"
 """Logged once per finished load, for whoever reads the server log. A launching process (the benchmark's
 start-up section) learns the outcome from `kvlab.models.readiness` instead, which `_load` also calls."""
@@ -46,25 +54,38 @@ class LoadStatus:
 
 
 class BackgroundLoader:
-    """Loads specs into `pool` on daemon threads and remembers each load's progress and outcome."""
+    """Loads specs into `pool` on daemon threads and remembers each load's progress and outcome.
 
-    def __init__(self, pool: ModelPool):
-        self.pool = pool
+    warm: steps, each called as `step(loaded, progress)` in order on the load's thread once the weights are
+    loaded, before the load counts as ready (`progress(fraction, message)` as the load's own); a step returns
+    the seconds it spent and must raise nothing.
+    """
+
+    def __init__(self, pool: ModelPool, warm: tuple = ()):
+        self.pool, self.warm = pool, tuple(warm)
         self._status: dict[ModelSpec, LoadStatus] = {}
         self._threads: dict[ModelSpec, threading.Thread] = {}
         self._guard = threading.Lock()
         self._failures_logged: set[str] = set()
 
     def status(self, spec: ModelSpec) -> LoadStatus:
+        with self._guard:
+            status = self._status.get(spec, LoadStatus("idle"))
+            thread = self._threads.get(spec)
+        if status.state == "loading" and thread is not None and thread.is_alive():
+            return status  # weights loading, or loaded and warming up
         loaded = self.pool.loaded(spec)
         if loaded is not None:
             return LoadStatus("ready", 1.0, f"{loaded.name} ready", loaded)
-        with self._guard:
-            status = self._status.get(spec, LoadStatus("idle"))
         if status.state == "ready":
             # Loaded once, then dropped from the pool (least recently used): it would load again.
             return LoadStatus("idle")
         return status
+
+    def ready(self, spec: ModelSpec) -> LoadedModel | None:
+        """The loaded model when its load, the warm-up step included, is done; None otherwise (never waits)."""
+        status = self.status(spec)
+        return status.loaded if status.state == "ready" else None
 
     def start(self, spec: ModelSpec) -> LoadStatus:
         """Begin loading `spec` in the background unless it is loaded or loading; returns its status."""
@@ -83,9 +104,9 @@ class BackgroundLoader:
         Raises:
             ModelLoadError: the spec cannot be loaded; the message says why.
         """
-        loaded = self.pool.loaded(spec)
-        if loaded is not None:
-            return loaded
+        status = self.status(spec)
+        if status.state == "ready":
+            return status.loaded
         self.start(spec)
         with self._guard:
             thread = self._threads.get(spec)
@@ -101,16 +122,25 @@ class BackgroundLoader:
             with self._guard:
                 self._status[spec] = LoadStatus("loading", fraction, message)
 
+        def loading(fraction: float, message: str) -> None:
+            if self.warm:  # the load's own "ready" is not the end of it: the warm-up follows
+                fraction, message = fraction * WARM_START, message if fraction < 1 else WEIGHTS_LOADED
+            progress(fraction, message)
+
         started = time.perf_counter()
         try:
-            loaded = self.pool.get(spec, progress=progress)
+            loaded = self.pool.get(spec, progress=loading)
+            load_s = time.perf_counter() - started
+            if self.warm:
+                warm_s = sum(step(loaded, progress) for step in self.warm)
+                logger.info("warmed up %s in %.1f s", loaded.name, warm_s)
         except (ModelLoadError, ValueError) as err:
             outcome = LoadStatus("error", 1.0, str(err))
         except Exception as err:  # noqa: BLE001 - any failure is reported on the page, never raised in a thread
             outcome = LoadStatus("error", 1.0, f"could not load {spec.source!r}: {type(err).__name__}: {err}")
         else:
             outcome = LoadStatus("ready", 1.0, f"{loaded.name} ready")  # the pool holds the model, not this record
-            self._announce_ready(loaded, time.perf_counter() - started)
+            self._announce_ready(loaded, load_s)
         if outcome.state == "error":
             self._log_failure(outcome.message)
             readiness.announce(readiness.ERROR, name=spec.source, message=outcome.message)

@@ -37,12 +37,13 @@ def line_html(text: str, kind: str = "info") -> str:
     return f'<div class="kv-line kv-line-{html_text(kind)}">{html_text(text)}</div>'
 
 
-def share_html(run_id: str, param: str = "run") -> str:
+def share_html(run_id: str, kept: str, param: str = "run") -> str:
     """The link that opens a result again in any browser (`?run=<run_id>` on this page's address; the id
-    percent-encoded, so whatever it holds stays one query value)."""
+    percent-encoded, so whatever it holds stays one query value), with `kept`, how long the server keeps it
+    (`kvlab.ui.compare.kept_runs.policy_text`)."""
     link = html_text(f"?{quote(param, safe='')}={quote(run_id, safe='')}")
     return (f'<div class="kv-share">🔗 <a href="{link}" target="_blank" id="kv-share-link">link to this result</a> '
-            '<span class="kv-small">(copy it to share; kept on this server for a day)</span></div>')
+            f'<span class="kv-small" id="kv-share-kept">(copy it to share; {html_text(kept)})</span></div>')
 
 
 CSS = """
