@@ -88,7 +88,7 @@ def test_a_share_links_files_replay(written, monkeypatch, tmp_path):
     from kvlab.ui.shared import exports
 
     monkeypatch.setattr(exports, "EXPORTS_DIR", tmp_path)
-    monkeypatch.setattr(records, "EXPORTS_DIR", tmp_path)
+    monkeypatch.setenv("KVLAB_RUNS_DIR", str(tmp_path / "runs"))
     page = {**written, "slots": [3], "memory": {"elapsed_s": [0.5], "rss_bytes": [1], "cuda_allocated_bytes": [0]}}
     paths = records.write_exports(page, [])
     shared = records.shared_exports(records.share_id(paths))
