@@ -34,7 +34,8 @@ RUN KVLAB_TORCH_INDEX_URL="$KVLAB_TORCH_INDEX_URL" PIP_NO_CACHE_DIR=1 bash scrip
 
 COPY --chown=user . .
 RUN PIP_NO_CACHE_DIR=1 bash scripts/setup.sh \
-    && .venv/bin/python -c "from kvlab.models import prepare_bundled_model; prepare_bundled_model()"
+    && .venv/bin/python -c "from kvlab.models import prepare_bundled_model; prepare_bundled_model()" \
+    && .venv/bin/python -c "from kvlab.models.whisper import prepare_speech; prepare_speech()"
 
 EXPOSE 7860
 HEALTHCHECK --interval=30s --timeout=10s --start-period=120s --retries=3 \

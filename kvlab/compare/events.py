@@ -43,6 +43,9 @@ class ColumnResult:
     status: `ok` (finished or stopped), `error` (bad settings or a failure while
     running) or `unavailable` (cannot run here; `message` says why).
 
+    wer: a speech column's word error rate against its clip's text (a fraction; None for a text column,
+    `kvlab.speech`).
+
     fidelity_status: whether the teacher-forced figures (top1_agreement, mean_kl over fidelity_tokens) were
     filled: `scored`, `not scored: <why>` (fidelity off, stopped, no baseline, a failure) or '' (a column that did
     not finish, or a record that predates the field). `agreement` and `first_divergence` need no model work and
@@ -87,6 +90,7 @@ class ColumnResult:
     fidelity_status: str = ""
     is_baseline: bool = False
     budget_bytes: int | None = None
+    wer: float | None = None
     fallbacks: list[dict] = field(default_factory=list)
     timing: ColumnTiming = field(default_factory=ColumnTiming)
 

@@ -7,6 +7,7 @@
   form kvlab makes (`kvlab.ui.compare.records.valid_share_id`) is refused in one line before any file is touched.
 - `run_gpu_s`: the GPU seconds a Run asks ZeroGPU for (`kvlab.ui.shared.zerogpu.estimate_s`, columns × tokens).
 - `run_cost`: what a Run costs before it is queued (`kvlab.ui.shared.costs.compare_cost`).
+- `wait_for_model`: start or join a model's load, yielding its progress into the status lines.
 - `CompareApi`: the headless `compare` API (a preset run, returning its JSON record), its cost and its GPU seconds.
 
 Each takes what it needs (a `CompareUpdater`, the loader, the preset files); none reads the tab itself.
@@ -16,11 +17,12 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 
 import gradio as gr
 
 from kvlab.compare.replay import RecordError, load_record
-from kvlab.models.loading import ModelLoadError
+from kvlab.models.loading import ModelLoadError, ModelSpec
 from kvlab.generation import MAX_NEW_TOKENS_CAP
 from kvlab.presets import PresetError, load_preset
 from kvlab.sharing.cost import RunCost
@@ -35,6 +37,28 @@ from .records import SHARE_PARAM, run_preset, shared_exports, valid_share_id
 from ..shared.theme import line_html
 
 logger = logging.getLogger(__name__)
+LOAD_POLL_S = 0.5
+
+
+def wait_for_model(loader, spec: ModelSpec, run_status, model_status):
+    """Generator: start or join the load of `spec` on `loader`, yielding {component: update} progress for the
+    `run_status` and `model_status` lines; returns the loaded model.
+
+    Raises:
+        ModelLoadError: the load failed (its message).
+    """
+    from .form import model_line
+
+    status = loader.start(spec)
+    while status.state == "loading":
+        yield {run_status: line_html(f"{status.message} ({100 * status.fraction:.0f}%)", "busy"),
+               model_status: model_line(status, spec)}
+        time.sleep(LOAD_POLL_S)
+        status = loader.status(spec)
+    if status.state != "ready":
+        raise ModelLoadError(status.message or f"could not load {spec.source!r}")
+    yield {model_status: model_line(status, spec)}
+    return status.loaded
 
 
 def run_gpu_s(strategies: list[str | None], max_new_tokens) -> int:

@@ -49,6 +49,7 @@ class RunRequest:
     """Everything the page sends when Run is clicked (the form's values, not yet validated)."""
 
     prompt: str
+    clip: str = ""
     system: str = ""
     chat: bool = True
     max_new_tokens: float | int | None = 64
