@@ -7,7 +7,9 @@ Two views, because a lossy cache can keep the text and still change the model:
 - teacher-forced: the baseline's continuation is fed through the column's own
   cache token by token (one full forward for exact caches), and at every position the column's next-token
   distribution is compared with the baseline's (computed the same way under the
-  baseline's cache): top-1 agreement and mean KL(baseline || column) in nats.
+  baseline's cache): top-1 agreement and mean KL(baseline || column) in nats. An engine column's
+  distributions are its engine's (llama.cpp's logits over the same ids); a server's are not read, so it is
+  not scored.
 
 Scoring covers at most FIDELITY_MAX_TOKENS continuation tokens. A budgeted
 column that fell back to smaller caches is scored with the same switches at the
@@ -91,6 +93,15 @@ def mark_unscored(results: list[ColumnResult], order: list[int], why: str) -> No
             results[i].fidelity_status = f"not scored: {why}"
 
 
+def _score(loaded, strategy, prompt_ids, continuation: list[int], stop, result: ColumnResult) -> torch.Tensor:
+    """The column's log-probabilities for the baseline's continuation: kvlab's engine under its strategy, or an
+    engine column's own engine (`EngineColumn.score_continuation`), which may raise StrategyError (a server)."""
+    if strategy.engine_name:
+        return strategy.score_continuation(loaded, prompt_ids[0].tolist(), list(continuation), stop,
+                                           torch.get_num_threads())
+    return score_continuation(loaded, strategy, prompt_ids, continuation, stop, switches_of(result))
+
+
 def score_fidelity(loaded, prompt_ids, columns, results: list[ColumnResult], order: list[int],
                    stop: threading.Event) -> Iterator[FidelityScored]:
     """Fill top1_agreement, mean_kl and fidelity_tokens on each column of `order` (from `prepare_fidelity`, the
@@ -105,8 +116,7 @@ def score_fidelity(loaded, prompt_ids, columns, results: list[ColumnResult], ord
     for done, i in enumerate(order, 1):
         result = results[i]
         try:
-            scored = score_continuation(loaded, columns[i].strategy, prompt_ids, continuation, stop,
-                                        switches_of(result))
+            scored = _score(loaded, columns[i].strategy, prompt_ids, continuation, stop, result)
         except RunStopped:
             return
         except Exception as err:  # noqa: BLE001 - scoring failure is reported in the column, the run goes on

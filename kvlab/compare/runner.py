@@ -54,6 +54,7 @@ from ..generation import GenerationSettings, IncrementalDetokenizer
 from ..measure.noise import sample_load
 from ..strategies import Strategy, StrategyError
 from .columns import MAX_COLUMNS, MODES, Column
+from .engine_steps import decode_engine
 from .events import (
     ColumnDone,
     ColumnError,
@@ -123,7 +124,8 @@ def run_column(
     result.keeps, result.keeps_everything = strategy.keeps_on(loaded), strategy.keeps_everything_on(loaded)
     result.warning = strategy.warning_on(loaded, prompt_tokens)
     reason = strategy.unavailable_reason(loaded)
-    usable = usable_chain(loaded, strategy, column.budget) if column.budget is not None and not reason else None
+    usable = usable_chain(loaded, strategy, column.budget) if column.budget is not None and not reason \
+        and not strategy.engine_name else None
     emit(ColumnStarted(index, result.name, prompt_tokens, result.keeps, "; ".join(usable[1]) if usable else ""))
     if reason:
         result.status, result.message = "unavailable", reason
@@ -153,6 +155,8 @@ def _decode(loaded, index, column, prompt_ids, settings, emit, turns, stop, resu
     """Build the column's cache, then stream the engine's steps (and any fallback switches) into `result` and
     events. `usable`: the budgeted column's `usable_chain`, read once when it started."""
     strategy = column.strategy
+    if strategy.engine_name:
+        return decode_engine(loaded, index, column, prompt_ids, settings, emit, turns, stop, result)
     max_total = prompt_ids.shape[1] + settings.max_new_tokens
     cache = turns.run(lambda: strategy.build_cache(loaded, max_total))
     result.message = strategy.runtime_note()
