@@ -27,7 +27,7 @@ from collections.abc import Iterator
 import torch
 
 from ..engine import RunStopped, score_continuation
-from ..strategies import make_strategy
+from ..strategies import StrategyError, make_strategy
 from .events import ColumnResult, FidelityScored
 
 FIDELITY_MAX_TOKENS = 256
@@ -120,7 +120,8 @@ def score_fidelity(loaded, prompt_ids, columns, results: list[ColumnResult], ord
         except RunStopped:
             return
         except Exception as err:  # noqa: BLE001 - scoring failure is reported in the column, the run goes on
-            result.message = (result.message + "; " if result.message else "") + f"fidelity not scored: {err}"
+            if not (columns[i].strategy.engine_name and isinstance(err, StrategyError)):  # not an engine's "none"
+                result.message = (result.message + "; " if result.message else "") + f"fidelity not scored: {err}"
             result.fidelity_status = f"not scored: {err}"
             yield FidelityScored(i, result, done, len(order))
             if i == base_index:

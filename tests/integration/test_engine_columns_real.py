@@ -1,0 +1,85 @@
+"""The llama.cpp engine column on the real bundled model: beside dynamic and quanto int4 in one Compare run, its
+greedy tokens are a plain llama-cpp-python greedy run's, its cache bytes are what llama.cpp reports (a q4_0
+token's K and V rows, 12 bytes of cell data each), and a model without GGUF or a bad cache type is one line in
+its own column while the others finish."""
+
+import dataclasses
+
+import pytest
+
+from kvlab.compare.columns import Column
+from kvlab.compare.runner import collect, run_compare
+from kvlab.engines.gguf import gguf_file
+from kvlab.generation import GenerationSettings, encode_prompt
+from kvlab.models.loading import ModelSpec
+
+llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (requirements.txt has it)")
+
+NEW_TOKENS = 12
+PROMPT = "Why is the sky blue? Answer in one sentence."
+COLUMNS = ["dynamic", "quantized:backend=quanto:nbits=4:residual_length=16", "engine:llamacpp:type_k=q4_0:type_v=q4_0",
+           "engine:llamacpp:type_k=q5_0"]
+CELL_BYTES = 12
+"""llama_state_seq_get_size's data per held cell besides K and V: its position, its count of sequences, one id."""
+
+
+@pytest.fixture(scope="module")
+def compared(bundled):
+    prompt = encode_prompt(bundled.tokenizer, PROMPT)
+    settings = GenerationSettings(max_new_tokens=NEW_TOKENS, stop_at_eos=False)
+    done = collect(run_compare(bundled, prompt, [Column.from_text(c) for c in COLUMNS], settings))
+    return prompt[0].tolist(), done.results
+
+
+def plain_greedy(prompt_ids: list[int], type_k: int, type_v: int, flash_attn: bool) -> str:
+    """What a llama-cpp-python user's own greedy run on the same file and ids gives."""
+    with gguf_file("bundled") as path:
+        llm = llama_cpp.Llama(str(path), n_ctx=512, type_k=type_k, type_v=type_v, flash_attn=flash_attn,
+                              verbose=False)
+    try:
+        return llm.create_completion(prompt_ids, max_tokens=NEW_TOKENS, temperature=0.0)["choices"][0]["text"]
+    finally:
+        llm.close()
+
+
+def test_dynamic_quanto_and_llamacpp_q4_0_run_side_by_side(compared):
+    _, results = compared
+    assert [r.status for r in results] == ["ok"] * len(COLUMNS), [r.message for r in results]
+    llama = results[2]
+    assert llama.name == "engine:llamacpp q4_0" and len(llama.token_ids) == NEW_TOKENS
+    assert llama.ttft_s == llama.per_token_s[0] > 0 and llama.itl_ms_p50 is not None and llama.decode_tok_s
+    assert llama.engine["type_k"] == llama.engine["type_v"] == "q4_0" and llama.engine["gguf"].endswith(".gguf")
+    assert "llama.cpp Hadamard-rotates K and V before quantizing (head size 64)" in llama.message
+    assert results[0].is_baseline and llama.top1_agreement is not None and llama.mean_kl > 0
+
+
+def test_llamacpp_greedy_tokens_are_a_plain_llama_cpp_python_run(compared):
+    prompt_ids, results = compared
+    assert results[2].text == plain_greedy(prompt_ids, llama_cpp.GGML_TYPE_Q4_0, llama_cpp.GGML_TYPE_Q4_0, True)
+    assert results[3].text == plain_greedy(prompt_ids, llama_cpp.GGML_TYPE_Q5_0, llama_cpp.GGML_TYPE_F16, True)
+
+
+def test_llamacpp_cache_bytes_are_llamas_own_count(compared, bundled):
+    _, results = compared
+    config = bundled.config
+    layers, width = config.num_hidden_layers, config.num_key_value_heads * 64  # 30 layers, 3 heads of 64
+    q4_0 = 18 * width // 32  # a q4_0 block: 32 values in 16 bytes and a float16 scale
+    q5_0 = 22 * width // 32
+    grown = {2: layers * 2 * q4_0 + CELL_BYTES, 3: layers * (q5_0 + 2 * width) + CELL_BYTES}
+    for index, per_token in grown.items():
+        series = results[index].cache_bytes
+        assert len(series) == NEW_TOKENS
+        assert {b - a for a, b in zip(series, series[1:])} == {per_token}
+    assert results[2].peak_cache_bytes < results[1].peak_cache_bytes < results[0].peak_cache_bytes
+
+
+def test_no_gguf_and_a_bad_type_are_one_line_each_while_the_others_finish(bundled):
+    hub = dataclasses.replace(bundled, spec=ModelSpec("HuggingFaceTB/SmolLM2-135M-Instruct", device="cpu"))
+    prompt = encode_prompt(bundled.tokenizer, PROMPT)
+    columns = [Column.from_text(c) for c in ("dynamic", "engine:llamacpp", "engine:llamacpp:type_k=q3_k")]
+    results = collect(run_compare(hub, prompt, columns, GenerationSettings(max_new_tokens=2, fidelity=False))).results
+    assert results[0].status == "ok"
+    assert (results[1].status, results[1].message) == ("unavailable", (
+        "needs the model as a GGUF file, and 'HuggingFaceTB/SmolLM2-135M-Instruct' has none: load a bundled model "
+        "or a local .gguf file (llama.cpp runs GGUF weights only)"))
+    assert results[2].status == "error" and results[2].message.startswith("type_k must be one of f32, f16, bf16")
