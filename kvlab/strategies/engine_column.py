@@ -83,5 +83,10 @@ class EngineColumn(Strategy):
         """
         raise StrategyError(f"{self.engine_name} gives no distributions to score")
 
+    def engine_code(self, settings, model_source: str) -> tuple[list[str], list[str]]:
+        """(imports, lines) of the "view code" snippet that reproduce this column with the engine's own Python
+        client, after lines that set `prompt_ids` (a list of ints), `tokenizer` and `max_new_tokens`."""
+        raise NotImplementedError
+
     def serving_settings(self) -> list:
         return []

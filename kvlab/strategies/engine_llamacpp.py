@@ -107,3 +107,26 @@ class LlamaCppEngine(EngineColumn):
         return score_continuation(loaded.spec.source, prompt_ids, continuation, self.engine_knobs(),
                                   self.threads(threads))
 
+
+    def engine_code(self, settings, model_source: str) -> tuple[list[str], list[str]]:
+        from ..models.bundled import bundled_model
+        from ..models.gguf_cache import ModelLoadError
+
+        try:
+            bundled = bundled_model(model_source)
+        except ModelLoadError:
+            bundled = None
+        where = (f"# {bundled.gguf_file} ships in the {bundled.pip.split()[0]} package (pip show -f it)"
+                 if bundled else "")
+        path = bundled.gguf_file if bundled else model_source
+        types = f"type_k=llama_cpp.GGML_TYPE_{self.type_k.upper()}, type_v=llama_cpp.GGML_TYPE_{self.type_v.upper()}"
+        rotation = ["os.environ[\"LLAMA_ATTN_ROT_DISABLE\"] = \"1\"  # rotation off (read when the context is built)"
+                    ] if not self.rotation else []
+        sampling = (f"temperature={settings.temperature}, top_p={settings.top_p}, top_k={settings.top_k}, "
+                    f"min_p=0.0, seed={settings.seed}" if settings.do_sample else "temperature=0.0")
+        lines = [*rotation, *([where] if where else []),
+                 f"llm = Llama({path!r}, n_ctx=len(prompt_ids) + max_new_tokens, {types}, "
+                 f"flash_attn={self.flash_attn}, verbose=False)",
+                 f"out = llm.create_completion(prompt_ids, max_tokens=max_new_tokens, {sampling})",
+                 "print(out[\"choices\"][0][\"text\"])"]
+        return [*(["import os"] if rotation else []), "import llama_cpp", "from llama_cpp import Llama"], lines

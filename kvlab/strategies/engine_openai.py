@@ -85,3 +85,16 @@ class OpenAIEngine(EngineColumn):
 
     def score_continuation(self, loaded, prompt_ids, continuation, stop, threads: int):
         raise StrategyError("a server streams text, not its distributions")
+
+    def engine_code(self, settings, model_source: str) -> tuple[list[str], list[str]]:
+        prompt = "prompt_ids" if self.send == "ids" else "tokenizer.decode(prompt_ids)"
+        sampling = (f"temperature={settings.temperature}, top_p={settings.top_p}, seed={settings.seed}"
+                    if settings.do_sample else "temperature=0.0")
+        key = ", api_key=os.environ[\"OPENAI_API_KEY\"]" if self.api_key else ", api_key=\"none\""
+        lines = [f"client = OpenAI(base_url={self.base_url!r}{key})",
+                 f"stream = client.completions.create(model={repr(self.model) if self.model else 'client.models.list().data[0].id'}, "
+                 f"prompt={prompt}, max_tokens=max_new_tokens, {sampling}, stream=True)",
+                 "for chunk in stream:",
+                 "    if chunk.choices:",
+                 "        print(chunk.choices[0].text, end=\"\", flush=True)"]
+        return ["import os", "from openai import OpenAI"], lines

@@ -177,3 +177,21 @@ def test_a_page_that_is_not_prometheus_text_is_one_line():
         parse_metrics("vllm:kv_cache_usage_perc many\n")
     assert metrics_url("http://h:8000/v1") == "http://h:8000/metrics"
     assert metrics_url("http://h:8000/api/v1/") == "http://h:8000/api/metrics"
+
+
+def test_view_code_reproduces_an_engine_column_with_its_own_client():
+    from kvlab.ui.shared.code import code_snippet
+
+    settings = GenerationSettings(max_new_tokens=16)
+    llama = code_snippet(make_strategy({"strategy": "engine:llamacpp", "type_k": "q8_0", "type_v": "q4_0",
+                                        "rotation": False}), settings, "Why?", "Be brief.")
+    compile(llama, "llama.py", "exec")
+    assert "type_k=llama_cpp.GGML_TYPE_Q8_0, type_v=llama_cpp.GGML_TYPE_Q4_0, flash_attn=True" in llama
+    assert "SmolLM2-135M-Instruct.Q4_1.gguf" in llama and 'os.environ["LLAMA_ATTN_ROT_DISABLE"] = "1"' in llama
+    assert "llm.create_completion(prompt_ids, max_tokens=max_new_tokens, temperature=0.0)" in llama
+    key = "sk-kvlab-snippet-secret"
+    server = code_snippet(make_strategy({"strategy": "engine:openai", "base_url": URL, "model": "smol",
+                                         "api_key": key, "send": "ids"}), settings, "Why?")
+    compile(server, "server.py", "exec")
+    assert key not in server and 'api_key=os.environ["OPENAI_API_KEY"]' in server
+    assert "client.completions.create(model='smol', prompt=prompt_ids," in server
