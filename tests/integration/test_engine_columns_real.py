@@ -4,6 +4,9 @@ token's K and V rows, 12 bytes of cell data each), and a model without GGUF or a
 its own column while the others finish."""
 
 import dataclasses
+import json
+import subprocess
+import sys
 
 import pytest
 
@@ -83,3 +86,19 @@ def test_no_gguf_and_a_bad_type_are_one_line_each_while_the_others_finish(bundle
         "needs the model as a GGUF file, and 'HuggingFaceTB/SmolLM2-135M-Instruct' has none: load a bundled model "
         "or a local .gguf file (llama.cpp runs GGUF weights only)"))
     assert results[2].status == "error" and results[2].message.startswith("type_k must be one of f32, f16, bf16")
+
+
+def test_the_command_line_runs_engine_columns_beside_the_lab(tmp_path):
+    out = tmp_path / "run.json"
+    items = ",".join(["dynamic", "quantized:backend=quanto:nbits=4", "engine:llamacpp:type_k=q4_0:type_v=q4_0",
+                      "engine:llamacpp:type_k=q3_k"])
+    proc = subprocess.run([sys.executable, "-m", "kvlab", "compare", "--prompt", PROMPT, "--strategies", items,
+                           "--max-new-tokens", "4", "--no-fidelity", "--json", str(out)],
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr
+    columns = json.loads(out.read_text())["columns"]
+    assert [c["status"] for c in columns] == ["ok", "ok", "ok", "error"]
+    assert columns[2]["name"] == "engine:llamacpp q4_0" and columns[2]["engine"]["type_k"] == "q4_0"
+    assert len(columns[2]["token_ids"]) == 4 and columns[2]["peak_cache_bytes"] > 0
+    assert columns[3]["message"].startswith("type_k must be one of f32, f16, bf16")
+    assert "engine:llamacpp q4_0" in proc.stdout and "Traceback" not in proc.stderr
