@@ -10,6 +10,8 @@ the column's message. This module runs nothing itself and renders nothing.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from ..accounting import predicted_cache_bytes_by_layer_type
@@ -35,7 +37,7 @@ def decode_engine(loaded, index: int, column, prompt_ids: torch.Tensor, settings
         raise StrategyError(f"{strategy.name} takes no cache budget: the engine manages its own cache")
     ids = prompt_ids[0].tolist()
     threads = turns.run(torch.get_num_threads)
-    opened = lambda: strategy.open_run(loaded, ids, settings, stop, threads)  # noqa: E731
+    opened = functools.partial(strategy.open_run, loaded, ids, settings, stop, threads)
     run = turns.run(opened) if strategy.is_local else opened()
     try:
         _stream(loaded, index, run, turns.iterate(run) if run.is_local else run, emit, result, len(ids))

@@ -262,6 +262,8 @@ class OpenAIRun(EngineRun):
                                                           "knows (vLLM, SGLang, llama-server)")
 
     def close(self) -> None:
+        if self._during is not None:
+            self._during.join(METRICS_TIMEOUT_S)
         response = getattr(self, "_response", None)
         if response is not None:
             response.close()

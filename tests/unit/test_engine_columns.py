@@ -195,3 +195,13 @@ def test_view_code_reproduces_an_engine_column_with_its_own_client():
     compile(server, "server.py", "exec")
     assert key not in server and 'api_key=os.environ["OPENAI_API_KEY"]' in server
     assert "client.completions.create(model='smol', prompt=prompt_ids," in server
+
+
+def test_an_engine_columns_divergence_says_why_it_has_no_inspect_link():
+    from kvlab.ui.shared.inspect_links import links_for
+
+    items = [(make_strategy({"strategy": "dynamic"}), 2), (make_strategy({"strategy": "engine:llamacpp"}), 2)]
+    links, reasons = links_for(items, prompt="Hi", system="", chat=True, greedy=True, max_new_tokens=8,
+                               model="bundled")
+    assert 0 in links and 1 not in links
+    assert reasons[1] == "llama.cpp runs outside transformers: Inspect steps kvlab's own caches"
