@@ -79,7 +79,9 @@ def _rotation(on: bool):
 
 def open_llama(path, *, n_ctx: int, type_k: str, type_v: str, flash_attn: bool, rotation: bool, n_threads: int,
                logits_all: bool = False):
-    """A `llama_cpp.Llama` on the GGUF file `path` with these cache settings (quiet: llama.cpp's own log off).
+    """A `llama_cpp.Llama` on the GGUF file `path` with these cache settings (quiet: llama.cpp's own log off). A
+    sliding-window layer's cache holds its window, as `llama-server` keeps it (`--swa-full` off), not every
+    token (llama.cpp's context default, which llama-cpp-python keeps).
 
     Raises:
         EngineError: the binding is missing, or llama.cpp refused the file or the context (one line).
@@ -94,7 +96,7 @@ def open_llama(path, *, n_ctx: int, type_k: str, type_v: str, flash_attn: bool, 
         try:
             return llama_cpp.Llama(str(path), n_ctx=n_ctx, n_batch=min(n_ctx, 512), n_threads=n_threads,
                                    n_threads_batch=n_threads, type_k=kinds[type_k], type_v=kinds[type_v],
-                                   flash_attn=flash_attn, logits_all=logits_all, verbose=False)
+                                   flash_attn=flash_attn, swa_full=False, logits_all=logits_all, verbose=False)
         except (ValueError, RuntimeError) as err:
             raise EngineError(f"llama.cpp refused the model or its context (type_k={type_k}, type_v={type_v}, "
                               f"flash_attn={str(flash_attn).lower()}): {err}") from None

@@ -1,7 +1,8 @@
 """The llama.cpp engine column on the real bundled model: beside dynamic and quanto int4 in one Compare run, its
 greedy tokens are a plain llama-cpp-python greedy run's, its cache bytes are what llama.cpp reports (a q4_0
-token's K and V rows, 12 bytes of cell data each), and a model without GGUF or a bad cache type is one line in
-its own column while the others finish."""
+token's K and V rows, 12 bytes of cell data each), the rotation knob reaches llama.cpp's cache, a model without
+GGUF or a bad cache type is one line in its own column while the others finish, and the command line runs the
+same columns."""
 
 import dataclasses
 import json
@@ -102,3 +103,33 @@ def test_the_command_line_runs_engine_columns_beside_the_lab(tmp_path):
     assert len(columns[2]["token_ids"]) == 4 and columns[2]["peak_cache_bytes"] > 0
     assert columns[3]["message"].startswith("type_k must be one of f32, f16, bf16")
     assert "engine:llamacpp q4_0" in proc.stdout and "Traceback" not in proc.stderr
+
+
+def test_the_rotation_knob_reaches_llamacpps_cache(compared):
+    from kvlab.engines.llamacpp import score_continuation
+
+    prompt_ids, results = compared
+    continuation = results[0].token_ids[:8]
+
+    def scored(kind: str, rotation: bool):
+        knobs = dict(type_k=kind, type_v=kind, flash_attn=True, rotation=rotation)
+        return score_continuation("bundled", prompt_ids, continuation, knobs, threads=2)
+
+    assert not scored("q4_0", True).equal(scored("q4_0", False))  # LLAMA_ATTN_ROT_DISABLE=1 was read
+    assert scored("f16", True).equal(scored("f16", False))  # llama.cpp rotates quantized caches only
+
+
+@pytest.mark.gemma
+def test_gemmas_own_gguf_runs_in_llamacpp_with_its_head_size_rotated(gemma):
+    prompt = encode_prompt(gemma.tokenizer, "The capital of France is", chat=False)
+    columns = [Column.from_text(c) for c in ("dynamic", "engine:llamacpp:type_k=q4_0:type_v=q4_0")]
+    settings = GenerationSettings(max_new_tokens=4, stop_at_eos=False, fidelity=False)
+    dynamic, llama = collect(run_compare(gemma, prompt, columns, settings)).results
+    assert dynamic.status == llama.status == "ok" and len(llama.token_ids) == 4
+    assert "llama.cpp Hadamard-rotates K and V before quantizing (head size 256)" in llama.message
+    config = gemma.config.get_text_config(decoder=True)
+    width = config.num_key_value_heads * config.head_dim
+    # every layer's K and V in q4_0 blocks of 18 bytes per 32 values, and 12 bytes per cell in each of llama.cpp's
+    # two caches (the full-attention layers' and the sliding ones'), while the run is inside the window
+    per_token = config.num_hidden_layers * 2 * (18 * width // 32) + 2 * CELL_BYTES
+    assert {b - a for a, b in zip(llama.cache_bytes, llama.cache_bytes[1:])} == {per_token}
