@@ -6,8 +6,10 @@ in its `kvlab.ui` modules; this file only assembles them.
 
 Started as a script, the app begins loading the bundled model on a background
 thread *before* importing gradio (which takes seconds), so the two overlap
-(`KVLAB_EARLY_LOAD=0` turns that off). The queue holds at most
-`KVLAB_QUEUE_MAX_SIZE` waiting events (default 16; 0 = no limit). Gradio itself
+(`KVLAB_EARLY_LOAD=0` turns that off). gradio's queue holds at most
+`KVLAB_QUEUE_MAX_SIZE` waiting events (default 16; 0 = no limit); model-bound
+events start at once and take their turns for the model in kvlab's scheduler,
+under the caps of `kvlab.sharing.limits` (`kvlab.ui.shared.turns`). Gradio itself
 refuses an upload larger than a record may be (`KVLAB_MAX_RECORD_MB`, default 16
 MiB; `kvlab.measure.record_json`) before storing it. On a Hugging Face Space a
 "Duplicate Space" button shows in the header; on ZeroGPU the GPU-bound handlers
@@ -24,6 +26,7 @@ import os
 import sys
 
 from kvlab import SETUP_HINT
+from kvlab.sharing.limits import Limits
 from kvlab.ui.shared.shutdown import SigtermExit
 
 EARLY_LOADER = None
@@ -104,6 +107,7 @@ if __name__ == "__main__":
 
     try:
         queue_max_size()  # bad settings are said before anything loads
+        Limits.from_env()
         max_record_bytes()
         refusal = port_refusal(server_port())
     except ValueError as bad:
@@ -140,6 +144,7 @@ try:
     from kvlab.ui.shared.serving import calm_queue_polling, close_promptly
     from kvlab.ui.shared.theme import CSS
     from kvlab.ui.shared.tools import mcp_enabled, register_tools
+    from kvlab.ui.shared.turns import configure as configure_turns
 except ImportError as missing:
     sys.exit(f"kvlab: the package {(missing.name or str(missing)).split('.')[0]} is not installed here: {SETUP_HINT}")
 
@@ -161,9 +166,11 @@ def create_app(pool: ModelPool | None = None, preload: bool = True, loader=None)
     `kvlab.ui.shared.loader.BackgroundLoader` on `pool` whose load already started (see EARLY_LOADER).
 
     Raises:
-        ValueError: KVLAB_QUEUE_MAX_SIZE is not a whole number >= 0.
+        ValueError: KVLAB_QUEUE_MAX_SIZE, or a cap of `kvlab.sharing.limits.Limits` (KVLAB_MAX_RUN_STEPS,
+            KVLAB_MAX_RUNS_PER_CLIENT, KVLAB_MAX_WAITING, KVLAB_CONCURRENCY), is not a whole number in range.
     """
     max_size = queue_max_size()
+    configure_turns(Limits.from_env())  # model-bound events take their turns under these caps
     pool = loader.pool if loader is not None else (pool or ModelPool())
     with gr.Blocks(title=TITLE, analytics_enabled=False, fill_width=True, delete_cache=CACHE_CLEANUP) as demo:
         with gr.Row(equal_height=True):
@@ -190,7 +197,7 @@ def create_app(pool: ModelPool | None = None, preload: bool = True, loader=None)
         demo.unload(compare.unload)
         demo.unload(chat.unload)
         demo.unload(inspect.unload)
-    # Light events (presets, strategy pickers, Stop) run at once; model-bound ones set their own limit.
+    # Every event starts at once; model-bound ones then wait for their turn in kvlab's scheduler (turns.py).
     demo.queue(default_concurrency_limit=None, max_size=max_size)
     calm_queue_polling(demo)  # gradio polls its queue every 1 ms: that slowed every timed step (kvlab.ui.shared.serving)
     return demo

@@ -25,6 +25,10 @@ CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
 APP_START_TIMEOUT_S = 240
 APP_STOP_TIMEOUT_S = 20
+TEST_RUN_STEPS = 200_000
+"""The app's per-run cap here (KVLAB_MAX_RUN_STEPS): the long runs some tests stop or abandon (6 columns × 1,500
+or 2,000 tokens: up to 143,000 steps) cost more than the default; the sharing test's over-cap requests
+(300,000 steps and more) cost more than this."""
 
 
 def free_port() -> int:
@@ -55,7 +59,7 @@ def app():
     ARTIFACTS.mkdir(exist_ok=True)
     port = int(os.environ.get("KVLAB_BROWSER_PORT") or free_port())
     env = {**os.environ, "GRADIO_SERVER_PORT": str(port), "GRADIO_ANALYTICS_ENABLED": "False",
-           "PYTHONUNBUFFERED": "1"}
+           "PYTHONUNBUFFERED": "1", "KVLAB_MAX_RUN_STEPS": str(TEST_RUN_STEPS)}
     log_path = ARTIFACTS / "app-browser.log"
     with open(log_path, "w") as log:
         process = subprocess.Popen([sys.executable, "app.py"], cwd=REPO_ROOT, env=env, stdout=log,

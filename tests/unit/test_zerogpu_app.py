@@ -1,7 +1,9 @@
 """ZeroGPU: with a stand-in `spaces` package importable, building the app wraps every GPU-bound entry point
 (Compare's Run and its `compare` API, the chat turn, regenerate and prefix reuse, the perplexity run, the
 Inspect steps) with `spaces.GPU(duration=...)`, each duration sized from columns × tokens; without `spaces`
-the handlers are the tabs' own methods, unwrapped. Also the queue's max_size setting and the Duplicate button."""
+the handlers are the tabs' own methods, unwrapped. The model-bound ones are seen through kvlab's turn wrapper
+(`kvlab.ui.shared.turns`), which stands outside the GPU one: a run waits for its turn before it asks for a GPU.
+Also the queue's max_size setting and the Duplicate button."""
 
 import functools
 import inspect
@@ -45,8 +47,13 @@ def fake_spaces() -> types.ModuleType:
     return module
 
 
+TURNED = GPU_BOUND - {"_on_send", "_on_regenerate", "_on_prefix"}
+"""The entry points that take a turn in kvlab's scheduler (chat turns do not)."""
+
+
 def handlers(demo) -> list:
-    return [block_fn.fn for block_fn in demo.fns.values() if block_fn.fn is not None]
+    """The event functions, seen through kvlab's turn wrapper."""
+    return [getattr(block_fn.fn, "kvlab_turn", block_fn.fn) for block_fn in demo.fns.values() if block_fn.fn is not None]
 
 
 def test_with_spaces_the_gpu_bound_entry_points_are_wrapped_with_a_sized_duration(monkeypatch):
@@ -58,6 +65,8 @@ def test_with_spaces_the_gpu_bound_entry_points_are_wrapped_with_a_sized_duratio
     assert sum(getattr(fn, "on_zerogpu", False) for fn in handlers(demo)) >= len(GPU_BOUND)
     assert all(inspect.isgeneratorfunction(fn) == inspect.isgeneratorfunction(fn.__wrapped__)
                for fn in handlers(demo) if getattr(fn, "on_zerogpu", False))
+    turned = {block_fn.fn.kvlab_turn.__name__ for block_fn in demo.fns.values() if hasattr(block_fn.fn, "kvlab_turn")}
+    assert TURNED <= turned, f"not taking a turn: {TURNED - turned}"
     durations = dict(spaces.calls)
     run_s = durations["run"]
     tab = run_s.__self__

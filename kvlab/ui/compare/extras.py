@@ -6,7 +6,8 @@
 - `open_shared`: the result a share link names (`?run=<id>`), shown as `replay` shows it; an id not of the exact
   form kvlab makes (`kvlab.ui.compare.records.valid_share_id`) is refused in one line before any file is touched.
 - `run_gpu_s`: the GPU seconds a Run asks ZeroGPU for (`kvlab.ui.shared.zerogpu.estimate_s`, columns × tokens).
-- `CompareApi`: the headless `compare` API (a preset run, returning its JSON record) and its GPU seconds.
+- `run_cost`: what a Run costs before it is queued (`kvlab.ui.shared.costs.compare_cost`).
+- `CompareApi`: the headless `compare` API (a preset run, returning its JSON record), its cost and its GPU seconds.
 
 Each takes what it needs (a `CompareUpdater`, the loader, the preset files); none reads the tab itself.
 """
@@ -14,14 +15,18 @@ Each takes what it needs (a `CompareUpdater`, the loader, the preset files); non
 from __future__ import annotations
 
 import logging
+import threading
 
 import gradio as gr
 
 from kvlab.compare.replay import RecordError, load_record
 from kvlab.models.loading import ModelLoadError
+from kvlab.generation import MAX_NEW_TOKENS_CAP
 from kvlab.presets import PresetError, load_preset
+from kvlab.sharing.cost import RunCost
 
 from ..shared import zerogpu
+from ..shared.costs import compare_cost, whole
 from .replay import form_values, replay_code, view_from_record
 from .updates import CompareUpdater
 from ..shared.knobs import NO_STRATEGY
@@ -39,6 +44,13 @@ def run_gpu_s(strategies: list[str | None], max_new_tokens) -> int:
     except (TypeError, ValueError):
         tokens = 1
     return zerogpu.estimate_s(columns, tokens)
+
+
+def run_cost(strategies: list[str | None], max_new_tokens, prompt: str | None, system: str | None) -> RunCost:
+    """What a Run costs (`kvlab.sharing.cost.RunCost`): its picked columns (`strategies`, one per card) × max new
+    tokens after the prompt."""
+    picked = [name for name in strategies if name not in (None, "", NO_STRATEGY)]
+    return compare_cost(picked, max_new_tokens, prompt, system)
 
 
 def takes(component, value) -> bool:
@@ -107,7 +119,7 @@ class CompareApi:
         self.loader = loader
         self.presets = presets
 
-    def gpu_s(self, preset: str, prompt: str | None = None, max_new_tokens: int | None = None) -> int:
+    def gpu_s(self, preset: str, prompt: str | None = None, max_new_tokens: int | None = None, **_) -> int:
         """ZeroGPU seconds a `compare` API call asks for: the preset's columns × its (or the given) tokens."""
         try:
             loaded = load_preset(self.presets[preset])
@@ -115,7 +127,25 @@ class CompareApi:
             return zerogpu.MIN_DURATION_S
         return zerogpu.estimate_s(len(loaded.columns), int(max_new_tokens or loaded.generation.max_new_tokens))
 
-    def compare(self, preset: str, prompt: str | None = None, max_new_tokens: int | None = None) -> dict:
+    def cost(self, preset: str, prompt: str | None = None, max_new_tokens: int | None = None) -> RunCost:
+        """What a `compare` API call costs: the preset's columns, each with its (or the given) max new tokens,
+        after its (or the given) prompt. An unknown preset or max_new_tokens out of range is a `gr.Error` here,
+        before the call is queued; a preset that does not load costs one step (the call then says why)."""
+        if preset not in self.presets:
+            raise gr.Error(f"unknown preset {preset!r}; available: {', '.join(self.presets)}")
+        if max_new_tokens is not None and not 1 <= whole(max_new_tokens, 0) <= MAX_NEW_TOKENS_CAP:
+            raise gr.Error(f"max_new_tokens must be between 1 and {MAX_NEW_TOKENS_CAP}, got {max_new_tokens!r}")
+        try:
+            loaded = load_preset(self.presets[preset])
+        except PresetError:
+            return RunCost(1, 1)
+        columns = [str(column.get("strategy", "")) for column in loaded.columns]
+        tokens = max_new_tokens if max_new_tokens is not None else loaded.generation.max_new_tokens
+        text = prompt if prompt is not None else loaded.prompt.text
+        return compare_cost(columns, tokens, text, loaded.prompt.system)
+
+    def compare(self, preset: str, prompt: str | None = None, max_new_tokens: int | None = None, *,
+                stop: threading.Event | None = None) -> dict:
         """Run a preset headless and return its JSON run record (what `python -m kvlab compare --json` writes).
 
         Args:
@@ -126,6 +156,6 @@ class CompareApi:
         if preset not in self.presets:
             raise gr.Error(f"unknown preset {preset!r}; available: {', '.join(self.presets)}")
         try:
-            return run_preset(self.loader, self.presets[preset], preset, prompt, max_new_tokens)
+            return run_preset(self.loader, self.presets[preset], preset, prompt, max_new_tokens, stop)
         except (PresetError, ModelLoadError, ValueError) as err:
             raise gr.Error(str(err)) from None

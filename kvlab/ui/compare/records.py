@@ -115,13 +115,15 @@ def code_text(plan: RunPlan, view: RunView | None = None) -> str:
     return "\n\n".join(blocks)
 
 
-def run_preset(loader, path, name: str, prompt: str | None = None, max_new_tokens: int | None = None) -> dict:
+def run_preset(loader, path, name: str, prompt: str | None = None, max_new_tokens: int | None = None,
+               stop: threading.Event | None = None) -> dict:
     """Run a preset headless and return its JSON run record (what `python -m kvlab compare --json` writes).
 
     Args:
         loader: the tab's `kvlab.ui.shared.loader.BackgroundLoader`; path: the preset file; name: its name.
         prompt: replaces the preset's prompt text when given.
         max_new_tokens: replaces the preset's max_new_tokens when given.
+        stop: set it to end every column within a token (the record then says the columns were stopped).
 
     Raises:
         PresetError, ModelLoadError, ValueError: bad input or a model that cannot load; the message says why.
@@ -140,5 +142,5 @@ def run_preset(loader, path, name: str, prompt: str | None = None, max_new_token
     loaded = loader.get(ModelSpec(**parsed.model.model_dump()))
     prompt_ids = encode_prompt(loaded.tokenizer, parsed.prompt.text, parsed.prompt.system, parsed.prompt.chat)
     done = collect(run_compare(loaded, prompt_ids, parsed.build_columns(), settings, parsed.mode,
-                               threading.Event(), parsed.baseline))
+                               stop or threading.Event(), parsed.baseline))
     return run_record(loaded, parsed, settings, done)

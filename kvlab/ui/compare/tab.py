@@ -8,9 +8,8 @@ components it updates), `kvlab.ui.shared.knobs` (the strategy cards' fields), `k
 plots; the matplotlib PNG only on request) and `kvlab.ui.compare.extras` (replay, share links, the `compare`
 API, ZeroGPU sizing); running is `kvlab.compare.runner`'s job. Per-session state lives
 in `gr.State`; the one shared object is the `ModelPool` of loaded weights
-(through a `BackgroundLoader`). Model-bound events (Run, the `compare` API)
-share one concurrency group limited to `CONCURRENCY` jobs; the queue shows a
-waiting browser tab its position.
+(through a `BackgroundLoader`). Model-bound events (Run, the `compare` API) take their turn in kvlab's
+scheduler (`kvlab.ui.shared.turns`): a waiting Run shows its position and wait in the status line.
 """
 
 from __future__ import annotations
@@ -29,9 +28,9 @@ from kvlab.models.loading import DEVICES, DTYPES, ModelLoadError, ModelSpec
 from kvlab.presets import Preset, PresetError, list_presets, load_preset
 from kvlab.measure.record_json import cap_text
 
-from ..shared import zerogpu
+from ..shared import turns, zerogpu
 from ..shared.cards import StrategyCard, build_card
-from .extras import CompareApi, open_shared, replay, run_gpu_s
+from .extras import CompareApi, open_shared, replay, run_cost, run_gpu_s
 from .form import (
     INTRO,
     MODE_HELP,
@@ -49,7 +48,7 @@ from .view import SUMMARY_DATATYPES, SUMMARY_HELP, SUMMARY_WIDTHS, RunView
 from ..shared.inspect_links import divergence_links
 from ..shared.knobs import card_form, max_knobs, strategy_choices
 from ..shared.model_picker import chat_box
-from ..shared.loader import CONCURRENCY, MODEL_CONCURRENCY_ID, BackgroundLoader, device_present
+from ..shared.loader import BackgroundLoader, device_present
 from ..shared.model_picker import model_bar
 from ..shared.theme import line_html
 from .timing_text import POLICY_INFO
@@ -244,16 +243,17 @@ class CompareTab:
             self.prepare, self.session, [self.run_button, self.stop_button, self.run_status], show_progress="hidden",
             **PRIVATE,
         ).then(
-            zerogpu.gpu(self.run, self.run_gpu_s), self.run_inputs, self.run_outputs, concurrency_limit=CONCURRENCY,
-            concurrency_id=MODEL_CONCURRENCY_ID, show_progress="full", show_progress_on=[self.run_status],
-            api_visibility="private",
+            turns.page_turn(zerogpu.gpu(self.run, self.run_gpu_s), self.run_cost, self.run_status, line_html,
+                            lambda data: data[self.session].get("stop")),
+            self.run_inputs, self.run_outputs, show_progress="full", show_progress_on=[self.run_status],
+            api_visibility="private", **turns.MODEL_BOUND,
         ).then(
             lambda: (gr.update(interactive=True), gr.update(interactive=False)), None,
             [self.run_button, self.stop_button], show_progress="hidden", **PRIVATE,
         )
         self.stop_button.click(self.stop, self.session, self.run_status, show_progress="hidden", **PRIVATE)
-        gr.api(zerogpu.gpu(self.api.compare, self.api.gpu_s), api_name="compare", concurrency_limit=CONCURRENCY,
-               concurrency_id=MODEL_CONCURRENCY_ID)
+        gr.api(turns.api_turn(zerogpu.gpu(self.api.compare, self.api.gpu_s), self.api.cost), api_name="compare",
+               **turns.MODEL_BOUND)
         self.plots.png_button.click(lambda session: self.plots.export(session.get("view")), self.session,
                                     [self.plots.png, self.plots.notes], **PRIVATE)
         self.updater.form = {
@@ -285,6 +285,11 @@ class CompareTab:
     def run_gpu_s(self, data: dict) -> int:
         """ZeroGPU seconds a Run asks for (`compare_extras.run_gpu_s`), from the Run event's inputs."""
         return run_gpu_s([data[card.strategy] for card in self.cards], data[self.max_new_tokens])
+
+    def run_cost(self, data: dict):
+        """What a Run costs before it is queued (`compare_extras.run_cost`), from the Run event's inputs."""
+        return run_cost([data[card.strategy] for card in self.cards], data[self.max_new_tokens], data[self.prompt],
+                        data[self.system])
 
     # ----- light events -----
 

@@ -21,10 +21,11 @@ from kvlab.inspect.inspector import InspectError, InspectSession
 from kvlab.inspect.loops import LOOP_VARIANTS
 from kvlab.generation import encode_prompt
 from kvlab.models.loading import ModelLoadError
+from kvlab.sharing.cost import RunCost, prompt_tokens
 from kvlab.strategies import STRATEGIES, StrategyError, make_strategy
 from kvlab.strategies.base import parse_strategy_item
 
-from ..shared import zerogpu
+from ..shared import turns, zerogpu
 from ..shared.cards import build_card
 from .diverge import COMPARE_CHOICES, diverge_figure, diverge_markdown
 from ..shared.inspect_links import DEFAULT_COMPARE, parse_inspect_query
@@ -52,13 +53,15 @@ from .view import (
 from ..shared.knobs import card_form, knob_defaults, knob_text, max_knobs, strategy_choices
 from ..shared.model_picker import chat_box
 from ..shared.model_picker import model_dropdown
-from ..shared.loader import CONCURRENCY, MODEL_CONCURRENCY_ID
+from ..shared.costs import whole
 from ..shared.markup import md_code, md_text
 from ..shared.theme import line_html
 
 STREAM_EVERY_S = 0.5
 """Least time between two page updates while several steps run."""
 PRIVATE = {"concurrency_limit": None, "api_visibility": "private"}
+IN_ORDER = {"concurrency_limit": 1, "concurrency_id": "kvlab-inspect"}
+"""The tab's model-bound events start one at a time, in click order (each then takes its turn for the model)."""
 CORRECT_LOOP = "kvlab's loop (correct)"
 """The "decode loop" choice that runs the strategy's own loop; the others are `LOOP_VARIANTS`' mistakes."""
 
@@ -123,20 +126,18 @@ class InspectTab:
                             self.model_source, self.card.strategy, *self.card.knobs, self.compare_with, self.loop}
         self.outputs = [self.status, self.step_info, self.strip, self.layers, self.top, self.code, self.diverge_info,
                         self.diverge_plot, self.state]
-        model_bound = {"concurrency_limit": CONCURRENCY, "concurrency_id": MODEL_CONCURRENCY_ID,
-                       "api_visibility": "private", "show_progress": "hidden"}
+        model_bound = {**IN_ORDER, "api_visibility": "private", "show_progress": "hidden"}
         # Every Step and Step ×10 click counts, queued behind the one in hand (gradio drops a click on a button
         # whose last event is still running unless trigger_mode is "multiple").
         for button, handler, count, mode in ((self.step_button, self.on_step, STEP_COUNTS["step"], "multiple"),
                                              (self.step10_button, self.on_step10, STEP_COUNTS["step10"], "multiple"),
                                              (self.run_button, self.on_run, STEP_COUNTS["run"], "once")):
-            button.click(zerogpu.gpu(handler, self.gpu_s_for(count)), {self.state, *self.form_inputs}, self.outputs,
+            button.click(self.turn(handler, count), {self.state, *self.form_inputs}, self.outputs,
                          trigger_mode=mode, **model_bound)
         # Reset first stops the run in hand (at once, unqueued) and says so; the new run waits for that step.
         self.reset_button.click(self.stop_for_reset, self.state, self.status, queue=False,
                                 api_visibility="private").then(
-            zerogpu.gpu(self.on_reset, self.gpu_s_for(1)), {self.state, *self.form_inputs}, self.outputs,
-            **model_bound)
+            self.turn(self.on_reset, 1), {self.state, *self.form_inputs}, self.outputs, **model_bound)
         self.stop_button.click(self.stop, self.state, None, queue=False, api_visibility="private")
         self.model_source.change(lambda source: gr.update(**chat_box(source, None, True)), self.model_source,
                                  self.chat, show_progress="hidden", **PRIVATE)
@@ -164,6 +165,14 @@ class InspectTab:
                 tokens = 1
             return zerogpu.estimate_s(1, min(count, tokens))
         return duration
+
+    def turn(self, handler, count: int):
+        """`handler` on ZeroGPU's terms (`gpu_s_for`), taking its turn for the model (`turns.page_turn`): up to
+        `count` steps of the strategy beside its reference, after the prompt."""
+        def cost(data: dict, request: gr.Request | None = None) -> RunCost:
+            return RunCost(2, min(count, whole(data[self.max_new_tokens])),
+                           prompt_tokens(data[self.prompt], data[self.system]))
+        return turns.page_turn(zerogpu.gpu(handler, self.gpu_s_for(count)), cost, self.status, line_html)
 
     def on_step(self, data: dict, request: gr.Request):
         yield from self.steps(data, STEP_COUNTS["step"], _session_key(request))
@@ -288,7 +297,7 @@ class InspectTab:
         outputs = [tabs, self.prompt, self.system, self.chat, self.max_new_tokens, self.ignore_eos, self.model_source,
                    self.card.strategy, *self.card.form_outputs, self.compare_with, self.loop, *self.outputs]
         demo.load(zerogpu.gpu(self.open_link, self.gpu_s_for(STEP_COUNTS["run"])), None, outputs,
-                  concurrency_limit=CONCURRENCY, concurrency_id=MODEL_CONCURRENCY_ID, api_visibility="private",
+                  **IN_ORDER, api_visibility="private",
                   show_progress="hidden")
 
     def open_link(self, request: gr.Request):

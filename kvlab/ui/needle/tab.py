@@ -24,7 +24,9 @@ from kvlab.needle.prompt import key_tokens, min_context_tokens
 from kvlab.needle.record import records_to_csv
 from kvlab.needle.runner import NeedleCell, NeedleDone, max_positions, run_needle
 from kvlab.presets import PresetError
+from kvlab.sharing.cost import RunCost
 
+from ..shared.costs import needle_cost
 from ..shared.live_plots import plot_update, roster_colors
 from ..shared.exports import fresh_export_folder
 from ..shared.markup import md_text
@@ -111,10 +113,16 @@ class NeedleTab:
         outputs = [self.status, *self.heatmaps, self.pareto, self.table, self.download]
         wire_run(self.run_button, self.stop_button, self.session, self.status, self.stream,
                  [self.session, self.source, self.columns, self.lengths, self.depths, self.seeds, self.new_tokens],
-                 outputs)
+                 outputs, self.cost)
         self.preset.change(self.apply_preset, self.preset,
                            [self.columns, self.lengths, self.depths, self.seeds, self.new_tokens, self.status], **PRIVATE)
         return self
+
+    @staticmethod
+    def cost(session, source, columns_text, lengths, depths, seeds, new_tokens) -> RunCost:
+        """What a run costs before it is queued: its columns × its grid's cells (`costs.needle_cost`)."""
+        columns = len(expand_sweeps(split_items((columns_text or "").replace(" ", ""))))
+        return needle_cost(columns, lengths, depths, seeds, new_tokens)
 
     def apply_preset(self, name: str):
         """Fill the form from needle preset `name` (NO_PRESET leaves it); a broken preset says why in the status."""

@@ -20,9 +20,11 @@ import gradio as gr
 
 from kvlab.models.loading import ModelLoadError, ModelSpec
 from kvlab.quality.perplexity import DEFAULT_SINKS, DEFAULT_WINDOW, stream_many
+from kvlab.sharing.cost import RunCost
 from kvlab.strategies import StrategyError
 
 from ..shared import zerogpu
+from ..shared.costs import stream_cost
 from ..shared.live_plots import line_plot, roster_update
 from ..shared.markup import md_text
 from ..shared.model_picker import model_dropdown
@@ -97,7 +99,7 @@ class PerplexityTab:
         self.run_inputs = {self.session, self.source, self.text_choice, self.choices, self.extra, self.tokens,
                            self.window, self.sinks, self.pasted}
         wire_run(self.run_button, self.stop_button, self.session, self.status, zerogpu.gpu(self._on_run, self.gpu_s),
-                 self.run_inputs, [self.status, self.ppl_plot, self.bytes_plot, self.table])
+                 self.run_inputs, [self.status, self.ppl_plot, self.bytes_plot, self.table], self.cost)
         self.source.input(lambda source: gr.update(value=default_choices(source)), self.source, self.choices,
                           **PRIVATE)
 
@@ -108,10 +110,17 @@ class PerplexityTab:
                                  tokens=data[self.tokens], window=data[self.window], sinks=data[self.sinks],
                                  pasted=data[self.pasted])
 
+    def caches(self, data: dict) -> int:
+        """How many caches a run streams: the ticked curves and the extra strategies."""
+        return len(data[self.choices] or []) + len([s for s in (data[self.extra] or "").split(",") if s.strip()])
+
     def gpu_s(self, data: dict) -> int:
         """ZeroGPU seconds a run asks for: its caches × tokens to stream (`zerogpu.estimate_s`)."""
-        caches = len(data[self.choices] or []) + len([s for s in (data[self.extra] or "").split(",") if s.strip()])
-        return zerogpu.estimate_s(caches, int(data[self.tokens] or 1))
+        return zerogpu.estimate_s(self.caches(data), int(data[self.tokens] or 1))
+
+    def cost(self, data: dict) -> RunCost:
+        """What a run costs before it is queued: its caches × tokens, one forward each (`costs.stream_cost`)."""
+        return stream_cost(self.caches(data), data[self.tokens])
 
     def plots(self, view: PerplexityView, primer: bool = False) -> dict:
         """Both native plots redrawn from `view`, every cache of the run in its colour from the first frame on

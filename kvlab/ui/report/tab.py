@@ -25,9 +25,11 @@ from kvlab.models.loading import ModelLoadError, ModelSpec
 from kvlab.quality.report import ReportDone, ReportProgress, ReportStarted, run_report
 from kvlab.quality.table import rows_to_csv
 from kvlab.measure.record_json import cap_text
+from kvlab.sharing.cost import RunCost
 from kvlab.strategies import StrategyError
 
 from ..shared import zerogpu
+from ..shared.costs import stream_cost
 from ..shared.exports import fresh_export_folder
 from ..shared.live_plots import plot_update, roster_colors
 from ..shared.markup import md_text
@@ -104,7 +106,7 @@ class ReportTab:
         self.run_inputs = [self.session, self.source, self.text_choice, self.pasted, self.columns, self.context,
                            self.scored, self.y_choice]
         wire_run(self.run_button, self.stop_button, self.session, self.status, zerogpu.gpu(self._on_run, self.gpu_s),
-                 self.run_inputs, [self.status, self.table, self.plot, self.front, self.download])
+                 self.run_inputs, [self.status, self.table, self.plot, self.front, self.download], self.cost)
         self.text_choice.change(lambda choice: gr.update(visible=choice == PASTED), self.text_choice, self.pasted,
                                 **PRIVATE)
         self.y_choice.change(self.switch_y, [self.session, self.y_choice], [self.plot, self.front], **PRIVATE)
@@ -114,6 +116,12 @@ class ReportTab:
     def gpu_s(self, session, source, text_choice, pasted, columns, context, scored, y_label) -> int:
         """ZeroGPU seconds a run asks for: its columns (and the reference) × scored tokens."""
         return zerogpu.estimate_s(len([c for c in (columns or "").split(",") if c.strip()]) + 1, int(scored or 1))
+
+    @staticmethod
+    def cost(session, source, text_choice, pasted, columns, context, scored, y_label) -> RunCost:
+        """What a run costs before it is queued: its columns and the reference, each scoring `scored` tokens
+        after `context` (`costs.stream_cost`)."""
+        return stream_cost(len([c for c in (columns or "").split(",") if c.strip()]) + 1, scored, context)
 
     def _on_run(self, session, source, text_choice, pasted, columns, context, scored, y_label):
         request = ReportRequest(source=source, text_choice=text_choice, pasted=pasted, columns=columns,

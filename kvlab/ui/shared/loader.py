@@ -5,14 +5,12 @@ loads on a daemon thread and returns at once, so the page stays usable while
 weights load; `status(spec)` says where that load is (fraction, message, error,
 model info). `get(spec)` blocks until the model is ready, reusing a load in
 flight. Load outcomes are shared by every session, like the weights themselves.
-`CONCURRENCY` and `MODEL_CONCURRENCY_ID` are the one queue limit every tab's
-model-bound events share. This module does not import gradio.
+(Model-bound events take their turns in `kvlab.ui.shared.turns`.) This module does not import gradio.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from dataclasses import dataclass
@@ -21,9 +19,6 @@ from kvlab.models import readiness
 from kvlab.models.loading import LoadedModel, ModelLoadError, ModelPool, ModelSpec
 
 logger = logging.getLogger(__name__)
-CONCURRENCY = int(os.environ.get("KVLAB_CONCURRENCY", "1"))
-"""Model-bound jobs (Compare runs, the `compare` API, perplexity runs) running at once; the rest wait in the queue."""
-MODEL_CONCURRENCY_ID = "kvlab-model"
 READY_LOG = "model ready: %s (%.1f s to load)"
 """Logged once per finished load, for whoever reads the server log. A launching process (the benchmark's
 start-up section) learns the outcome from `kvlab.models.readiness` instead, which `_load` also calls."""

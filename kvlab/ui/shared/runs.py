@@ -1,15 +1,16 @@
-"""A Run button and a Stop button for a tab whose run streams into the page (Needle, Perplexity).
+"""A Run button and a Stop button for a tab whose run streams into the page (Needle, Perplexity, Report).
 
 Each Run gives the browser session a fresh stop event in its `gr.State` dict (before the run is queued, so
-Stop works while it waits); Stop sets it; the run itself goes through the one model queue
-(`CONCURRENCY`, `MODEL_CONCURRENCY_ID`). Wiring only: what a run does is the tab's.
+Stop works while it waits); Stop sets it; the run itself takes its turn in kvlab's scheduler
+(`kvlab.ui.shared.turns.page_turn`: a refusal, or the waiting line's position and wait, shows in the tab's
+status). Wiring only: what a run does, and what it costs, is the tab's.
 """
 
 from __future__ import annotations
 
 import threading
 
-from .loader import CONCURRENCY, MODEL_CONCURRENCY_ID
+from . import turns
 
 PRIVATE = {"concurrency_limit": None, "api_visibility": "private"}
 """Handlers that touch no model: unqueued and not in the public API."""
@@ -33,9 +34,19 @@ def session_stop(session: dict) -> threading.Event:
     return session.get("stop") or threading.Event()
 
 
-def wire_run(run_button, stop_button, session, status, fn, inputs, outputs) -> None:
-    """Run: `fresh_stop`, then `fn(*inputs)` on the model queue, streaming into `outputs`; Stop: `request_stop`."""
+def plain_line(text: str, kind: str = "info") -> str:
+    """A status line for a Markdown status (the kind shows in the text: ✖ for a refusal)."""
+    return text
+
+
+def wire_run(run_button, stop_button, session, status, fn, inputs, outputs, cost) -> None:
+    """Run: `fresh_stop`, then `fn(*inputs)` after its turn (`cost(*inputs)` -> `kvlab.sharing.cost.RunCost`),
+    streaming into `outputs`; Stop: `request_stop`. `inputs`: a list, or a set (then `fn` gets one dict)."""
+    def stop_of(*args) -> threading.Event | None:
+        state = args[0][session] if isinstance(inputs, set) else args[list(inputs).index(session)]
+        return (state or {}).get("stop")
+
     run_button.click(fresh_stop, session, status, **PRIVATE).then(
-        fn, inputs, outputs, concurrency_limit=CONCURRENCY, concurrency_id=MODEL_CONCURRENCY_ID,
-        api_visibility="private")
+        turns.page_turn(fn, cost, status, plain_line, stop_of), inputs, outputs, api_visibility="private",
+        **turns.MODEL_BOUND)
     stop_button.click(request_stop, session, None, **PRIVATE)

@@ -8,6 +8,12 @@ subcommand writes with `--json`, as JSON text (gradio's MCP server hands a tool'
 text, and `str()` of a dict is not JSON). Bad input raises `gr.Error` with one line saying what to change (an MCP
 client sees it as the tool's error result), before any model loads where it can be checked without one.
 
+The model-bound tools are held to their own schema (TOOL_MAX_NEW_TOKENS, MAX_COLUMNS, the needle grid's and
+diverge's caps) and to the same caps as the page: each is costed (`kvlab.ui.shared.costs`) and admitted by
+kvlab's scheduler before it is queued, or refused in one line naming the setting (`kvlab.ui.shared.turns`).
+They run as async functions outside gradio's queue, inside the agent's own request, so an agent that
+disconnects stops its run and frees its place within a step.
+
 `register_tools(pool)` adds the four endpoints to the Blocks being built; `mcp_enabled()` reads the switch
 (`KVLAB_MCP=1|0`, on by default on a Hugging Face Space).
 """
@@ -21,11 +27,17 @@ import threading
 
 import gradio as gr
 
+from kvlab.compare.columns import MAX_COLUMNS
 from kvlab.models.loading import ModelLoadError, ModelSpec
+from kvlab.sharing.cost import RunCost, prompt_tokens
+from kvlab.strategies.base import split_strategy_list
 
-from .loader import CONCURRENCY, MODEL_CONCURRENCY_ID
+from .costs import compare_cost, needle_cost
+from .turns import tool_turn
 
 MCP_ENV = "KVLAB_MCP"
+TOOL_MAX_NEW_TOKENS = 2048
+"""Tokens per column `compare_strategies` generates at most (its schema says so)."""
 TOOL_NAMES = ("compare_strategies", "plan", "needle", "diverge")
 """The MCP tools kvlab adds, named after their functions (gradio also lists the preset-based `compare` API and
 the tabs' public event handlers). Their HTTP API names are the same except `plan`, served as `/plan_memory`."""
@@ -54,8 +66,44 @@ def _refuse(err: Exception) -> gr.Error:
     return gr.Error(str(err).splitlines()[0] if str(err) else type(err).__name__)
 
 
+def _strategy_items(strategies: str, example: str) -> list[str]:
+    """The items of a comma list of strategies, 1 to MAX_COLUMNS of them; else `gr.Error`."""
+    items = split_strategy_list(strategies or "")
+    if not items:
+        raise gr.Error(f"strategies is empty: name at least one, e.g. {example}")
+    if len(items) > MAX_COLUMNS:
+        raise gr.Error(f"strategies names {len(items)} columns; at most {MAX_COLUMNS} run side by side")
+    return items
+
+
+def _whole_in(name: str, value, least: int, most: int) -> int:
+    """`value` as a whole number in least..most (the tool's schema); else `gr.Error` naming `name`."""
+    try:
+        number = int(value)
+    except (TypeError, ValueError):
+        number = None
+    if number is None or number != value or not least <= number <= most:
+        raise gr.Error(f"{name} must be between {least} and {most}, got {value!r}")
+    return number
+
+
+def _diverge_steps(steps) -> int:
+    """`steps` checked against diverge's schema (1 to MAX_DIVERGE_STEPS); else `gr.Error`."""
+    from kvlab.inspect.diverge import MAX_DIVERGE_STEPS
+
+    try:
+        count = int(steps)
+    except (TypeError, ValueError):
+        count = 0
+    if count != steps or not 1 <= count <= MAX_DIVERGE_STEPS:
+        raise gr.Error(f"steps must be from 1 to {MAX_DIVERGE_STEPS}, got {steps!r}")
+    return count
+
+
 class AgentTools:
-    """The four tools on one shared `kvlab.models.loading.ModelPool` (weights loaded once for every tab)."""
+    """The four tools on one shared `kvlab.models.loading.ModelPool` (weights loaded once for every tab). Each
+    model-bound tool has a `*_cost` sibling with the same arguments: it checks them against the tool's schema
+    (`gr.Error` otherwise) and returns the run's cost, before anything is queued."""
 
     def __init__(self, pool):
         self.pool = pool
@@ -66,14 +114,20 @@ class AgentTools:
         except (ModelLoadError, ValueError) as err:
             raise _refuse(err) from None
 
+    def compare_cost(self, strategies: str, prompt: str, max_new_tokens: int = 32, model: str = "bundled",
+                     fidelity: bool = True) -> RunCost:
+        items = _strategy_items(strategies, "dynamic,static")
+        tokens = _whole_in("max_new_tokens", max_new_tokens, 1, TOOL_MAX_NEW_TOKENS)
+        return compare_cost(items, tokens, prompt)
+
     def compare_strategies(self, strategies: str, prompt: str, max_new_tokens: int = 32, model: str = "bundled",
-                           fidelity: bool = True) -> str:
+                           fidelity: bool = True, *, stop: threading.Event | None = None) -> str:
         """Run one prompt under several KV-cache strategies side by side (greedy, fp32) and return the run record:
         per column the generated text and tokens, cache bytes, prefill time, TTFT and TPOT, and, for lossy caches,
         top-1 agreement and KL against the dense baseline (teacher-forced).
 
         Args:
-            strategies: comma list of strategies with knobs after colons, e.g. "dynamic,quantized:backend=quanto:nbits=4,sink:window_length=64"; the first exact one is the baseline.
+            strategies: comma list of strategies (1 to 8) with knobs after colons, e.g. "dynamic,quantized:backend=quanto:nbits=4,sink:window_length=64"; the first exact one is the baseline.
             prompt: the user message (the model's chat template is applied).
             max_new_tokens: tokens to generate per column (1 to 2048).
             model: "bundled" (SmolLM2-135M-Instruct), "bundled:gemma-3-270m", or a Hugging Face hub id where the hub is reachable.
@@ -86,12 +140,10 @@ class AgentTools:
         from kvlab.compare.summary import run_record
         from kvlab.generation import encode_prompt
         from kvlab.presets import PresetError, parse_preset
-        from kvlab.strategies.base import split_strategy_list
 
+        self.compare_cost(strategies, prompt, max_new_tokens, model, fidelity)  # the schema holds for every caller
+        items = split_strategy_list(strategies)
         try:
-            items = split_strategy_list(strategies or "")
-            if not items:
-                raise ValueError("strategies is empty: name at least one, e.g. dynamic,static")
             if not (prompt or "").strip():
                 raise ValueError("the prompt is empty: type something to generate from")
             preset = parse_preset({"name": "mcp", "prompt": {"text": prompt}, "model": {"source": model},
@@ -107,7 +159,7 @@ class AgentTools:
             raise _refuse(err) from None
         loaded = self._load(model)
         prompt_ids = encode_prompt(loaded.tokenizer, preset.prompt.text, preset.prompt.system, preset.prompt.chat)
-        done = collect(run_compare(loaded, prompt_ids, columns, settings, preset.mode, threading.Event(),
+        done = collect(run_compare(loaded, prompt_ids, columns, settings, preset.mode, stop or threading.Event(),
                                    preset.baseline))
         return json.dumps(run_record(loaded, preset, settings, done))
 
@@ -147,17 +199,29 @@ class AgentTools:
         except (PlanError, ValueError) as err:
             raise _refuse(err) from None
 
+    def needle_cost(self, strategies: str = "dynamic,sink:window_length=128", lengths: str = "512",
+                    depths: str = "0,0.5,1", seeds: str = "0", new_tokens: int = 8, model: str = "bundled") -> RunCost:
+        from kvlab.needle.grid import MAX_CELLS, MAX_NEW_TOKENS, split_items
+
+        items = _strategy_items(strategies, "dynamic,sink:window_length=128")
+        tokens = _whole_in("new_tokens", new_tokens, 1, MAX_NEW_TOKENS)
+        cells = len(split_items(lengths)) * len(split_items(depths)) * len(split_items(seeds))
+        if cells > MAX_CELLS:
+            raise gr.Error(f"{cells} cells (lengths x depths x seeds) is more than the {MAX_CELLS} a run may hold")
+        return needle_cost(len(items), lengths, depths, seeds, tokens)
+
     def needle(self, strategies: str = "dynamic,sink:window_length=128", lengths: str = "512",
-               depths: str = "0,0.5,1", seeds: str = "0", new_tokens: int = 8, model: str = "bundled") -> str:
+               depths: str = "0,0.5,1", seeds: str = "0", new_tokens: int = 8, model: str = "bundled", *,
+               stop: threading.Event | None = None) -> str:
         """Passkey retrieval per KV-cache strategy: a key hidden at each depth of a filler text of each length,
         the model asked for it greedily; returns every cell (prompt, answer, hit) and the summary per column.
 
         Args:
-            strategies: comma list of strategies with knobs after colons, e.g. "dynamic,snapkv:compression_ratio=0.5".
+            strategies: comma list of strategies (1 to 8) with knobs after colons, e.g. "dynamic,snapkv:compression_ratio=0.5".
             lengths: context lengths in tokens, k = 1024, e.g. "512,1k".
             depths: needle depths in [0, 1], e.g. "0,0.5,1".
             seeds: seeds (each a different key and filler offset), e.g. "0,1".
-            new_tokens: greedy tokens per answer.
+            new_tokens: greedy tokens per answer (1 to 32).
             model: "bundled", "bundled:gemma-3-270m", or a hub id where the hub is reachable.
         Returns:
             the record, as JSON text, that `python -m kvlab needle --json` writes.
@@ -168,23 +232,29 @@ class AgentTools:
         from kvlab.needle.grid import GridError, parse_grid
         from kvlab.needle.prompt import key_tokens, min_context_tokens
         from kvlab.needle.runner import NeedleDone, max_positions, run_needle
-        from kvlab.strategies.base import split_strategy_list
 
-        items = split_strategy_list(strategies or "")
-        if not items:
-            raise gr.Error("strategies is empty: name at least one, e.g. dynamic,sink:window_length=128")
+        self.needle_cost(strategies, lengths, depths, seeds, new_tokens, model)  # the schema holds for every caller
+        items = split_strategy_list(strategies)
         loaded = self._load(model)
         try:
             grid = parse_grid(lengths, depths, seeds, int(new_tokens), max_positions=max_positions(loaded),
                               min_tokens=min_context_tokens(loaded.tokenizer),
                               key_tokens=functools.partial(key_tokens, loaded.tokenizer))
-            events = list(run_needle(loaded, [Column.from_text(item) for item in items], grid, threading.Event()))
+            events = list(run_needle(loaded, [Column.from_text(item) for item in items], grid,
+                                     stop or threading.Event()))
         except (GridError, ValueError) as err:
             raise _refuse(err) from None
-        return json.dumps(next(event for event in events if isinstance(event, NeedleDone)).record)
+        done = next((event for event in events if isinstance(event, NeedleDone)), None)
+        if done is None:
+            raise gr.Error("the needle run was stopped before it finished")
+        return json.dumps(done.record)
+
+    def diverge_cost(self, strategy: str, prompt: str, steps: int = 16, reference: str = "dynamic",
+                     model: str = "bundled") -> RunCost:
+        return RunCost(columns=2, new_tokens=_diverge_steps(steps), prompt_tokens=prompt_tokens(prompt))
 
     def diverge(self, strategy: str, prompt: str, steps: int = 16, reference: str = "dynamic",
-                model: str = "bundled") -> str:
+                model: str = "bundled", *, stop: threading.Event | None = None) -> str:
         """Step a lossy KV-cache strategy beside a dense reference, greedy, and record per step and per layer
         where the two runs part: the token, the reference's top-1, KL (nats), each layer's KV error, attention
         lost and hidden-state drift, and the first divergent step.
@@ -201,13 +271,12 @@ class AgentTools:
         from kvlab.cli.diverge import document, parse_strategy
         from kvlab.compute import compute_iter
         from kvlab.generation import GenerationSettings, encode_prompt
-        from kvlab.inspect.diverge import MAX_DIVERGE_STEPS, DivergeSession
+        from kvlab.inspect.diverge import DivergeSession
 
+        _diverge_steps(steps)
         try:
             if not (prompt or "").strip():
                 raise ValueError("the prompt is empty: type something to generate from")
-            if not 1 <= int(steps) <= MAX_DIVERGE_STEPS:
-                raise ValueError(f"steps must be from 1 to {MAX_DIVERGE_STEPS}, got {steps}")
             chosen, dense = parse_strategy(strategy), parse_strategy(reference)
             if dense.lossy or not dense.use_cache:
                 raise ValueError(f"reference must be an exact cache (dynamic, static), got {dense.describe()}")
@@ -218,18 +287,21 @@ class AgentTools:
         loaded = self._load(model)
         prompt_ids = encode_prompt(loaded.tokenizer, prompt, "", True)
         session = DivergeSession(loaded, chosen, prompt_ids, settings, dense)
-        list(compute_iter(session.steps(int(steps))))
+        for _ in compute_iter(session.steps(int(steps))):
+            if stop is not None and stop.is_set():
+                break
         return json.dumps(document(session, {"text": prompt, "system": "", "chat": True}, loaded.info()))
 
 
 def register_tools(pool) -> AgentTools:
     """Add compare_strategies, plan, needle and diverge as API endpoints of the Blocks being built (call inside
-    `with gr.Blocks()`); the model-bound ones share the tabs' one model queue."""
+    `with gr.Blocks()`); the model-bound ones take their turn in kvlab's scheduler (`kvlab.ui.shared.turns`)
+    and run outside gradio's queue, in the MCP request that calls them."""
     tools = AgentTools(pool)
-    model_queue = {"concurrency_limit": CONCURRENCY, "concurrency_id": MODEL_CONCURRENCY_ID}
-    gr.api(tools.compare_strategies, api_name="compare_strategies", **model_queue)
+    outside_queue = {"queue": False, "concurrency_limit": None}
+    gr.api(tool_turn(tools.compare_strategies, tools.compare_cost), api_name="compare_strategies", **outside_queue)
     # "plan" is already the Plan tab's (private) handler's name; the MCP tool keeps the function's name, `plan`.
     gr.api(tools.plan, api_name="plan_memory", concurrency_limit=None)
-    gr.api(tools.needle, api_name="needle", **model_queue)
-    gr.api(tools.diverge, api_name="diverge", **model_queue)
+    gr.api(tool_turn(tools.needle, tools.needle_cost), api_name="needle", **outside_queue)
+    gr.api(tool_turn(tools.diverge, tools.diverge_cost), api_name="diverge", **outside_queue)
     return tools
