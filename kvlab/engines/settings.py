@@ -16,6 +16,10 @@ VLLM_ARGS = "https://docs.vllm.ai/en/v0.5.3/models/engine_args.html"
 VLLM_ARGS_042 = "https://docs.vllm.ai/en/v0.4.2/models/engine_args.html"
 VLLM_KV = "https://docs.vllm.ai/en/latest/features/quantization/quantized_kvcache/"
 VLLM_TURBOQUANT = "https://github.com/vllm-project/vllm/pull/38479"
+VLLM_TQ_SOURCE = ("https://github.com/vllm-project/vllm/blob/1471680b24719d9d3b2fe1235878196142af89cc/"
+                  "vllm/model_executor/layers/quantization/turboquant/config.py")
+VLLM_INT4_SOURCE = ("https://github.com/vllm-project/vllm/blob/a7f284a2e24b86c171ef714c5ff492acf0baee6d/"
+                    "vllm/v1/attention/ops/int4_per_token_head.py")
 SGLANG_ARGS = "https://docs.sglang.io/docs/advanced_features/server_arguments"
 SGLANG_KV = "https://docs.sglang.io/docs/advanced_features/quantized_kv_cache"
 TRT_LONG = "https://github.com/NVIDIA/TensorRT-LLM/blob/main/docs/source/features/long-sequence.md"

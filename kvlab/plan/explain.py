@@ -51,12 +51,24 @@ def _latent_text(arch, group) -> str:
             f"{expanded // heads} = {expanded:,} ({expanded / stored:.1f}x more)")
 
 
+def _split(group, laws: dict) -> list:
+    """The sub-groups of `group` that `laws` holds (a group whose layers the cache makes of several classes)."""
+    return [part for part in laws if part.layer_type == group.layer_type and part.window == group.window
+            and part != group and set(part.indices) <= set(group.indices)]
+
+
+def _indices(part) -> str:
+    shown = ", ".join(str(index) for index in part.indices[:8])
+    return shown + (", …" if part.count > 8 else "")
+
+
 def explain(strategy, arch, laws: dict, states: dict) -> str:
     """One line: per layer group, how many layers and how their bytes grow under `strategy`.
 
     Args:
         strategy: the `Strategy` planned. arch: the probed `Architecture`.
-        laws: group -> `GroupLaw` of one layer of that group. states: group -> fixed bytes of
+        laws: group (or each sub-group by layer class, `StrategyMeter.parts_of`) -> `GroupLaw` of one of its
+            layers. states: group -> fixed bytes of
             one state-holding layer (state-space, linear attention).
     """
     if not strategy.use_cache:
@@ -67,6 +79,9 @@ def explain(strategy, arch, laws: dict, states: dict) -> str:
             parts.append(f"{group.count} of {arch.layers} layers {group.label}: {strategy.growth_text()}")
         elif group in laws:
             parts.append(f"{group.count} of {arch.layers} layers {group.label}: {_law_text(laws[group])}")
+        elif _split(group, laws):
+            parts += [f"{part.count} of {arch.layers} layers {part.label} (layers {_indices(part)}): "
+                      f"{_law_text(laws[part])}" for part in _split(group, laws)]
         elif group in states:
             parts.append(f"{group.count} of {arch.layers} layers {group.label}: hold a fixed "
                          f"{format_bytes(states[group])} of recurrent/convolution state each, whatever the context")
@@ -94,7 +109,8 @@ def strategy_notes(strategy, arch, totals, cells) -> list[str]:
     element = totals.meter.dtype.itemsize
     kv_groups = [group for group in arch.groups if group.key_shape is not None]
     if totals.meter.quantized:  # the residual and the working copy are the quantized layers' only
-        kv_groups = [group for group in kv_groups if group.indices[0] in totals.meter.quantized_indices]
+        kv_groups = [part for group in kv_groups for part in totals.meter.parts_of(group)
+                     if part.indices[0] in totals.meter.quantized_indices]
     residual = totals.meter.residual_length
     if residual and residual > 1:
         per_token = sum(group.count * group.elements_per_token for group in kv_groups) * totals.request.batch * element

@@ -26,6 +26,10 @@ quantized whenever it reaches `residual_length` tokens. For those layers the met
 writes the quantized part and the residual as two updates of the sizes the
 step-by-step run ends with, which leaves identical tensors.
 
+A group whose layers the strategy's cache makes of different classes (vLLM's TurboQuant presets keep the first
+and last layers in the model's dtype, `kvlab.caches.vllm_cache`) is measured per class: `parts_of(group)` gives
+one sub-group per class (its layers' indices), each measured on its first layer.
+
 Tensors a cache shares between its layers (rotation quantization's rotation and codebooks, which the backend
 names: `QuantBackend.shared_tensors`) are counted once per cache, not once per layer: `group_bytes` gives a
 layer's own bytes and `shared_bytes` what the measured layer of each group lists as shared.
@@ -40,7 +44,7 @@ This module measures; planning and explaining are `kvlab.plan.planner`'s job.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -134,6 +138,13 @@ class StrategyMeter:
         """Layers whose cache is quantized (on a hybrid model the full-attention ones only)."""
         self.shared_bytes: dict[LayerGroup, int] = {}
         """group -> bytes of the tensors its measured layer shares with the cache's other layers (counted once)."""
+        self.parts: dict[LayerGroup, tuple[LayerGroup, ...]] = {}
+        """group -> its sub-groups by layer class, for a group whose layers the cache makes of several classes."""
+
+    def parts_of(self, group: LayerGroup) -> tuple[LayerGroup, ...]:
+        """The sub-groups `group` is measured as: itself, or one per layer class of the strategy's cache (known
+        after the first `group_bytes`)."""
+        return self.parts.get(group, (group,))
 
     def group_bytes(self, context: int, prefill: int | None = None) -> dict[LayerGroup, int]:
         """Bytes of one layer of each KV group after `context` tokens: `prefill` (default: all of them) in one
@@ -144,7 +155,8 @@ class StrategyMeter:
             cache = self._build(context)
             measured = {}
             for group in self.groups:
-                measured[group] = 0 if cache is None else self._measure(group, context, prefill, cache)
+                for part in self.parts_of(group):
+                    measured[part] = 0 if cache is None else self._measure(part, context, prefill, cache)
             self._memo[key] = measured
         return self._memo[key]
 
@@ -196,7 +208,18 @@ class StrategyMeter:
             backend = backend_of_layer(first)
             self.residual_length = backend.residual_length(first) if backend is not None else None
             self.quantized = bool(self.quantized_indices)
+            if not self.parts:
+                self._split_by_class(layers)
         return cache
+
+    def _split_by_class(self, layers: list) -> None:
+        """Record `parts` for each group whose layers are of more than one class (in order of first appearance)."""
+        for group in self.groups:
+            classes: dict[type, list[int]] = {}
+            for index in group.indices:
+                classes.setdefault(type(layers[index]) if index < len(layers) else type(None), []).append(index)
+            if len(classes) > 1:
+                self.parts[group] = tuple(replace(group, indices=tuple(indices)) for indices in classes.values())
 
     def _measure(self, group: LayerGroup, context: int, prefill: int, cache) -> int:
         index = group.indices[0]

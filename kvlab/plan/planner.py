@@ -281,7 +281,8 @@ class _Totals:
         per_layer = dict(self.meter.group_bytes(context, prefill))
         per_layer.update(self.states)
         shared = self.meter.shared_bytes  # e.g. rotation quantization's tables: once per cache, not per layer
-        return {group: per_layer.get(group, 0) * group.count + shared.get(group, 0) for group in self.arch.groups}
+        return {group: sum(per_layer.get(part, 0) * part.count + shared.get(part, 0)
+                           for part in self.meter.parts_of(group)) for group in self.arch.groups}
 
     def on_device(self, by_group: dict) -> int:
         if self.resident_sliding is None:
@@ -313,7 +314,7 @@ def _plan_strategy(arch: Architecture, strategy, spec, request: PlanRequest) -> 
     try:
         totals = _Totals(arch, strategy, request)
         cells = [_cell(totals, context, request.budget_bytes) for context in request.contexts]
-        laws = {group: totals.meter.law(group) for group in totals.meter.groups}
+        laws = {part: totals.meter.law(part) for group in totals.meter.groups for part in totals.meter.parts_of(group)}
         bound, unbounded = (None, False) if request.budget_bytes is None else _max_context(totals, laws, request)
     except MeasureError as err:
         message = f"{name}: {err}" if isinstance(err, PlanLimit) else f"{name} cannot serve this model: {err}"

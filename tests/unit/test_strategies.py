@@ -14,6 +14,7 @@ MATRIX = {
     "offloaded_static": {"max_cache_len": 64},
     "quantized": {"backend": "quanto", "nbits": 2, "residual_length": 4},
     "rotation_quantized": {"key_bits": 4, "value_bits": 2, "residual_length": 4},
+    "vllm_kv_cache": {"kv_cache_dtype": "turboquant_k3v4_nc", "boundary_layers": 0},
     "sliding_window": {},
     "sink": {"window_length": 32, "num_sink_tokens": 4},
     "snapkv": {"window_size": 8},
