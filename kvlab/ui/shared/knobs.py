@@ -48,11 +48,19 @@ def compare_names() -> list[str]:
 
 
 def knob_defaults(strategy_name: str) -> dict:
-    """Knob name -> default for a registered strategy, in field order (`label` is not a knob, and knobs hidden
-    here, such as static's `compile` on ZeroGPU, are left out: the strategy then keeps their default)."""
+    """Knob name -> default for a registered strategy or engine column, in field order (`label` is not a knob,
+    and knobs hidden here, such as static's `compile` on ZeroGPU, are left out: the strategy then keeps their
+    default).
+
+    Raises:
+        KeyError: no strategy or engine column has that name.
+    """
     hidden = hidden_knobs().get(strategy_name, frozenset())
     defaults = {}
-    for f in dataclasses.fields(column_class(strategy_name)):
+    cls = column_class(strategy_name)
+    if cls is None:
+        raise KeyError(strategy_name)
+    for f in dataclasses.fields(cls):
         if f.name == "label" or f.name in hidden:
             continue
         if f.default is not dataclasses.MISSING:
