@@ -1,6 +1,6 @@
 # kvlab: `make run` starts the app, `make test` runs the test suite,
 # `make test-fast` only its unit tier (no bundled model, no browser),
-# `make test-slow` only the slow tier (builds and serves the Docker image).
+# `make test-slow` only the slow tier (builds and serves the Docker image, tests the newest releases in range).
 # Every target installs what it needs first (scripts/setup.sh skips work
 # already done) and uses .venv/bin/python directly.
 

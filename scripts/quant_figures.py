@@ -14,16 +14,22 @@ dense prefill, then every quantized layer fed those keys and values and read bac
 ‖x̂ − x‖²/‖x‖² of keys and of values over the quantized layers, and the cache's bytes against float32 dense (the
 bits-per-value trade-off behind the quality figures).
 
-    python scripts/quant_figures.py kl --strategies "quantized:backend=quanto:nbits=4,rotation_quantized"
-    python scripts/quant_figures.py gemma --prompt-tokens 4000
-    python scripts/quant_figures.py distortion --tokens 2048
-    python scripts/quant_figures.py vllm-bytes --model bundled:gemma-3-270m
-
 `vllm-bytes`: each `vllm_kv_cache` column's bytes per token as kvlab's accounting counts them (cache bytes after a
 `--tokens` prefill minus those after half of it, over the difference; both below a sliding window, so every layer
 grows) beside vLLM's page formula (`kvlab.caches.quant.vllm.vllm_bytes_per_token`) in the model's dtype, the
 tables counted once, and the compression vLLM's cost figures speak of: one encoded layer's slot against bfloat16
 (vLLM's "×" at this model's head_dim) and the whole model against bfloat16 dense, boundary layers included.
+
+`axis`: the quantization axis table of docs/strategies.md: on both bundled models, transformers' own
+`HQQQuantizedLayer` at axis 1 tried on the model's key shapes (its error, or that it runs), then `kvlab report`'s
+run (`kvlab.quality.report.run_report`) of hqq and quanto int4 at each axis and `residual_length` 0 and 128,
+printed as Markdown rows (a refused column's row gives its reason).
+
+    python scripts/quant_figures.py kl --strategies "quantized:backend=quanto:nbits=4,rotation_quantized"
+    python scripts/quant_figures.py gemma --prompt-tokens 4000
+    python scripts/quant_figures.py distortion --tokens 2048
+    python scripts/quant_figures.py vllm-bytes --model bundled:gemma-3-270m
+    python scripts/quant_figures.py axis --context-tokens 768 --scored-tokens 256
 
 Prints one line per column; not part of the test suite.
 """
@@ -213,6 +219,58 @@ def run_vllm_bytes(args) -> None:
               "dense", flush=True)
 
 
+AXES = {"hqq": (0, 1), "quanto": (0, -1)}
+"""Each backend's quantization axes (transformers' `axis_key`/`axis_value`)."""
+
+
+def upstream_axis1(loaded, steps: int = 8) -> str:
+    """transformers' own `HQQQuantizedLayer` (int4, axis 1, residual 0) fed a 5-token prompt and `steps` single
+    tokens of the model's (1, kv_heads, tokens, head_dim) shape: 'runs' or its error."""
+    from transformers.cache_utils import HQQQuantizedLayer
+
+    from kvlab.models.loading import head_dim
+
+    cfg = loaded.config.get_text_config(decoder=True)
+    shape = (1, cfg.num_key_value_heads, 1, head_dim(cfg))
+    layer = HQQQuantizedLayer(nbits=4, axis_key=1, axis_value=1, residual_length=0)
+    try:
+        for tokens in (5, *[1] * steps):
+            states = torch.randn(shape[0], shape[1], tokens, shape[3])
+            layer.update(states, states.clone())
+    except Exception as err:  # noqa: BLE001 - the failure is the answer
+        return f"{type(err).__name__}: {str(err).splitlines()[0]}"
+    return "runs"
+
+
+def axis_columns() -> str:
+    return ",".join(f"quantized:backend={backend}:nbits=4:residual_length={residual}:axis_key={axis}:axis_value={axis}"
+                    for backend, axes in AXES.items() for residual in (0, 128) for axis in axes)
+
+
+def run_axis(args) -> None:
+    from kvlab.quality.report import ReportDone, run_report
+
+    print("| model | backend | residual_length | axis | mean KL | top-1 | PPL ratio | cache vs dense |")
+    print("|---|---|---|---|---|---|---|---|")
+    for model in args.models.split(","):
+        loaded = load_model(ModelSpec(source=model))
+        name = loaded.name
+        print(f"{name}: transformers' HQQQuantizedLayer, int4, axis 1, residual 0: {upstream_axis1(loaded)}",
+              file=sys.stderr, flush=True)
+        ids = text_ids(loaded, args.context_tokens + args.scored_tokens)
+        events = run_report(loaded, ids, axis_columns(), scored_tokens=args.scored_tokens,
+                            context_tokens=args.context_tokens, progress_every=args.scored_tokens)
+        record = next(event.record for event in events if isinstance(event, ReportDone))
+        for column in record["columns"]:
+            spec, figures = column["spec"], column["figures"]
+            head = f"| {name} | {spec['backend']} | {spec['residual_length']} | {spec['axis_key']} |"
+            if column["status"] == "error":
+                print(f"{head} refused: {column['message']} | | | |", flush=True)
+                continue
+            print(f"{head} {figures['kld_mean']:.4f} | {figures['same_top']:.3f} | {figures['ppl_ratio']:.3f} | "
+                  f"{figures['bytes_vs_dense']:.3f} |", flush=True)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -236,8 +294,13 @@ def main(argv=None) -> int:
     vllm_bytes.add_argument("--model", default="bundled")
     vllm_bytes.add_argument("--strategies", default=VLLM_BYTES_DEFAULT)
     vllm_bytes.add_argument("--tokens", type=int, default=400)
+    axis = sub.add_parser("axis")
+    axis.add_argument("--models", default="bundled,bundled:gemma-3-270m")
+    axis.add_argument("--context-tokens", type=int, default=768)
+    axis.add_argument("--scored-tokens", type=int, default=256)
     args = parser.parse_args(argv)
-    {"kl": run_kl, "gemma": run_gemma, "distortion": run_distortion, "vllm-bytes": run_vllm_bytes}[args.command](args)
+    {"kl": run_kl, "gemma": run_gemma, "distortion": run_distortion, "vllm-bytes": run_vllm_bytes,
+     "axis": run_axis}[args.command](args)
     return 0
 
 

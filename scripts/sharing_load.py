@@ -56,18 +56,30 @@ def start_app(port: int, log) -> subprocess.Popen:
 
 
 def client_loop(url: str, index: int, tokens: int, stop: threading.Event, runs: list) -> None:
+    """Run the quickstart again and again until `stop`; a run in flight then is cancelled, not waited for."""
     from gradio_client import Client
 
     client = Client(url, verbose=False, headers={"X-Forwarded-For": f"10.0.0.{index + 1}"})
     try:
         while not stop.is_set():
             began = time.monotonic()
-            client.predict("quickstart", None, tokens, api_name="/compare")
+            job = client.submit("quickstart", None, tokens, api_name="/compare")
+            while not job.done() and not stop.is_set():
+                time.sleep(0.5)
+            if not job.done():
+                job.cancel()
+                break
+            job.result()
             runs.append({"client": index, "began": began, "ended": time.monotonic()})
+            log(f"client {index}: a run took {runs[-1]['ended'] - began:.1f} s")
     except Exception as err:  # noqa: BLE001 - the script reports what a client met and goes on
         runs.append({"client": index, "error": str(err).splitlines()[0][:200]})
     finally:
         client.close()
+
+
+def log(line: str) -> None:
+    print(f"sharing_load: {line}", file=sys.stderr, flush=True)
 
 
 def page_run(url: str) -> dict:
@@ -82,6 +94,7 @@ def page_run(url: str) -> dict:
         page.locator("#kv-run:not([disabled])").wait_for()
         clicked = time.monotonic()
         page.click("#kv-run")
+        log("the page pressed Run")
         shown = []
         while time.monotonic() - clicked < 1800:
             status = page.evaluate(STATUS_JS)
@@ -91,6 +104,7 @@ def page_run(url: str) -> dict:
                 break
             time.sleep(0.2)
         started = time.monotonic()
+        log(f"the page's run started after {started - clicked:.1f} s")
         browser.close()
     return {"wait_s": round(started - clicked, 1), "clicked": clicked, "status_lines": shown[:3],
             "started_as": status.split("\n")[0][:80]}
@@ -117,7 +131,7 @@ def main() -> int:
             load_during = os.getloadavg()[0]
             stop.set()
             for thread in threads:
-                thread.join(timeout=1800)
+                thread.join(timeout=60)
         finally:
             app.terminate()
             app.wait(timeout=30)

@@ -58,7 +58,7 @@ def _say(line: str) -> None:
 
 def _progress(event) -> None:
     """One stderr line per report event worth a line."""
-    from ..quality.report import ReportColumnError, ReportProgress, ReportStarted
+    from ..quality.report import ReportColumnError, ReportDone, ReportProgress, ReportStarted
 
     if isinstance(event, ReportStarted):
         print(f"[report] {len(event.columns)} columns; {event.split.context_tokens} context tokens, "
@@ -69,6 +69,10 @@ def _progress(event) -> None:
               f"top-1 {f['same_top']:.3f}, {event.cache_bytes:,} B", file=sys.stderr, flush=True)
     elif isinstance(event, ReportColumnError):
         _say(f"column {event.column}: {event.message}")
+    elif isinstance(event, ReportDone):
+        for column in event.record["columns"]:
+            if column.get("note"):
+                print(f"[note] {column['name']}: {column['note']}", file=sys.stderr, flush=True)
 
 
 def _write(args, rows: list[dict], record: dict | None) -> None:

@@ -15,17 +15,30 @@ holds `target + d % every` positions once it has reached its target (`held_after
 tokens that bring the count to `every` or more is compressed at its end, which kvlab's strategies avoid by
 feeding one token per forward). kvpress counts decoding steps only; kvlab counts every token fed after the
 prefill (a question fed after the prompt when `query_aware` is false, a chat's next turn). Sliding-window layers
-are left as they are (they keep their window). This module does not prefill.
+are left as they are (they keep their window).
+
+A method that ranks the positions of all layers together (TriAttention's union and per-head keep sets,
+`kvlab.eviction.triattention`) compresses the whole cache at once instead (`buffer_and_compress_all`): every
+layer buffers as above, and the hook of the last pruned layer, once it holds `every` tokens, calls the method's
+`CacheCompressor` on every pruned layer and empties all buffers. That is the end of the forward's last layer,
+after every layer has attended, as TensorRT-LLM evicts at the end of a generation step. This module does not
+prefill.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 
 from .kept import EvictionRecord, Scorer, prune_layer
 from .scoring import LayerInputs
+
+
+CacheCompressor = Callable[[object, list[int], EvictionRecord], bool]
+"""(cache, pruned layer indices, record) -> whether it evicted: compresses every pruned layer of the cache at once
+and notes what each kept in the record."""
 
 
 @dataclass
@@ -93,4 +106,30 @@ def buffer_and_compress(module, layer, buffer: DecodeBuffer, fed: tuple, score: 
     scores, indices = compress_layer(module, layer, buffer.fed.pop(index), score, kept, rotary)
     if record is not None and before is not None:
         record.note_compression(index, before, scores[0], layer.positions, layer.seen, pruned=indices is not None)
+    return True
+
+
+def compress_while_decoding(module, cache, fed: tuple, score: Scorer, kept: int, every: int, rotary,
+                            record: EvictionRecord, compress_all: CacheCompressor | None = None) -> bool:
+    """The decoding step of `kvlab.eviction.prefill.prune_at_prefill`'s hook for attention `module`: with
+    `compress_all`, `buffer_and_compress_all` over the layers the prefill pruned (`record.layers`), else
+    `buffer_and_compress` of the module's layer back to `kept` positions. Returns whether it compressed."""
+    buffer = buffer_of(cache)
+    if compress_all is not None:
+        return buffer_and_compress_all(module, cache, buffer, fed, every, sorted(record.layers), compress_all, record)
+    return buffer_and_compress(module, cache.layers[module.layer_idx], buffer, fed, score, kept, every, rotary,
+                               record)
+
+
+def buffer_and_compress_all(module, cache, buffer: DecodeBuffer, fed: tuple, every: int, layers: list[int],
+                            compress: CacheCompressor, record: EvictionRecord) -> bool:
+    """Buffer one forward's `fed` (hidden_states, cos, sin) for attention `module`'s layer and, when `module` is the
+    last of the pruned `layers` and `every` tokens are buffered for it, call `compress(cache, layers, record)` and
+    empty every layer's buffer. Returns whether `compress` ran."""
+    index = module.layer_idx
+    buffer.fed.setdefault(index, []).append(fed)
+    if index != layers[-1] or buffer.count(index) < every:
+        return False
+    compress(cache, layers, record)
+    buffer.fed.clear()
     return True

@@ -95,7 +95,7 @@ def prune_layer(layer, scores: torch.Tensor, kept: int) -> torch.Tensor:
     Raises:
         ValueError: scores not (batch, kv_heads, seq) of the layer's keys, or `kept` outside 1..seq.
     """
-    batch, heads, seq, head_dim = layer.keys.shape
+    batch, heads, seq, _ = layer.keys.shape
     if tuple(scores.shape) != (batch, heads, seq):
         raise ValueError(f"scores must have shape {(batch, heads, seq)}, got {tuple(scores.shape)}")
     if not 1 <= kept <= seq:
@@ -103,10 +103,16 @@ def prune_layer(layer, scores: torch.Tensor, kept: int) -> torch.Tensor:
     if kept == seq:
         return torch.arange(seq, device=scores.device).expand(batch, heads, seq)
     indices = scores.topk(kept, dim=-1).indices
-    gather = indices.unsqueeze(-1).expand(-1, -1, -1, head_dim)
+    gather_slots(layer, indices)
+    return indices
+
+
+def gather_slots(layer, indices: torch.Tensor) -> None:
+    """Keep the slots `indices` (batch, kv_heads, kept) of a cache layer's `keys`/`values`, in that order; a layer
+    that tracks the positions it holds (kvlab's `PrunedLayer`) follows (`keep_slots`)."""
+    gather = indices.unsqueeze(-1).expand(-1, -1, -1, layer.keys.shape[-1])
     layer.keys = layer.keys.gather(2, gather).contiguous()
     layer.values = layer.values.gather(2, gather).contiguous()
     keep_slots = getattr(layer, "keep_slots", None)
-    if callable(keep_slots):  # a layer that tracks the positions it holds (kvlab's PrunedLayer)
+    if callable(keep_slots):
         keep_slots(indices)
-    return indices

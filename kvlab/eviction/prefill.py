@@ -23,7 +23,7 @@ import contextlib
 
 import torch
 
-from .decoding import buffer_and_compress, buffer_of
+from .decoding import CacheCompressor, compress_while_decoding
 from .kept import EvictionRecord, KeptTokens, LayerEviction, Scorer, prune_layer
 from .scoring import LayerInputs
 
@@ -49,14 +49,15 @@ def true_position_ids(sequence_tokens: int, new_tokens: int, device=None) -> tor
 
 @contextlib.contextmanager
 def prune_at_prefill(model, score: Scorer, kept_tokens: KeptTokens, record: EvictionRecord | None = None,
-                     compress_every: int = 0, compress_to: KeptTokens | None = None):
+                     compress_every: int = 0, compress_to: KeptTokens | None = None,
+                     compress_all: CacheCompressor | None = None):
     """While open, every forward of `model` on an empty cache prunes each full-attention layer's cache to
     `kept_tokens(seq, layer_idx)` positions per KV head ranked by `score`; yields the `EvictionRecord` filled
     in (batch row 0). A later forward (the cache already held tokens) is not pruned, unless `compress_every` is
     set: then each layer buffers the tokens fed and, every `compress_every` of them, is compressed back to
     `compress_to(record.prompt_tokens, layer_idx)` (default `kept_tokens`: the prefill's budget) positions
-    (`kvlab.eviction.decoding`, kvpress's DecodingPress). The buffer lives on the cache, so the block may be
-    opened anew for each forward.
+    (`kvlab.eviction.decoding`, kvpress's DecodingPress), or with `compress_all` (TriAttention) all at once.
+    The buffer lives on the cache, so the block may be opened anew for each forward.
 
     Raises:
         ValueError: `compress_every` < 0; from inside the forward, the scorer or the budget refuses the prompt
@@ -82,8 +83,8 @@ def prune_at_prefill(model, score: Scorer, kept_tokens: KeptTokens, record: Evic
         if layer.keys.shape[2] != seq:  # the cache held tokens before this forward: not a prefill
             if compress_every and record.prompt_tokens:
                 kept = (compress_to or kept_tokens)(record.prompt_tokens, module.layer_idx)
-                buffer_and_compress(module, layer, buffer_of(cache), (hidden.detach(), cos, sin), score, kept,
-                            compress_every, rotary, record)
+                compress_while_decoding(module, cache, (hidden.detach(), cos, sin), score, kept, compress_every,
+                                        rotary, record, compress_all)
             return output
         inputs = LayerInputs(module, hidden, layer.keys, layer.values, cos, sin, rotary)
         scores = score(inputs)

@@ -55,6 +55,7 @@ class _ReportColumn(TypedDict, total=False):
     name: Required[str]
     status: Required[str]
     message: str
+    note: str
     split: Required[_Split]
     figures: _Figures | None
 
@@ -117,14 +118,16 @@ def figure_row(figures: QualityFigures, cost: dict, dense_bytes_mean: float | No
     return {key: _clean(value) for key, value in row.items()}
 
 
-def column_entry(name: str, column, split, message: str, figures: dict | None, scored: int) -> dict:
+def column_entry(name: str, column, split, message: str, figures: dict | None, scored: int, note: str = "") -> dict:
     """One column of the record: name, spec, status (`ok`, `stopped` short of the split, `error`), message, the
-    split it was scored on (context_tokens, scored_tokens actually scored) and its figure row (None: none)."""
+    split it was scored on (context_tokens, scored_tokens actually scored), its figure row (None: none) and, when
+    the strategy has one, its `note` (`Strategy.runtime_note`, e.g. TriAttention's calibration cost)."""
     strategy = column.strategy
     status = "error" if message else ("ok" if scored == split.scored_tokens else "stopped")
-    return {"name": name, "spec": {"strategy": strategy.name, **strategy.knobs()} if strategy is not None else {},
-            "status": status, "message": message,
-            "split": {"context_tokens": split.context_tokens, "scored_tokens": scored}, "figures": figures}
+    entry = {"name": name, "spec": {"strategy": strategy.name, **strategy.knobs()} if strategy is not None else {},
+             "status": status, "message": message,
+             "split": {"context_tokens": split.context_tokens, "scored_tokens": scored}, "figures": figures}
+    return {**entry, "note": note} if note else entry
 
 
 def build_record(model: dict, split, text: dict, columns: list[dict], reference: dict | None, wall_s: float,

@@ -292,6 +292,7 @@ def _record(loaded, split, text_info, named_columns, tracks, reference, errors, 
         track = next((t for t in tracks if t.name == name), None)
         figures = track.figures(reference) if track is not None and track.quality.n_tokens else None
         entries.append(column_entry(name, column, split, errors.get(name, ""), figures,
-                                    track.quality.n_tokens if track is not None else 0))
+                                    track.quality.n_tokens if track is not None else 0,
+                                    track.strategy.runtime_note() if track is not None else ""))
     reference_row = {"name": REFERENCE, **reference.cost()}
     return build_record(loaded.info(), split, text_info or {}, entries, reference_row, wall_s, stopped)

@@ -50,8 +50,9 @@ def pruned_cache(config, quantized_layer=None):
     return PrunedCache(config, quantized_layer)
 
 
-EVICTION_REASON = ("score-based token eviction is in none of the four engines' documented options (kvpress and the "
-                   "papers' code run on transformers); their paged caches share blocks between requests")
+EVICTION_REASON = ("score-based token eviction by this method's score is in none of the four engines' documented "
+                   "options (kvpress and the papers' code run on transformers); TensorRT-LLM 1.3.0rc27 evicts "
+                   "decoded tokens by TriAttention's score only (kvlab's `triattention`)")
 FEW_KEPT = 0.1
 """A budget keeping at most this fraction of the prunable prompt positions gets a warning (`warning_on`)."""
 

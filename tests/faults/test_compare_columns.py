@@ -14,8 +14,8 @@ pytestmark = pytest.mark.integration
 CASES = [
     ("dynamic,quantized:backend=quanto:nbits=3",
      [("ok", ""), ("error", "nbits=3 is not supported by the quanto backend (optimum-quanto ")], 0),
-    ("quantized:backend=hqq:nbits=4:axis_key=1,dynamic",
-     [("error", "fails with axis_key=1, axis_value=0, nbits=4"), ("ok", "")], 0),
+    ("quantized:backend=quanto:nbits=4:axis_key=-1,dynamic",
+     [("error", "fails with axis_key=-1, axis_value=0, nbits=4"), ("ok", "")], 0),
     ("static:max_cache_len=10,dynamic", [("error", "static cache too small: max_cache_len=10"), ("ok", "")], 0),
     ("h2o,dynamic", [("error", "unknown strategy 'h2o'; allowed: no_cache, dynamic"), ("ok", "")], 0),
     ("static:oops", [("error", "bad knob 'oops' in 'static:oops': write key=value")], 2),

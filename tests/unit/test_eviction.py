@@ -10,8 +10,9 @@ from kvlab.eviction.prefill import prune_at_prefill
 from kvlab.eviction.scoring import kept_tokens, pyramid_kept_tokens
 from kvlab.generation import GenerationSettings
 from kvlab.strategies import STRATEGIES, StrategyError, make_strategy
+from kvlab.strategies.scored import ScoredEviction
 
-EVICTING = [name for name, cls in STRATEGIES.items() if cls.is_evicting]
+EVICTING = [name for name, cls in STRATEGIES.items() if issubclass(cls, ScoredEviction)]  # the kvpress presses
 SMALL_WINDOW = {"snapkv": {"window_size": 8}, "pyramidkv": {"window_size": 8}}
 PROMPT_TOKENS = 60
 NEW_TOKENS = 4

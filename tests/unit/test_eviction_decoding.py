@@ -11,8 +11,9 @@ from kvlab.generation import GenerationSettings
 from kvlab.inspect.held import held_kv, held_positions
 from kvlab.inspect.inspector import layer_rows
 from kvlab.strategies import STRATEGIES, StrategyError, make_strategy
+from kvlab.strategies.scored import ScoredEviction
 
-EVICTING = [name for name, cls in STRATEGIES.items() if cls.is_evicting]
+EVICTING = [name for name, cls in STRATEGIES.items() if issubclass(cls, ScoredEviction)]  # the kvpress presses
 SMALL_WINDOW = {"snapkv": {"window_size": 8}, "pyramidkv": {"window_size": 8}, "expected_attention": {}}
 PROMPT_TOKENS = 40
 EVERY = 10

@@ -8,9 +8,10 @@ import torch
 from kvlab.engine import Decoder
 from kvlab.generation import GenerationSettings
 from kvlab.strategies import STRATEGIES, make_strategy
+from kvlab.strategies.scored import ScoredEviction
 from tests.conftest import TINY_HYBRID_WINDOW
 
-EVICTING = [name for name, cls in STRATEGIES.items() if cls.is_evicting]
+EVICTING = [name for name, cls in STRATEGIES.items() if issubclass(cls, ScoredEviction)]  # the kvpress presses
 SMALL_WINDOW = {"snapkv": {"window_size": 8}, "pyramidkv": {"window_size": 8}}
 PROMPT_TOKENS = 40
 NEW_TOKENS = 14

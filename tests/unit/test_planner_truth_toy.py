@@ -1,7 +1,7 @@
 """The plan equals the bytes a real run holds, step by step, on tiny random models built in-process.
 
 Each toy model (random weights, float32, CPU; Llama, a Gemma 3 with sliding layers (quantized caches on its
-full-attention layers only),
+full-attention layers only, but for llama.cpp's types and rotation quantization's `sliding: quantize`),
 LFM2 with convolution layers, Mamba2 with state-space layers) is run through kvlab's engine
 (`Decoder`, what Compare runs) for a prompt and some decode steps; the planner,
 given only the toy's config.json, must give the same bytes at every step. Also:
@@ -46,6 +46,10 @@ CASES = [
     ("gemma3_text", {"strategy": "rotation_quantized", "residual_length": 6}),
     ("gemma3_text", {"strategy": "rotation_quantized", "residual_length": 6, "sliding": "quantize"}),
     ("gemma3_text", {"strategy": "quantized", "backend": "quanto", "nbits": 4, "residual_length": 6}),
+    ("llama", {"strategy": "llamacpp_quantized"}),
+    ("llama", {"strategy": "llamacpp_quantized", "type_k": "q8_0", "type_v": "q5_1", "residual_length": 6}),
+    ("gemma3_text", {"strategy": "llamacpp_quantized", "type_k": "q4_1", "type_v": "f16"}),
+    ("gemma3_text", {"strategy": "llamacpp_quantized", "sliding": "keep", "residual_length": 6}),
     ("gemma3_text", {"strategy": "quantized", "backend": "fp8"}),
     ("lfm2", {"strategy": "sliding_window"}), ("lfm2", {"strategy": "static"}),
     ("mamba2", {"strategy": "sliding_window"}), ("mamba2", {"strategy": "static"}),

@@ -185,7 +185,8 @@ def test_eviction_encodes_what_it_kept(tiny):
     assert backend_of_layer(cache.layers[0]) is get_backend("vllm")
     assert steps[0].cache_bytes == 2 * 20 * 54 + 4 * (64 * 64 + 8 + 7)
     with pytest.raises(StrategyError, match=r"quantize must be one of none, .*turboquant_k8v4, turboquant_4bit_nc, "
-                                            r"turboquant_k3v4_nc, turboquant_3bit_nc, int4_per_token_head, rotation_k"):
+                                            r"turboquant_k3v4_nc, turboquant_3bit_nc, int4_per_token_head, "
+                                            r"q8_0, .*rotation_k"):
         make_strategy({"strategy": "snapkv", "quantize": "turboquant_2bit"})
 
 

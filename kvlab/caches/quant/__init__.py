@@ -20,7 +20,7 @@ from .registry import (
     quantized_backend_names,
     register_backend,
 )
-from . import quanto, hqq, fp8, vllm, rotation  # noqa: F401,E402,I001  (registration order)
+from . import quanto, hqq, fp8, vllm, llamacpp, rotation  # noqa: F401,E402,I001  (registration order)
 
 __all__ = ["BACKENDS", "QuantBackend", "backend_of_layer", "get_backend", "parse_quantize", "quantize_choices",
            "quantized_backend", "quantized_backend_names", "register_backend"]

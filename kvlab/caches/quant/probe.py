@@ -2,7 +2,7 @@
 
 `probe_reason` quantizes, flushes and de-quantizes keys/values of the model's shape, dtype and device with the
 backend's knobs: the backend's one-time set-up (imports, kernel loading, first-call dispatch) happens here,
-outside any timed step, and a setting the backend's bit-packing cannot handle (hqq's axis 1 on some lengths)
+outside any timed step, and a setting the backend cannot handle (quanto's axis -1 at most lengths)
 is refused with the backend's own error instead of failing mid-run. This module tries; it does not time.
 """
 
