@@ -23,13 +23,14 @@ def test_dynamic_quanto_and_llamacpp_q4_0_side_by_side(page):
                            timeout=MODEL_TIMEOUT_MS)
     page.locator("#kv-preset input").click()
     page.get_by_role("option", name="engines", exact=True).click()
-    wait_until(page, "document.querySelector('#kv-col-2-strategy input').value.startsWith('engine:llamacpp')", 60)
+    wait_until(page, "(document.querySelector('#kv-col-2-strategy input')?.value || '').startsWith('engine:llamacpp')",
+               60)
     assert page.locator("#kv-col-2-knob-0 input").input_value() == "q4_0"
     assert page.locator("#kv-col-2-knob-1 input").input_value() == "q4_0"
 
     page.locator("#kv-col-4-strategy input").click()
     page.get_by_role("option", name="engine:llamacpp", exact=True).click()
-    wait_until(page, "document.querySelector('#kv-col-4-knob-0 label').innerText.includes('type_k')", 60)
+    wait_until(page, "(document.querySelector('#kv-col-4-knob-0')?.innerText || '').includes('type_k')", 60)
     page.locator("#kv-col-4-knob-0 input").fill("q3_k")
     page.locator("#kv-max-new input").fill("12")
 
