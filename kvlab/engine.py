@@ -1,6 +1,6 @@
 """The engine: the one place in kvlab that feeds tokens through a KV cache.
 
-Every tab, the command line, fidelity scoring, perplexity, prefix reuse and the
+Every tab, the command line, fidelity scoring, the quality report, prefix reuse and the
 benchmark's kvlab side call these operations; how one forward pass runs for a
 given cache (a whole-sequence recompute for `no_cache`, window-sized chunks for
 `sink`, a compiled step for `static` with `compile`) is the strategy's
@@ -13,10 +13,9 @@ given cache (a whole-sequence recompute for `no_cache`, window-sized chunks for
   is one unit of work that a caller may run on kvlab's compute thread
   (`kvlab.compute.compute_iter`). `Decoder.replace_cache` moves a run to another
   strategy's cache mid-way by re-prefilling the ids so far (`kvlab.budget`).
-- `teacher_force`: the one teacher-forcing loop (a `Decoder` fed given tokens, keeping its logits).
+- `teacher_force`: the one teacher-forcing loop (a `Decoder` fed given tokens, keeping its logits): the
+  quality report's and so the Perplexity view's, Needle's scoring and fidelity's.
 - `score_continuation`: teacher-forced log-probabilities of a continuation.
-- `NllStream`: streaming negative log-likelihood of a text through several
-  caches in turns (the StreamingLLM perplexity view).
 
 Timing: a step's `per_token_s` covers its forward pass and token choice only.
 Every forward has its own `torch.inference_mode()` block that never stays open
@@ -35,12 +34,12 @@ import contextlib
 import dataclasses
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
 
-from .accounting import cache_bytes, cache_bytes_by_layer_type, layer_types_and_windows
+from .accounting import cache_bytes_by_layer_type, layer_types_and_windows
 from .compute import closed
 from .generation import GenerationSettings, TokenChooser, eos_token_ids
 
@@ -353,54 +352,3 @@ def score_continuation(loaded, strategy, prompt_ids: torch.Tensor, continuation:
         if forced.stop_reason == "stopped":
             raise RunStopped
     return torch.log_softmax(torch.stack(rows).float(), dim=-1)
-
-
-@dataclass(frozen=True)
-class NllStep:
-    """One token scored by one cache: `name` of the cache, `position` of the token in the text (1..seq-1),
-    `nll` in nats, `cache_bytes` the cache holds after feeding the token before it."""
-
-    name: str
-    position: int
-    nll: float
-    cache_bytes: int
-
-
-class NllStream:
-    """Stream one text through several caches in turns, one token each per round, one `NllStep` per `next()`.
-
-    Token p is predicted from what each cache still holds after tokens 0..p-1 went through it one at a time,
-    as in StreamingLLM's perplexity evaluation (Xiao et al. 2023, arXiv:2309.17453).
-
-    Args:
-        loaded: a `kvlab.models.LoadedModel`.
-        strategies: name -> `Strategy` (each gets a fresh cache sized for the text).
-        input_ids: (1, seq) or (seq,) ids, seq >= 2.
-        stop: set it to end the stream before the next step.
-
-    Raises:
-        ValueError: no strategies, or not one sequence of at least 2 tokens.
-    """
-
-    def __init__(self, loaded, strategies: dict, input_ids: torch.Tensor, stop: threading.Event | None = None):
-        if not strategies:
-            raise ValueError("pick at least one cache")
-        ids = input_ids.reshape(1, -1) if input_ids.ndim == 1 else input_ids
-        if ids.ndim != 2 or ids.shape[0] != 1 or ids.shape[1] < 2:
-            raise ValueError(f"input_ids must be one sequence of at least 2 tokens; got shape {tuple(input_ids.shape)}")
-        self.loaded, self.stop = loaded, stop
-        self.ids = ids.to(loaded.device)
-        self.columns = [(name, strategy, strategy.build_cache(loaded, self.ids.shape[1]))
-                        for name, strategy in strategies.items()]
-        self._order = ((position, column) for position in range(1, self.ids.shape[1]) for column in self.columns)
-
-    def __iter__(self) -> "NllStream":
-        return self
-
-    def __next__(self) -> NllStep:
-        if stopping(self.stop):
-            raise StopIteration
-        position, (name, strategy, cache) = next(self._order)
-        logits = forward(self.loaded, strategy, cache, self.ids[:, :position], 1)
-        value = -float(torch.log_softmax(logits[0].float(), dim=-1)[self.ids[0, position]])
-        return NllStep(name, position, value, cache_bytes(cache))

@@ -46,7 +46,6 @@ import torch
 from kvlab.accounting import cache_bytes, cache_bytes_by_layer_type
 from kvlab.accounting import layer_types_and_windows
 from kvlab.models.loading import ModelSpec, load_model
-from kvlab.quality.perplexity import default_text
 from kvlab.quality.stats import quality_figures, score_tokens
 from kvlab.strategies import make_strategy
 from kvlab.strategies.base import parse_strategy_list
@@ -55,8 +54,16 @@ KL_DEFAULT = ("quantized:backend=quanto:nbits=4,rotation_quantized,quantized:bac
               "rotation_quantized:key_bits=4:value_bits=2")
 
 
+def measured_text() -> str:
+    """The text docs/strategies.md's figures were measured on: every one of Python's help topics
+    (`pydoc_data.topics`), joined."""
+    from pydoc_data.topics import topics
+
+    return "\n".join(topics.values())
+
+
 def text_ids(loaded, count: int) -> torch.Tensor:
-    ids = loaded.tokenizer(default_text(), return_tensors="pt")["input_ids"][:, :count]
+    ids = loaded.tokenizer(measured_text(), return_tensors="pt")["input_ids"][:, :count]
     if ids.shape[1] < count:
         raise SystemExit(f"the text has only {ids.shape[1]} tokens")
     return ids.to(loaded.device)
@@ -248,7 +255,8 @@ def axis_columns() -> str:
 
 
 def run_axis(args) -> None:
-    from kvlab.quality.report import ReportDone, run_report
+    from kvlab.protocol import RunDone
+    from kvlab.quality.report import run_report
 
     print("| model | backend | residual_length | axis | mean KL | top-1 | PPL ratio | cache vs dense |")
     print("|---|---|---|---|---|---|---|---|")
@@ -260,7 +268,7 @@ def run_axis(args) -> None:
         ids = text_ids(loaded, args.context_tokens + args.scored_tokens)
         events = run_report(loaded, ids, axis_columns(), scored_tokens=args.scored_tokens,
                             context_tokens=args.context_tokens, progress_every=args.scored_tokens)
-        record = next(event.record for event in events if isinstance(event, ReportDone))
+        record = next(event.record for event in events if isinstance(event, RunDone))
         for column in record["columns"]:
             spec, figures = column["spec"], column["figures"]
             head = f"| {name} | {spec['backend']} | {spec['residual_length']} | {spec['axis_key']} |"

@@ -7,7 +7,7 @@ object: the page's wait (click to "running", seconds), the position and wait its
 runs' durations, the step rate they give, the bound (one run of KVLAB_MAX_RUN_STEPS token steps at that rate),
 and the load average before and during the run (the app's busy rule reads the same figure).
 
-Usage: `.venv/bin/python scripts/sharing_load.py [--tokens 64] [--settle-s 20]`. Needs the test set-up
+Usage: `.venv/bin/python scripts/sharing_load.py [--tokens 64] [--settle-s 3600]`. Needs the test set-up
 (`make setup-test`: gradio_client, Playwright) and Debian's chromium at /usr/bin/chromium. Takes a few minutes.
 """
 
@@ -88,8 +88,10 @@ def page_run(url: str) -> dict:
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         page = browser.new_context(viewport={"width": 1600, "height": 1000}).new_page()
+        page.set_default_timeout(300_000)
         page.goto(url)
-        page.wait_for_function("document.querySelector('#kv-model-status').innerText.includes('ready')",
+        page.wait_for_selector("#kv-run")
+        page.wait_for_function("(document.querySelector('#kv-model-status')?.innerText || '').includes('ready')",
                                timeout=300_000)
         page.locator("#kv-run:not([disabled])").wait_for()
         clicked = time.monotonic()
@@ -113,7 +115,9 @@ def page_run(url: str) -> dict:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, default=64, help="new tokens per column in each API run")
-    parser.add_argument("--settle-s", type=float, default=20.0, help="seconds the clients run before the page")
+    parser.add_argument("--settle-s", type=float, default=3600.0,
+                        help="the page presses Run once every client has had a run (so each has used the model, as "
+                             "steady API traffic has), or after this many seconds")
     args = parser.parse_args()
     port = free_port()
     url = f"http://127.0.0.1:{port}/"
@@ -126,7 +130,9 @@ def main() -> int:
         try:
             for thread in threads:
                 thread.start()
-            time.sleep(args.settle_s)
+            settle_until = time.monotonic() + args.settle_s
+            while len({r["client"] for r in runs}) < CLIENTS and time.monotonic() < settle_until:
+                time.sleep(1)
             page = page_run(url)
             load_during = os.getloadavg()[0]
             stop.set()
@@ -137,16 +143,18 @@ def main() -> int:
             app.wait(timeout=30)
     done = [r for r in runs if "ended" in r]
     durations = [r["ended"] - r["began"] for r in done]
+    ends = sorted(r["ended"] for r in done)
+    service = [later - earlier for earlier, later in zip(ends, ends[1:])]  # one slot: runs end one after another
     steps_per_run = 6 * args.tokens  # the quickstart's six columns
-    step_s = statistics.median(durations) / steps_per_run if durations else float("nan")
+    step_s = statistics.median(service) / steps_per_run if service else float("nan")
     run_steps = int(os.environ.get("KVLAB_MAX_RUN_STEPS") or DEFAULT_RUN_STEPS)
-    ahead = [r for r in done if r["began"] < page["clicked"] < r["ended"]]
     print(json.dumps({
         "clients": CLIENTS, "api_runs": len(done), "api_errors": [r["error"] for r in runs if "error" in r],
         "api_run_s": {"median": round(statistics.median(durations), 1), "max": round(max(durations), 1)}
         if durations else None,
+        "api_service_s": {"median": round(statistics.median(service), 1), "max": round(max(service), 1)}
+        if service else None,
         "page": {k: v for k, v in page.items() if k != "clicked"},
-        "runs_in_progress_at_click": len(ahead),
         "bound_s": round(step_s * run_steps, 1), "bound_rule": f"one run of {run_steps} token steps",
         "load_1min": {"before": round(load_before, 2), "during": round(load_during, 2)},
         "cores": os.cpu_count(),

@@ -49,7 +49,7 @@ def _column_tokens(spec: dict, tokens: int, preset_tokens: int) -> dict:
 
 def _preset_run(ctx: Context):
     """(prompt ids (1, seq), runnable column specs with their token counts, settings, mode)."""
-    from ..compare.columns import Column
+    from ..columns import Column
     from ..generation import encode_prompt
     from ..presets import load_preset, presets_dir
 
@@ -81,8 +81,9 @@ def _bare_s(ctx: Context, ids, specs: list[dict], tokens: int) -> float:
 
 def _kvlab_s(ctx: Context, ids, specs: list[dict], settings, mode: str) -> tuple[float, float]:
     """(seconds from the start of a run to its SummaryReady, to its RunDone), every event consumed."""
-    from ..compare.events import RunDone, SummaryReady
+    from ..compare.events import SummaryReady
     from ..compare.runner import run_compare
+    from ..protocol import RunDone
 
     gc.collect()
     started, summary_s, done = time.perf_counter(), None, None

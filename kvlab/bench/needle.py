@@ -17,7 +17,8 @@ import torch
 from ..compute import compute
 from ..needle.grid import parse_grid
 from ..needle.prompt import build_passkey_prompt
-from ..needle.runner import NeedleDone, run_needle
+from ..needle.runner import run_needle
+from ..protocol import collect
 from .harness import Context, interleaved, make_check, summarize
 
 NEEDLE_MAX_RATIO = 1.2
@@ -52,10 +53,10 @@ def bench_needle(ctx: Context) -> dict:
             ctx.say(f"needle: {side} repeat {rep + 1}")
             if side == "kvlab":
                 started = time.perf_counter()
-                done = [e for e in run_needle(loaded, [{"strategy": "dynamic"}], grid) if isinstance(e, NeedleDone)][0]
+                done = collect(run_needle(loaded, [{"strategy": "dynamic"}], grid))
                 times["kvlab"].append(time.perf_counter() - started)
-                prefill.append(sum(r.prefill_s for r in done.records))
-                answers = [len(r.answer_ids) for r in done.records]
+                prefill.append(sum(r.prefill_s for r in done.results))
+                answers = [len(r.answer_ids) for r in done.results]
             else:
                 times["bare"].append(compute(_bare, loaded, prompts, answers))
     ratios = [k / b for k, b in zip(times["kvlab"], times["bare"])]

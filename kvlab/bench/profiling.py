@@ -29,7 +29,7 @@ def profile_step(loaded, prompt_ids, spec: dict, new_tokens: int, folder: Path |
         from pyinstrument import Profiler
     except ModuleNotFoundError:
         return ""
-    from ..compare.columns import Column
+    from ..columns import Column
     from ..compare.runner import FreeTurns, run_column
     from ..strategies import make_strategy
 

@@ -22,7 +22,8 @@ import torch
 from ..compute import compute
 from ..measure.warmup import warm_up_columns
 from ..quality.defaults import DEFAULT_COLUMNS, shipped_text
-from ..quality.report import ReportDone, parse_columns, run_report
+from ..protocol import collect
+from ..quality.report import report_columns, run_report
 from .harness import Context, interleaved, make_check, summarize
 
 REPORT_MAX_RATIO = 1.2
@@ -86,8 +87,7 @@ def bare_report(loaded, ids: torch.Tensor, strategies: list, context: int) -> di
 def kvlab_report(loaded, ids: torch.Tensor, columns: str, scored: int) -> dict:
     """kvlab's side: one `run_report` (warm-up off: both sides are warmed before), events consumed."""
     started = time.perf_counter()
-    done = [e for e in run_report(loaded, ids, columns, scored_tokens=scored, warm_up=False)
-            if isinstance(e, ReportDone)][0]
+    done = collect(run_report(loaded, ids, columns, scored_tokens=scored, warm_up=False))
     elapsed = time.perf_counter() - started
     failed = [c for c in done.record["columns"] if c["status"] != "ok"]
     if failed:
@@ -100,7 +100,7 @@ def bench_report(ctx: Context) -> dict:
     loaded = ctx.loaded
     context, scored, columns = REPORT_SIZES.get(ctx.size.name, REPORT_SIZES["small"])
     ids = loaded.tokenizer(shipped_text(), return_tensors="pt")["input_ids"][:, :context + scored]
-    strategies = [c.strategy for c in parse_columns(columns)]
+    strategies = [c.strategy for c in report_columns(columns)]
     compute(warm_up_columns, loaded, [*strategies], context)
     times: dict[str, list[float]] = {"kvlab": [], "bare": []}
     kl: dict[str, list[float]] = {}
@@ -112,7 +112,7 @@ def bench_report(ctx: Context) -> dict:
             times[side].append(result["elapsed_s"])
             kl[side] = result["kld_mean"]
     ratios = [k / b for k, b in zip(times["kvlab"], times["bare"])]
-    names = [c.describe() for c in parse_columns(columns)]
+    names = [c.describe() for c in report_columns(columns)]
     return {"columns": names, "context_tokens": context, "scored_tokens": scored,
             "unit": "s wall time for every column's scored tokens", "kvlab_s": summarize(times["kvlab"]),
             "bare_s": summarize(times["bare"]), "ratio": summarize(ratios),

@@ -32,7 +32,8 @@ def run_kvlab(loaded, prompt_ids, specs: list, new_tokens: int, mode: str = "fai
 
     Raises RuntimeError when a column did not finish ok (its message says why).
     """
-    from ..compare.runner import collect, run_compare
+    from ..compare.runner import run_compare
+    from ..protocol import collect
 
     gc.collect()
     cpu = time.process_time()

@@ -68,7 +68,7 @@ def resolve_compare(args) -> dict:
 
     Raises PresetError / ValueError with the reason (the caller prints it).
     """
-    from ..compare.columns import Column
+    from ..columns import Column
     from ..models.loading import ModelSpec
     from ..presets import parse_preset
 
@@ -166,7 +166,7 @@ def summary_first(events, out=None):
 def fidelity_table(done) -> str | None:
     """After the fidelity pass: each column's agreement, first divergence, top-1 agreement, KL and whether it
     was scored; None when the pass scored nothing."""
-    if not done.fidelity.get("to_score"):
+    if not (done.record.get("fidelity") or {}).get("to_score"):
         return None
     rows = [row for row in summary_rows(done.results) if row["fidelity_status"]]
     return "fidelity against the baseline (teacher-forced):\n" + format_table(rows, FIDELITY_COLUMNS)
@@ -176,7 +176,8 @@ def progress(events, out=None):
     """Pass a run's events through, writing one progress line per column start and end, per phase and per
     scored column to `out` (stderr): `[column 2] quantized hqq int4: done, 64 tokens`,
     `[fidelity] 2 of 5 columns scored: quantized quanto int4, top-1 96.9%, KL 0.0123`. Tables go to stdout."""
-    from ..compare.events import ColumnDone, ColumnError, ColumnStarted, FidelityScored, RunPhase, SummaryReady
+    from ..compare.events import ColumnDone, ColumnStarted, FidelityScored, RunPhase, SummaryReady
+    from ..protocol import ColumnFailed
 
     out = out or sys.stderr
     for event in events:
@@ -185,8 +186,8 @@ def progress(events, out=None):
             line = f"[column {event.column + 1}] {event.name}: running" + (f" ({event.note})" if event.note else "")
         elif isinstance(event, ColumnDone):
             line = f"[column {event.column + 1}] {event.result.name}: done, {len(event.result.token_ids)} tokens"
-        elif isinstance(event, ColumnError):
-            line = f"[column {event.column + 1}] {event.result.name}: {event.status}: {event.message}"
+        elif isinstance(event, ColumnFailed):
+            line = f"[column {event.column + 1}] {event.name}: {event.status}: {event.message}"
         elif isinstance(event, RunPhase):
             line = f"[run] {event.phase.replace('_', ' ')}" + (f": {event.detail}" if event.detail else "")
         elif isinstance(event, SummaryReady):
@@ -210,8 +211,9 @@ def cmd_compare(args) -> int:
     """Run the comparison; 2 when it cannot start (the --json path is checked before the model loads), 130
     when interrupted (the first Ctrl-C keeps the partial record; before a record exists one line says nothing
     was written), else 0 or 1 (see above)."""
-    from ..compare.runner import collect, run_compare
+    from ..compare.runner import run_preset
     from ..models.loading import ModelLoadError, load_model
+    from ..protocol import collect
     from .outputs import OutputError, StopOnInterrupt, check_writable, write_text
 
     if args.replay:
@@ -225,10 +227,8 @@ def cmd_compare(args) -> int:
     preset, stop = plan["preset"], threading.Event()
     try:
         loaded = load_model(plan["model"], progress=lambda f, m: print(f"[model] {m}", file=sys.stderr))
-        prompt_ids = encode_prompt(loaded.tokenizer, preset.prompt.text, preset.prompt.system, preset.prompt.chat)
+        events = run_preset(loaded, preset, stop, plan["columns"])
         with StopOnInterrupt(stop, "kvlab compare"):
-            events = run_compare(loaded, prompt_ids, plan["columns"], plan["settings"], preset.mode, stop,
-                                 preset.baseline)
             done = collect(summary_first(progress(events)))
     except (ModelLoadError, ValueError) as err:
         print(f"kvlab compare: {err}", file=sys.stderr)
@@ -236,20 +236,20 @@ def cmd_compare(args) -> int:
     except KeyboardInterrupt:
         print("kvlab compare: interrupted; nothing was written", file=sys.stderr)
         return 130
-    if done.summary_s is None:  # the run ended before its summary: show what there is
+    record = done.record
+    if record["summary_s"] is None:  # the run ended before its summary: show what there is
         print(format_table(summary_rows(done.results)))
     scored = fidelity_table(done)
     if scored:
         print(scored)
-    if done.timing.get("note"):
-        print(f"kvlab compare: {done.timing['note']}", file=sys.stderr)
+    if record["timing"].get("note"):
+        print(f"kvlab compare: {record['timing']['note']}", file=sys.stderr)
     for result in done.results:
         if result.warning:
             print(f"kvlab compare: column {result.index + 1} ({result.name}): {result.warning}", file=sys.stderr)
         if result.status == "error":
             print(f"kvlab compare: column {result.index + 1} ({result.name}): {result.message}", file=sys.stderr)
     if args.json:
-        record = run_record(loaded, preset, plan["settings"], done)
         try:
             write_text(args.json, json.dumps(record, indent=1))
         except OutputError as err:

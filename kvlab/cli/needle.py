@@ -36,7 +36,7 @@ def add_parser(sub, parents) -> None:
 
 def _plan(args):
     """(preset, column specs, grid values) from the preset and the flags. Raises PresetError / ValueError."""
-    from ..compare.columns import Column
+    from ..columns import Column
     from ..needle.preset import load_needle_preset
     from ..strategies.base import split_strategy_list
 
@@ -74,25 +74,21 @@ def hits_table(record: dict) -> str:
 
 
 
-def _follow(events):
-    """Print each needle event's line on stderr; returns the `NeedleDone`. Raises what the first event raises
-    (a bad grid, a model that cannot run)."""
-    from ..needle.runner import NeedleCell, NeedleColumnError, NeedleDone, NeedleStarted
+def _line(event) -> None:
+    """Print a needle event's line on stderr: the grid's problems when it starts, each cell, each column that
+    cannot run."""
+    from ..needle.runner import NeedleCell
+    from ..protocol import ColumnFailed, RunStarted
 
-    first, done = next(events), None
-    for problem in first.problems if isinstance(first, NeedleStarted) else []:
-        print(f"{PROG}: {problem}", file=sys.stderr)
-    for event in events:
-        if isinstance(event, NeedleCell):
-            r = event.record
-            print(f"[cell] {r.strategy}: {r.context_tokens} tokens, depth {r.depth}, seed {r.seed}: "
-                  f"{'hit' if r.hit else 'miss'} {r.answer_text!r}", file=sys.stderr, flush=True)
-        elif isinstance(event, NeedleColumnError):
-            print(f"{PROG}: column {event.column + 1} ({first.columns[event.column]}): {event.status}: "
-                  f"{event.message}", file=sys.stderr)
-        elif isinstance(event, NeedleDone):
-            done = event
-    return done
+    if isinstance(event, RunStarted):
+        for problem in event.plan.problems:
+            print(f"{PROG}: {problem}", file=sys.stderr)
+    elif isinstance(event, NeedleCell):
+        r = event.record
+        print(f"[cell] {r.strategy}: {r.context_tokens} tokens, depth {r.depth}, seed {r.seed}: "
+              f"{'hit' if r.hit else 'miss'} {r.answer_text!r}", file=sys.stderr, flush=True)
+    elif isinstance(event, ColumnFailed):
+        print(f"{PROG}: column {event.column + 1} ({event.name}): {event.status}: {event.message}", file=sys.stderr)
 
 def run(args) -> int:
     from ..models.loading import ModelLoadError, ModelSpec, load_model
@@ -101,6 +97,7 @@ def run(args) -> int:
     from ..needle.record import format_summary, records_to_csv
     from ..needle.runner import max_positions, run_needle
     from ..presets import PresetError
+    from ..protocol import collect
     from .outputs import OutputError, StopOnInterrupt, check_writable, write_text
 
     stop = threading.Event()
@@ -117,7 +114,7 @@ def run(args) -> int:
                           max_positions=max_positions(loaded), min_tokens=min_context_tokens(loaded.tokenizer),
                           key_tokens=functools.partial(key_tokens, loaded.tokenizer))
         with StopOnInterrupt(stop, PROG):
-            done = _follow(run_needle(loaded, specs, grid, stop))
+            done = collect(run_needle(loaded, specs, grid, stop), _line)
     except (PresetError, GridError, ModelLoadError, ValueError) as err:
         print(f"{PROG}: {err}", file=sys.stderr)
         return 2
@@ -131,7 +128,7 @@ def run(args) -> int:
           + (" (stopped: the finished cells are kept)" if done.stopped else ""), file=sys.stderr)
     try:
         for path, flag, text in ((args.json, "--json", lambda: json.dumps(done.record, indent=1)),
-                                 (args.csv, "--csv", lambda: records_to_csv(done.records))):
+                                 (args.csv, "--csv", lambda: records_to_csv(done.results))):
             if path:
                 write_text(path, text(), flag)
                 print(f"wrote {path}", file=sys.stderr)
@@ -140,4 +137,4 @@ def run(args) -> int:
         return 2
     if done.stopped:
         return 130
-    return 0 if any(r.status == "ok" for r in done.records) else 1
+    return 0 if any(r.status == "ok" for r in done.results) else 1

@@ -1,7 +1,8 @@
 """`python -m kvlab perplexity`: stream a long text through several caches (by default dynamic, window
 attention and attention sinks) and report the per-token NLL, perplexity per segment and cache bytes, as in
 StreamingLLM's central figure (Xiao et al. 2023, arXiv:2309.17453). Strategies are named and configured
-exactly as in `compare --strategies`; the work is `kvlab.quality.perplexity`'s."""
+exactly as in `compare --strategies`; the work is `kvlab.quality.perplexity.run_perplexity`'s (the quality
+report with a one-token context and its per-token curve)."""
 
 from __future__ import annotations
 
@@ -10,24 +11,15 @@ import math
 import sys
 from pathlib import Path
 
-from ..quality.perplexity import (
-    DEFAULT_MAX_TOKENS,
-    DEFAULT_SINKS,
-    DEFAULT_STRATEGIES,
-    DEFAULT_WINDOW,
-    default_text,
-    parse_perplexity_strategies,
-    perplexity_strategies,
-    ppl_by_segment,
-    stream_many,
-)
+from ..quality.perplexity import DEFAULT_SINKS, DEFAULT_STRATEGIES, DEFAULT_WINDOW, perplexity_columns, ppl_by_segment
+from ..quality.report import DEFAULT_MAX_TOKENS
 from .common import WEIGHTS_DEFAULTS, model_defaults
 
 
 def add_parser(sub, parents) -> None:
     """Add the `perplexity` subcommand; `parents` holds the shared `--model/--dtype/--device` parent."""
     p = sub.add_parser("perplexity", parents=parents, help="long-text perplexity under several caches (StreamingLLM's figure)")
-    p.add_argument("--text", help="UTF-8 text file (default: Python's own help topics, pydoc_data.topics)")
+    p.add_argument("--text", help="UTF-8 text file (default: the report's shipped text, five of Python's help topics)")
     p.add_argument("--strategies", default=DEFAULT_STRATEGIES,
                    help=f"comma list, knobs after colons, as in compare (default {DEFAULT_STRATEGIES}: dense, "
                         "window attention, attention sinks); any strategy that keeps a cache")
@@ -43,8 +35,11 @@ def add_parser(sub, parents) -> None:
 
 
 def _prepare(args):
-    """(loaded model, ids, {label: strategy}, segment). Raises OSError, ValueError or ModelLoadError."""
+    """(loaded model, ids, columns, segment). Raises OSError, ValueError or ModelLoadError."""
     from ..models.loading import ModelSpec, load_model
+    from ..quality.defaults import shipped_text
+    from ..quality.perplexity import refusals
+    from ..strategies import StrategyError
     from .outputs import check_writable
 
     segment = args.window if args.segment is None else args.segment
@@ -52,38 +47,43 @@ def _prepare(args):
         raise ValueError(f"--segment must be at least 1 token, got {segment}")
     if args.max_tokens < 2:
         raise ValueError(f"--max-tokens must be at least 2, got {args.max_tokens}")
-    parse_perplexity_strategies(args.strategies, args.window, args.sinks)
+    columns = perplexity_columns(args.strategies, args.window, args.sinks)
     check_writable(args.json)
-    text = Path(args.text).read_text(encoding="utf-8") if args.text else default_text()
+    text = Path(args.text).read_text(encoding="utf-8") if args.text else shipped_text()
     loaded = load_model(ModelSpec(args.model, args.dtype, args.device),
                         progress=lambda f, m: print(f"[model] {m}", file=sys.stderr))
     ids = loaded.tokenizer(text, return_tensors="pt")["input_ids"][:, :args.max_tokens]
     if ids.shape[1] < 2:
         raise ValueError("the text has fewer than 2 tokens")
-    return loaded, ids, perplexity_strategies(loaded, args.strategies, args.window, args.sinks), segment
+    refused = refusals(loaded, columns, ids.shape[1])
+    if refused:
+        label, reason = next(iter(refused.items()))
+        raise StrategyError(f"{label}: {reason}")
+    return loaded, ids, columns, segment
 
 
 def cmd_perplexity(args) -> int:
     """Stream the text; 2 when it cannot start, 130 after a Ctrl-C (the first one stops the stream and keeps
-    the tokens scored so far, printed and written as usual with `stopped: true`), else 0."""
+    the tokens scored so far, printed and written as usual with `stopped: true`), 1 when a cache failed (its
+    reason on stderr; the run stops there, what was scored is kept the same way), else 0."""
     import threading
 
     from ..models.loading import ModelLoadError
+    from ..protocol import collect
+    from ..quality.perplexity import run_perplexity
     from .outputs import OutputError, StopOnInterrupt, write_text
 
     try:
-        loaded, ids, strategies, segment = _prepare(args)
+        loaded, ids, columns, segment = _prepare(args)
     except (OSError, ValueError, ModelLoadError) as err:
         print(f"kvlab perplexity: {err}", file=sys.stderr)
         return 2
-    results = {label: {"strategy": s.name, "knobs": s.knobs(), "nll": [], "cache_bytes": []}
-               for label, s in strategies.items()}
-    stop = threading.Event()
-    print(f"[run] streaming {ids.shape[1]} tokens through {len(strategies)} caches", file=sys.stderr, flush=True)
+    results = {c.describe(): {"strategy": c.strategy.name, "knobs": c.strategy.knobs(), "nll": [], "cache_bytes": []}
+               for c in columns}
+    stop, failed = threading.Event(), []
+    print(f"[run] streaming {ids.shape[1]} tokens through {len(columns)} caches", file=sys.stderr, flush=True)
     with StopOnInterrupt(stop, "kvlab perplexity"):
-        for step in stream_many(loaded, ids, strategies, stop):
-            results[step.name]["nll"].append(step.nll)
-            results[step.name]["cache_bytes"].append(step.cache_bytes)
+        collect(run_perplexity(loaded, ids, columns, stop), lambda event: _follow(event, results, stop, failed))
     _print_results(results, ids.shape[1], segment, args.window)
     if args.json:
         record = {"model": loaded.info(), "tokens": ids.shape[1], "window": args.window, "sinks": args.sinks,
@@ -94,12 +94,30 @@ def cmd_perplexity(args) -> int:
             print(f"kvlab perplexity: {err}", file=sys.stderr)
             return 2
         print(f"wrote {args.json}", file=sys.stderr)
+    if failed:
+        return 1
     if stop.is_set():
         scored = min(len(data["nll"]) for data in results.values())
         print(f"kvlab perplexity: stopped after {scored} of {ids.shape[1] - 1} scored tokens; they are kept",
               file=sys.stderr)
         return 130
     return 0
+
+
+def _follow(event, results: dict, stop, failed: list) -> None:
+    """One event of the run into `results` (label -> its curves); a cache that fails ends the run, its reason
+    on stderr and in `failed`."""
+    from ..protocol import ColumnFailed
+    from ..quality.report import TokenScored
+
+    if isinstance(event, TokenScored):
+        data = results[list(results)[event.column]]
+        data["nll"].append(event.nll)
+        data["cache_bytes"].append(event.cache_bytes)
+    elif isinstance(event, ColumnFailed):
+        print(f"kvlab perplexity: {event.name}: {event.message}", file=sys.stderr)
+        failed.append(event.message)
+        stop.set()
 
 
 def _print_results(results: dict, tokens: int, segment: int, window: int) -> None:

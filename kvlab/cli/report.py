@@ -58,18 +58,19 @@ def _say(line: str) -> None:
 
 def _progress(event) -> None:
     """One stderr line per report event worth a line."""
-    from ..quality.report import ReportColumnError, ReportDone, ReportProgress, ReportStarted
+    from ..protocol import ColumnFailed, RunDone, RunStarted
+    from ..quality.report import ReportProgress
 
-    if isinstance(event, ReportStarted):
-        print(f"[report] {len(event.columns)} columns; {event.split.context_tokens} context tokens, "
-              f"{event.split.scored_tokens} scored", file=sys.stderr, flush=True)
+    if isinstance(event, RunStarted):
+        print(f"[report] {len(event.columns)} columns; {event.plan.context_tokens} context tokens, "
+              f"{event.plan.scored_tokens} scored", file=sys.stderr, flush=True)
     elif isinstance(event, ReportProgress):
         f = event.figures
         print(f"[{event.scored}] {event.column}: PPL ratio {f['ppl_ratio']:.4f}, mean KL {f['kld_mean']:.5f}, "
               f"top-1 {f['same_top']:.3f}, {event.cache_bytes:,} B", file=sys.stderr, flush=True)
-    elif isinstance(event, ReportColumnError):
-        _say(f"column {event.column}: {event.message}")
-    elif isinstance(event, ReportDone):
+    elif isinstance(event, ColumnFailed):
+        _say(f"column {event.name}: {event.message}")
+    elif isinstance(event, RunDone):
         for column in event.record["columns"]:
             if column.get("note"):
                 print(f"[note] {column['name']}: {column['note']}", file=sys.stderr, flush=True)
@@ -144,7 +145,7 @@ def _text_ids(args, loaded):
 
 
 def _check_flags(args) -> None:
-    from ..quality.report import parse_columns
+    from ..quality.report import report_columns
 
     if args.max_tokens < 2 or args.progress_every < 1:
         raise ValueError("--max-tokens must be at least 2 and --progress-every at least 1")
@@ -158,7 +159,7 @@ def _check_flags(args) -> None:
     if args.context_tokens is not None and args.context_tokens + args.scored_tokens > args.max_tokens:
         raise ValueError(f"--context-tokens + --scored-tokens ({args.context_tokens + args.scored_tokens}) is more "
                          f"than --max-tokens ({args.max_tokens})")
-    columns = parse_columns(args.columns)
+    columns = report_columns(args.columns)
     if all(column.strategy is None for column in columns):
         raise ValueError("no column can run: " + "; ".join(f"{c.describe()}: {c.rejected}" for c in columns))
     _read_text(args)
@@ -166,20 +167,17 @@ def _check_flags(args) -> None:
 
 def _report(args, loaded, stop) -> dict:
     """One model's record (the needle grid too with --needle). Raises ValueError for a bad split."""
-    from ..quality.report import ReportDone, parse_columns, run_report
+    from ..protocol import collect
+    from ..quality.report import report_columns, run_report
 
     ids, info = _text_ids(args, loaded)
-    record = None
-    for event in run_report(loaded, ids, args.columns, scored_tokens=args.scored_tokens,
-                            context_tokens=args.context_tokens, stop=stop, progress_every=args.progress_every,
-                            text_info=info):
-        _progress(event)
-        if isinstance(event, ReportDone):
-            record = event.record
+    record = collect(run_report(loaded, ids, args.columns, scored_tokens=args.scored_tokens,
+                                context_tokens=args.context_tokens, stop=stop, progress_every=args.progress_every,
+                                text_info=info), _progress).record
     if args.needle and not stop.is_set():
         from ..quality.recall import needle_grid, run_recall
 
-        columns = [(c.describe(), c) for c in parse_columns(args.columns) if c.strategy is not None]
+        columns = [(c.describe(), c) for c in report_columns(args.columns) if c.strategy is not None]
         record["needle"] = run_recall(loaded, columns, needle_grid(loaded), stop, _needle_line)
     return record
 

@@ -1,4 +1,5 @@
-"""Small typed events the runner streams, and the per-column result they build.
+"""Compare's own step events, streamed between the run protocol's (`kvlab.protocol`), and the per-column result
+they build.
 
 Every consumer (the browser adapter, the CLI, the benchmark) reads these; none
 of them reads runner internals. Times are seconds, sizes are bytes.
@@ -9,6 +10,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 from ..measure.record import ColumnTiming
+from ..protocol import ColumnFailed, RunDone, RunStarted
 
 
 @dataclass
@@ -199,17 +201,10 @@ class MemorySample:
 
 @dataclass(frozen=True)
 class ColumnDone:
-    column: int
-    result: ColumnResult
-
-
-@dataclass(frozen=True)
-class ColumnError:
-    """The column could not run (`unavailable`) or failed (`error`); other columns go on."""
+    """Column `column` finished (or was stopped): its result. A column that cannot run or fails sends the run
+    protocol's `ColumnFailed` instead (its `result` a `ColumnResult` too)."""
 
     column: int
-    status: str
-    message: str
     result: ColumnResult
 
 
@@ -218,7 +213,7 @@ class SummaryReady:
     """Every column finished (and the timing policy's own pass ran): the summary can be shown now, before the
     teacher-forced fidelity pass. results: every column's result (text agreement and first divergence filled;
     top-1 agreement and KL follow in `FidelityScored` events); wall_s: seconds from the run's start; timing: as
-    `RunDone.timing`; to_score: how many columns the fidelity pass will score (0: none)."""
+    the record's `timing`; to_score: how many columns the fidelity pass will score (0: none)."""
 
     results: list[ColumnResult]
     wall_s: float
@@ -247,21 +242,8 @@ class RunPhase:
     detail: str = ""
 
 
-@dataclass(frozen=True)
-class RunDone:
-    """The run ended. wall_s: seconds from start to end. timing: how the figures were taken
-    (`kvlab.measure.noise.run_timing`: policy, load average, cores, noise, busy and its note; {} for records
-    that predate it). fidelity: the fidelity pass (`state`: `scored`, `stopped`, `off` or `none` (nothing to
-    score), `scored` and `to_score` column counts; {} for records that predate it). summary_s: seconds from the
-    start to `SummaryReady` (None when the run stopped before it)."""
-
-    results: list[ColumnResult]
-    wall_s: float
-    stopped: bool
-    timing: dict = field(default_factory=dict)
-    fidelity: dict = field(default_factory=dict)
-    summary_s: float | None = None
-
-
-Event = (ColumnStarted | TokenEvent | StepMetrics | FallbackSwitched | MemorySample | ColumnDone | ColumnError
-         | SummaryReady | FidelityScored | RunPhase | RunDone)
+Event = (RunStarted | ColumnStarted | TokenEvent | StepMetrics | FallbackSwitched | MemorySample | ColumnDone
+         | ColumnFailed | SummaryReady | FidelityScored | RunPhase | RunDone)
+"""A Compare run's events: the run protocol's (`kvlab.protocol`: `RunStarted`, `ColumnFailed`, `RunDone`, whose
+record is `kvlab.compare.summary.run_record`'s: its `timing` says how the figures were taken, its `fidelity`
+how far the fidelity pass got, its `summary_s` when the summary was ready) and Compare's own."""

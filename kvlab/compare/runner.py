@@ -18,8 +18,10 @@ the one shared model. Modes:
   parallel`): one forward on the compute thread already keeps both cores busy.
 - `sequential`: one column after another, on the compute thread too.
 
+A run streams the run protocol's events (`kvlab.protocol`: `RunStarted` with the columns' names, a
+`ColumnFailed` per column that cannot run or fails, one `RunDone` with the record) around Compare's own.
 A stop event ends every loop within a token. An exception ends its own column
-only (a `ColumnError`); the consumer never waits on a dead thread. A column with
+only (a `ColumnFailed`); the consumer never waits on a dead thread. A column with
 a `kvlab.budget.Budget` steps through `kvlab.budget.ResilientSteps`, which moves
 it to a smaller cache before it would outgrow its budget (or after running out
 of memory); each switch is a `FallbackSwitched` event.
@@ -32,8 +34,10 @@ policy may replace the live figures (the `quiet` policy re-times the columns in
 fair mode, with nothing relayed meanwhile). Then `SummaryReady` carries every result (text agreement against
 the baseline filled), so the summary shows before the teacher-forced fidelity pass (see
 `kvlab.compare.fidelity`), whose `FidelityScored` events fill top-1 agreement and KL in column by column. A
-stop during that pass keeps the summary and what was scored. `RunDone.timing` says how the figures were
-taken and whether the machine was too busy; `RunDone.fidelity` how far the fidelity pass got. This module runs; it does not render.
+stop during that pass keeps the summary and what was scored. The record's `timing` says how the figures were
+taken and whether the machine was too busy; its `fidelity` how far the fidelity pass got. `run_preset` is
+Compare's `request -> events -> record`: a preset (and, when the front built them, its columns) in, the run's
+events out, the record in its `RunDone`. This module runs; it does not render.
 """
 
 from __future__ import annotations
@@ -48,22 +52,22 @@ import torch
 
 from ..accounting import cache_bytes_by_device, predicted_cache_bytes_by_layer_type
 from ..budget import ResilientSteps, usable_chain
+from ..columns import MAX_COLUMNS, Column, parse_columns
 from ..compute import compute, compute_iter
 from ..engine import Decoder, RunStopped
-from ..generation import GenerationSettings, IncrementalDetokenizer
+from ..generation import GenerationSettings, IncrementalDetokenizer, encode_prompt
 from ..measure.noise import sample_load
+from ..protocol import ColumnFailed, RunDone, RunStarted
 from ..strategies import Strategy, StrategyError
-from .columns import MAX_COLUMNS, MODES, Column
+from .columns import MODES
 from .engine_steps import decode_engine
 from .events import (
     ColumnDone,
-    ColumnError,
     ColumnResult,
     ColumnStarted,
     Event,
     FallbackSwitched,
     MemorySample,
-    RunDone,
     RunPhase,
     StepMetrics,
     SummaryReady,
@@ -71,6 +75,7 @@ from .events import (
 )
 from .fidelity import mark_unscored, prepare_fidelity, score_fidelity
 from .memory import MemoryTracker
+from .summary import run_record
 from .timing import for_policy
 from .turns import ComputeTurns, FreeTurns, parallel_threads, shared_threads  # noqa: F401 (re-exported)
 
@@ -98,7 +103,7 @@ def _rejected(index: int, column: Column, prompt_tokens: int, emit) -> ColumnRes
     result = ColumnResult(index=index, name=column.title, strategy=column.title, knobs={}, status="error",
                           message=column.rejected, prompt_tokens=prompt_tokens)
     emit(ColumnStarted(index, result.name, prompt_tokens))
-    emit(ColumnError(index, "error", result.message, result))
+    emit(ColumnFailed(index, result.name, "error", result.message, result))
     return result
 
 
@@ -114,7 +119,7 @@ def run_column(
 ) -> ColumnResult:
     """Generate for one column, calling `emit(event)` as it goes. Returns its result.
 
-    Raises nothing: failures become a `ColumnError` event and status `error`.
+    Raises nothing: failures become a `ColumnFailed` event and status `error`.
     """
     if column.strategy is None:
         return _rejected(index, column, prompt_ids.shape[1], emit)
@@ -129,7 +134,7 @@ def run_column(
     emit(ColumnStarted(index, result.name, prompt_tokens, result.keeps, "; ".join(usable[1]) if usable else ""))
     if reason:
         result.status, result.message = "unavailable", reason
-        emit(ColumnError(index, "unavailable", reason, result))
+        emit(ColumnFailed(index, result.name, "unavailable", reason, result))
         return result
     try:
         run_settings = settings.with_overrides(column.overrides)
@@ -141,7 +146,7 @@ def run_column(
     except Exception as err:  # noqa: BLE001 - any failure ends this column only
         result.status, result.message = "error", f"{type(err).__name__}: {err}" if not isinstance(err, ValueError) else str(err)
         result.finish_decode_stats()
-        emit(ColumnError(index, "error", result.message, result))
+        emit(ColumnFailed(index, result.name, "error", result.message, result))
         return result
     result.status = "ok"
     if result.stopped:
@@ -210,8 +215,10 @@ def _append_by_type(series: dict[str, list[int]], values: dict[str, int]) -> Non
 
 
 def run_compare(loaded, prompt_ids: torch.Tensor, columns: list, settings: GenerationSettings | None = None,
-                mode: str = "fair", stop: threading.Event | None = None, baseline: int | None = None) -> Iterator[Event]:
-    """Run every column and yield events as they happen; the last one is `RunDone`.
+                mode: str = "fair", stop: threading.Event | None = None, baseline: int | None = None,
+                preset=None) -> Iterator[Event]:
+    """Run every column and yield events as they happen: `RunStarted` first, `RunDone` (with the record,
+    `kvlab.compare.summary.run_record`, and every column's `ColumnResult`) last.
 
     Args:
         loaded: a `kvlab.models.LoadedModel`.
@@ -221,6 +228,8 @@ def run_compare(loaded, prompt_ids: torch.Tensor, columns: list, settings: Gener
         mode: one of MODES.
         stop: set it to end every column within a token.
         baseline: index of the fidelity baseline column (default: first `dynamic`, else the first ok column).
+        preset: the `kvlab.presets.Preset` the run is made from, whose name, prompt and mode the record says
+            (None: the record leaves them null).
 
     Raises:
         ValueError: bad mode, no columns or too many, or an unknown `settings.timing_policy` (before anything
@@ -228,6 +237,7 @@ def run_compare(loaded, prompt_ids: torch.Tensor, columns: list, settings: Gener
         StrategyError: a column spec names an unknown strategy or knob.
     """
     columns = checked_columns(columns, mode)
+    yield RunStarted(tuple(column.describe() for column in columns))
     settings, stop = settings or GenerationSettings(), stop or threading.Event()
     events, results = queue.Queue(), [None] * len(columns)  # results: a ColumnResult per column, in order
     turns = FreeTurns() if mode == "parallel" else ComputeTurns()
@@ -259,8 +269,9 @@ def run_compare(loaded, prompt_ids: torch.Tensor, columns: list, settings: Gener
         order, summary_s = yield from _summary_then_fidelity(loaded, prompt_ids, columns, results, settings,
                                                              baseline, stop, (events, sampler, workers), timing)
         yield sampler.sample()
-        yield RunDone(list(results), time.perf_counter() - started, stop.is_set(), timing,
-                      _fidelity_record(settings, results, order, stop), summary_s)
+        wall_s, fidelity = time.perf_counter() - started, _fidelity_record(settings, results, order, stop)
+        yield RunDone(run_record(loaded, preset, settings, results, wall_s, stop.is_set(), timing, fidelity, summary_s),
+                      wall_s, stop.is_set(), list(results))
     finally:
         _end_workers(workers, stop)
 
@@ -284,7 +295,7 @@ def _summary_then_fidelity(loaded, prompt_ids, columns, results, settings, basel
 
 
 def _fidelity_record(settings, results: list, order: list[int], stop: threading.Event) -> dict:
-    """`RunDone.fidelity`: the pass's state and column counts; columns left unscored are marked why."""
+    """The record's `fidelity`: the pass's state and column counts; columns left unscored are marked why."""
     if not settings.fidelity:
         mark_unscored(results, [i for i, r in enumerate(results) if r.status == "ok" and r.token_ids],
                       "fidelity off")
@@ -297,13 +308,13 @@ def _fidelity_record(settings, results: list, order: list[int], stop: threading.
 
 
 def _fill_missing(results: list, columns: list, input_tokens: int, warm_up_s: list[float]):
-    """Generator: a column whose worker ended without a result gets an error result (and a `ColumnError`
+    """Generator: a column whose worker ended without a result gets an error result (and a `ColumnFailed`
     event); every result gets its column's warm-up seconds."""
     for i, result in enumerate(results):
         if result is None:
             results[i] = new_result(i, columns[i], input_tokens)
             results[i].status, results[i].message = "error", "the column's worker ended without a result"
-            yield ColumnError(i, "error", results[i].message, results[i])
+            yield ColumnFailed(i, results[i].name, "error", results[i].message, results[i])
         results[i].timing.warm_up_s = warm_up_s[i]
 
 
@@ -346,11 +357,7 @@ def checked_columns(columns: list, mode: str) -> list[Column]:
     """
     if mode not in MODES:
         raise ValueError(f"mode must be one of {list(MODES)}, got {mode!r}")
-    if not columns:
-        raise ValueError("no strategy picked: add at least one column")
-    if len(columns) > MAX_COLUMNS:
-        raise ValueError(f"at most {MAX_COLUMNS} columns, got {len(columns)}")
-    return [Column.from_spec(spec) for spec in columns]
+    return parse_columns(columns, MAX_COLUMNS, empty="no strategy picked: add at least one column", strict=True)
 
 
 class _Sampler:
@@ -386,12 +393,16 @@ def _drain_into(stream, events: queue.Queue) -> None:
         events.put(event)
 
 
-def collect(events: Iterator[Event]) -> RunDone:
-    """Drain a run and return its `RunDone` (for the CLI and tests)."""
-    done = None
-    for event in events:
-        if isinstance(event, RunDone):
-            done = event
-    if done is None:
-        raise RuntimeError("the run ended without a RunDone event")
-    return done
+def run_preset(loaded, preset, stop: threading.Event | None = None, columns: list | None = None
+               ) -> Iterator[Event]:
+    """Compare's `request -> events -> record`: run `preset` (a `kvlab.presets.Preset`: prompt, settings, mode,
+    baseline) on `loaded`, its prompt encoded now, over `columns` (default: the preset's own); the events of
+    `run_compare`, the record in the last one.
+
+    Raises:
+        ValueError: the prompt cannot be encoded (at once); as `run_compare` once the events are read.
+    """
+    settings = preset.settings()
+    prompt_ids = encode_prompt(loaded.tokenizer, preset.prompt.text, preset.prompt.system, preset.prompt.chat)
+    return run_compare(loaded, prompt_ids, preset.build_columns() if columns is None else columns, settings,
+                       preset.mode, stop, preset.baseline, preset)

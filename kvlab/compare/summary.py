@@ -12,7 +12,7 @@ from __future__ import annotations
 import csv
 import io
 
-from .events import ColumnResult, RunDone
+from .events import ColumnResult
 
 SUMMARY_COLUMNS = [
     "column", "status", "ttft_s", "decode_tok_s", "itl_ms_p50", "itl_ms_p99", "peak_cache_bytes", "vs_baseline_bytes",
@@ -183,41 +183,24 @@ def rows_to_csv(rows: list[dict]) -> str:
     return out.getvalue()
 
 
-RECORD_FORMAT = "kvlab.compare"
-RECORD_FORMAT_VERSION = 3
-"""Version of the run record's layout (1: records before `format_version` existed; 2: adds `format_version`,
-`environment`, `measured_at` and the ITL figures per column; 3: each column's timing fields nested in one
-`timing` record, `kvlab.measure.ColumnTiming`, and the run's `timing.policy`; version 2 is upgraded on
-load by `kvlab.measure.record.upgrade_v2`). Version 3 records may also hold `summary_s`, `fidelity` (the fidelity
-pass's state and counts, `RunDone.fidelity`) and each column's `fidelity_status`; records without them load
-with none."""
-
-
-def run_record(loaded, preset, settings, done: RunDone) -> dict:
-    """The JSON record of a run: its format, where and when it was measured (`kvlab.measure.environment`), model
-    info, settings, mode, every column's result (each with its `fidelity_status`), how the run was timed
-    (`timing`, `kvlab.measure.noise.run_timing`: the policy, load average, noise, whether the machine was too
-    busy, and its note), `summary_s` (seconds from the start to the summary) and `fidelity` (the fidelity
-    pass: state, scored and to_score)."""
+def run_record(loaded, preset, settings, results: list[ColumnResult], wall_s: float, stopped: bool, timing: dict,
+               fidelity: dict, summary_s: float | None) -> dict:
+    """The JSON record of a run, in the envelope every wing writes (`kvlab.record.new_record`, kind
+    `kvlab.compare`, `kvlab.compare.record.COMPARE`): where and when it was measured
+    (`kvlab.measure.environment`), model info, the preset's name, prompt and mode (null without a preset), the
+    settings, every column's result (each with its `fidelity_status`), how the run was timed (`timing`,
+    `kvlab.measure.noise.run_timing`: the policy, load average, noise, whether the machine was too busy, and
+    its note), `summary_s` (seconds from the start to the summary) and `fidelity` (the fidelity pass: state,
+    scored and to_score)."""
     from dataclasses import asdict
-    from datetime import datetime, timezone
 
     from ..measure.environment import environment
+    from ..record import new_record
+    from .record import COMPARE
 
-    return {
-        "format": RECORD_FORMAT,
-        "format_version": RECORD_FORMAT_VERSION,
-        "measured_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "environment": environment(loaded),
-        "model": loaded.info(),
-        "preset": preset.name if preset is not None else None,
-        "prompt": preset.prompt.model_dump() if preset is not None else None,
-        "mode": preset.mode if preset is not None else None,
-        "settings": asdict(settings),
-        "wall_s": done.wall_s,
-        "summary_s": done.summary_s,
-        "stopped": done.stopped,
-        "fidelity": done.fidelity,
-        "columns": [r.to_json() for r in done.results],
-        "timing": done.timing,
-    }
+    return new_record(COMPARE, model=loaded.info(), environment=environment(loaded),
+                      columns=[r.to_json() for r in results], wall_s=wall_s, stopped=stopped,
+                      preset=preset.name if preset is not None else None,
+                      prompt=preset.prompt.model_dump() if preset is not None else None,
+                      mode=preset.mode if preset is not None else None, settings=asdict(settings),
+                      summary_s=summary_s, fidelity=fidelity, timing=timing)

@@ -1,7 +1,7 @@
 """The one reader of kvlab's JSON records from a file or an upload, trusting neither its size nor its structure.
 
-Every record reader (Compare's replay and share links, the Report tab's saved records, Needle's record, the
-command line's `--replay` and `--from`) reads through `load_json`:
+The one record reader (`kvlab.record`, behind Compare's replay and share links, the Report tab's saved
+records, Needle's record, the command line's `--replay` and `--from`) reads files through `load_json`:
 
 - the size is checked before a byte is read: at most `max_record_bytes()` (`KVLAB_MAX_RECORD_MB`, default
   DEFAULT_MAX_RECORD_MB MiB; the largest record kvlab writes, a 4,096-token 8-column Compare run, is a few MB);
@@ -254,6 +254,6 @@ def version_refusal(kind: str, key: str, found, readable: tuple[int, ...]) -> st
     the same way."""
     if isinstance(found, int) and not isinstance(found, bool) and found in readable:
         return None
-    versions = " and ".join(str(v) for v in readable)
+    versions = " and ".join(filter(None, [", ".join(str(v) for v in readable[:-1]), str(readable[-1])]))
     return (f"{kind} record {key} {repr(found)[:40]} cannot be read by this kvlab, which reads version"
             f"{'s' if len(readable) > 1 else ''} {versions} (a newer kvlab wrote it, or another tool)")

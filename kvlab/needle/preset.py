@@ -14,7 +14,7 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from ..compare.columns import MAX_COLUMNS, Column
+from ..columns import MAX_COLUMNS, Column
 from ..presets import ModelSection, PresetError, presets_dir, read_preset_yaml
 from ..strategies import STRATEGIES, StrategyError
 from .grid import DEFAULT_DEPTHS, DEFAULT_NEW_TOKENS, MAX_NEW_TOKENS

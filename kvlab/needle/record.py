@@ -13,12 +13,12 @@ import io
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from typing_extensions import Required, TypedDict
+from typing_extensions import NotRequired, Required, TypedDict
 
-from ..measure.record_json import RecordJSONError, json_shape, load_json, shaped, version_refusal
+from ..columns import MAX_COLUMNS
+from ..measure.record_json import json_shape
+from ..record import RecordError, RecordKind, new_record, read_record
 
-RECORD_KIND = "kvlab.needle"
-RECORD_VERSION = 1
 CSV_FIELDS = ("column", "strategy", "context_tokens", "depth", "seed", "key", "key_position", "answer_text", "hit",
               "key_logprob", "key_rank", "gated", "cache_bytes", "prefill_s", "status", "message")
 
@@ -131,14 +131,14 @@ def hits_grid(records: list[CellRecord], column: int) -> dict[tuple[int, float],
 
 
 def build_record(model: dict, grid: dict, columns: list[dict], records: list[CellRecord], dense_columns: list[int],
-                 problems: list[str], wall_s: float, stopped: bool) -> dict:
-    """The JSON record of a run: model info, the grid asked for, each column (name, spec, status, message),
-    every cell, the summary, the grid's problems, the wall time (s) and whether it was stopped."""
+                 problems: list[str], wall_s: float, stopped: bool, environment: dict | None = None) -> dict:
+    """The JSON record of a run (`NEEDLE`, in the envelope of `kvlab.record.new_record`): model info and the
+    environment, the grid asked for, each column (name, spec, status, message), every cell, the summary, the
+    grid's problems, the wall time (s) and whether it was stopped."""
     names = [c["name"] for c in columns]
-    return {"kind": RECORD_KIND, "version": RECORD_VERSION, "model": model, "grid": grid, "columns": columns,
-            "dense_columns": dense_columns, "cells": [r.to_json() for r in records],
-            "summary": summarize(records, names, dense_columns), "problems": problems,
-            "wall_s": wall_s, "stopped": stopped}
+    return new_record(NEEDLE, model=model, environment=environment, columns=columns, wall_s=wall_s,
+                      stopped=stopped, grid=grid, dense_columns=dense_columns, cells=[r.to_json() for r in records],
+                      summary=summarize(records, names, dense_columns), problems=problems)
 
 
 def records_to_csv(records: list[CellRecord]) -> str:
@@ -153,33 +153,58 @@ def records_to_csv(records: list[CellRecord]) -> str:
     return out.getvalue()
 
 
-_Cell = json_shape(CellRecord)
+class _Column(TypedDict, total=False):
+    name: Required[str]
+    spec: dict
+    status: str
+    message: str
 
 
-class _Cells(TypedDict):
-    cells: Required[list[_Cell]]
+class SummaryRow(TypedDict, total=False):
+    """One column's row of a Needle record's summary (`summarize`; a report's recall rows add `message`)."""
+
+    column: int
+    strategy: Required[str]
+    cells: int
+    hits: Required[int]
+    scored: Required[int]
+    gated: int
+    hit_rate: float | None
+    mean_key_logprob: float | None
+    mean_cache_bytes: float | None
+    bytes_vs_dense: float | None
+    errors: int
+    message: str
+
+
+class _Grid(TypedDict, total=False):
+    lengths: list[int]
+    depths: list[float]
+    seeds: list[int]
+    new_tokens: int
+
+
+NEEDLE = RecordKind("kvlab.needle", "Needle", 1, (1,), _Column,
+                    {"grid": NotRequired[_Grid], "dense_columns": NotRequired[list[int]],
+                     "cells": Required[list[json_shape(CellRecord)]], "summary": Required[list[SummaryRow]],
+                     "problems": NotRequired[list[str]]}, MAX_COLUMNS)
+"""The Needle record (version 1; records written before the envelope lack `measured_at` and `environment`)."""
 
 
 def load_record(path: str | Path) -> tuple[dict, list[CellRecord]]:
     """(record, its cells as CellRecords) from a JSON file written by `kvlab needle --json` or the tab, read by
-    `kvlab.measure.record_json.load_json` (size, depth and numbers capped); each cell's fields are type-checked
-    and only the known ones kept.
+    `kvlab.record.read_record` (size, depth and numbers capped, every field's type checked, only the known
+    ones kept).
 
     Raises:
-        ValueError: one line: not JSON, past a limit, not a needle record, a version this kvlab does not read,
-            or a cell whose fields are missing or of the wrong type.
+        ValueError: one line naming the file: not JSON, past a limit, not a needle record, a version this kvlab
+            does not read, or a field missing or of the wrong type.
     """
     try:
-        data = load_json(path)
-    except RecordJSONError as err:
+        _, record = read_record(path, (NEEDLE,), "needle")
+    except RecordError as err:
         raise ValueError(f"cannot read needle record {Path(path).name}: {err}") from None
-    if data.get("kind") != RECORD_KIND:
-        raise ValueError(f"{Path(path).name} is not a needle record (no kind: {RECORD_KIND})")
-    refusal = version_refusal("Needle", "version", data.get("version"), (RECORD_VERSION,))
-    if refusal:
-        raise ValueError(refusal)
-    cells = shaped(data, _Cells, f"not a well-formed {RECORD_KIND} record, its")["cells"]
-    return data, [CellRecord(**cell) for cell in cells]
+    return record, [CellRecord(**cell) for cell in record["cells"]]
 
 
 SNIPPET = '''\

@@ -1,15 +1,16 @@
 """The needle grid runner: every cell of a grid through every column's cache, streamed as small typed events.
 
-Columns are Compare's (`kvlab.compare.runner.Column`: any registered strategy with its knobs, up to MAX_COLUMNS); a
-column that cannot become a strategy or cannot run on this model gets a `NeedleColumnError` and the others run.
+Columns are read by `kvlab.columns.parse_columns` (any registered strategy with its knobs, up to MAX_COLUMNS); a
+column that cannot become a strategy or cannot run on this model gets a `ColumnFailed` and the others run.
 Cells run shortest length first; within a cell the dense columns (caches that keep every token on this model)
 run first, so each cell's gate is known before the other columns' results of it are sent. Each cell is one
 call on kvlab's compute thread (`kvlab.compute`), so it takes turns with the other tabs' work; strategies pay
 their one-time set-up before the first cell (`kvlab.measure.warmup.warm_up_columns`), never inside a prefill_s.
 
-A stop event ends the run between two cells; every finished cell stays in `NeedleDone.records`. An error in a
-cell ends its column (the message in its `NeedleColumnError`) while the other columns go on. This module runs
-and measures; it does not render.
+It streams the run protocol's events (`kvlab.protocol`) around its own `NeedleCell`s. A stop event ends the
+run between two cells; every finished cell stays in `RunDone.results`. An error in a cell ends its column (the
+message in its `ColumnFailed`) while the other columns go on. This module runs and measures; it does not
+render.
 """
 
 from __future__ import annotations
@@ -17,12 +18,14 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from ..compare.columns import MAX_COLUMNS, Column
+from ..columns import MAX_COLUMNS, parse_columns
 from ..compute import compute
 from ..generation import eos_token_ids
+from ..measure.environment import environment
 from ..measure.warmup import warm_up_columns
+from ..protocol import ColumnFailed, RunDone, RunStarted
 from .cell import run_cell
 from .grid import Grid
 from .prompt import PasskeyPrompt, build_passkey_prompt
@@ -30,23 +33,13 @@ from .record import CellRecord, build_record
 
 
 @dataclass(frozen=True)
-class NeedleStarted:
-    """The run's columns (names), cells ((target_tokens, depth, seed) in run order), dense column indices
-    and the grid's problems (values left out, one line each)."""
+class NeedlePlan:
+    """What a needle run settled before its first cell (`RunStarted.plan`): the cells ((target_tokens, depth,
+    seed) in run order), the dense columns' indices and the grid's problems (values left out, one line each)."""
 
-    columns: list[str]
     cells: list[tuple[int, float, int]]
     dense_columns: list[int]
     problems: list[str]
-
-
-@dataclass(frozen=True)
-class NeedleColumnError:
-    """Column `column` stops (or never starts): `status` is `error` or `unavailable`, `message` one line."""
-
-    column: int
-    status: str
-    message: str
 
 
 @dataclass(frozen=True)
@@ -56,27 +49,7 @@ class NeedleCell:
     record: CellRecord
 
 
-@dataclass(frozen=True)
-class NeedleDone:
-    """The run ended: every finished cell, the JSON record (`kvlab.needle.record.build_record`), the wall time in
-    seconds and whether it was stopped."""
-
-    records: list[CellRecord]
-    record: dict
-    wall_s: float
-    stopped: bool = False
-    column_messages: dict[int, str] = field(default_factory=dict)
-
-
-NeedleEvent = NeedleStarted | NeedleColumnError | NeedleCell | NeedleDone
-
-
-def _columns(specs) -> list[Column]:
-    if len(specs) > MAX_COLUMNS:
-        raise ValueError(f"at most {MAX_COLUMNS} columns, got {len(specs)}")
-    if not specs:
-        raise ValueError("pick at least one column")
-    return [spec if isinstance(spec, Column) else Column.or_rejected(spec) for spec in specs]
+NeedleEvent = RunStarted | ColumnFailed | NeedleCell | RunDone
 
 
 def _record(index: int, name: str, prompt: PasskeyPrompt, target: int) -> CellRecord:
@@ -101,15 +74,16 @@ def _gate(records: list[CellRecord], dense: list[int]) -> None:
 
 
 def run_needle(loaded, specs, grid: Grid, stop: threading.Event | None = None) -> Iterator[NeedleEvent]:
-    """Run `grid` under each column of `specs` (strategy dicts, Strategies or Columns) and yield events:
-    NeedleStarted, then NeedleColumnError / NeedleCell as they happen, then one NeedleDone.
+    """Run `grid` under each column of `specs` (text in compare syntax, strategy dicts, Strategies or Columns)
+    and yield the run's events (`kvlab.protocol`): RunStarted (its plan a `NeedlePlan`), then ColumnFailed /
+    NeedleCell as they happen, then one RunDone with the record and every finished cell (`results`).
 
     Raises:
         ValueError: no columns or more than MAX_COLUMNS (nothing runs).
     """
     stop = stop or threading.Event()
     started = time.perf_counter()
-    columns = _columns(specs)
+    columns = parse_columns(specs, MAX_COLUMNS)
     names = [c.describe() for c in columns]
     messages: dict[int, str] = {}
     statuses: dict[int, str] = {}
@@ -119,9 +93,9 @@ def run_needle(loaded, specs, grid: Grid, stop: threading.Event | None = None) -
             messages[index], statuses[index] = reason, "error" if column.rejected else "unavailable"
     dense = [i for i, c in enumerate(columns) if i not in messages and c.strategy.keeps_everything_on(loaded)]
     order = dense + [i for i in range(len(columns)) if i not in dense]
-    yield NeedleStarted(names, grid.cells, dense, list(grid.problems))
+    yield RunStarted(tuple(names), NeedlePlan(list(grid.cells), dense, list(grid.problems)))
     for index, message in messages.items():
-        yield NeedleColumnError(index, statuses[index], message)
+        yield ColumnFailed(index, names[index], statuses[index], message)
     runnable = [columns[i].strategy for i in order if i not in messages]
     compute(warm_up_columns, loaded, runnable, max(grid.lengths))
     eos = eos_token_ids(loaded)
@@ -142,7 +116,7 @@ def run_needle(loaded, specs, grid: Grid, stop: threading.Event | None = None) -
                 messages[index], statuses[index] = str(err) if plain else f"{type(err).__name__}: {err}", "error"
                 record.status, record.message = "error", messages[index]
                 records.append(record)
-                yield NeedleColumnError(index, "error", messages[index])
+                yield ColumnFailed(index, names[index], "error", messages[index])
                 continue
             if index in dense and not record.hit:
                 dense_missed = True
@@ -155,8 +129,9 @@ def run_needle(loaded, specs, grid: Grid, stop: threading.Event | None = None) -
     column_info = [{"name": names[i], "spec": {"strategy": c.strategy.name, **c.strategy.knobs()} if c.strategy else {},
                     "status": statuses.get(i, "ok"), "message": messages.get(i, "")} for i, c in enumerate(columns)]
     grid_info = {"lengths": grid.lengths, "depths": grid.depths, "seeds": grid.seeds, "new_tokens": grid.new_tokens}
-    record = build_record(info, grid_info, column_info, records, dense, list(grid.problems), wall_s, stop.is_set())
-    yield NeedleDone(records, record, wall_s, stop.is_set(), messages)
+    record = build_record(info, grid_info, column_info, records, dense, list(grid.problems), wall_s, stop.is_set(),
+                          environment(loaded))
+    yield RunDone(record, wall_s, stop.is_set(), records)
 
 
 def _hub_id(loaded) -> str | None:

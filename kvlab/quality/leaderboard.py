@@ -15,9 +15,10 @@ import re
 import threading
 from pathlib import Path
 
+from ..protocol import collect
 from .defaults import LEADERBOARD_COLUMNS, LEADERBOARD_MODELS, SHIPPED_TEXT_INFO, shipped_text
 from .record import rows_from_record
-from .report import DEFAULT_MAX_TOKENS, DEFAULT_SCORED_TOKENS, ReportDone, run_report
+from .report import DEFAULT_MAX_TOKENS, DEFAULT_SCORED_TOKENS, run_report
 from .table import format_markdown
 
 
@@ -34,14 +35,8 @@ def leaderboard_for(loaded, columns: str = LEADERBOARD_COLUMNS, *, scored_tokens
                     stop: threading.Event | None = None, on_event=None) -> dict:
     """One model's report record on the shipped text (`on_event(event)` sees every report event)."""
     ids = loaded.tokenizer(shipped_text(), return_tensors="pt")["input_ids"][:, :max_tokens]
-    record = None
-    for event in run_report(loaded, ids, columns, scored_tokens=scored_tokens, context_tokens=context_tokens,
-                            stop=stop, text_info=dict(SHIPPED_TEXT_INFO)):
-        if on_event is not None:
-            on_event(event)
-        if isinstance(event, ReportDone):
-            record = event.record
-    return record
+    return collect(run_report(loaded, ids, columns, scored_tokens=scored_tokens, context_tokens=context_tokens,
+                              stop=stop, text_info=dict(SHIPPED_TEXT_INFO)), on_event).record
 
 
 def write_entry(folder: Path, source: str, record: dict, command: str = "") -> tuple[Path, Path]:

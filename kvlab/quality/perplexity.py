@@ -1,145 +1,91 @@
-"""Streaming perplexity: feed a long text token by token through KV caches and record each NLL.
+"""Streaming perplexity: StreamingLLM's perplexity view of the quality report, and the curves' summaries.
 
-This is how StreamingLLM (Xiao et al. 2023, arXiv:2309.17453) compares dense,
-window and attention-sink caches: every token is predicted from what the cache
-still holds at that point. The caches are ordinary strategies from the registry
-(`dynamic` keeps everything, `sink` with `num_sink_tokens: 0` is the paper's
-window-attention baseline, `sink` is StreamingLLM, `sliding_window` the model's
-own window); the tokens go through the engine (`kvlab.engine.NllStream`).
-`stream_many` streams several in turns (each step on kvlab's compute thread),
-`stream_nll` one; `ppl_by_segment` and `moving_log_ppl` summarise. Pure
-backend: no gradio, no plotting, no model loading.
+This is how StreamingLLM (Xiao et al. 2023, arXiv:2309.17453) compares dense, window and attention-sink
+caches: every token of a long text is predicted from what the cache still holds at that point. It is the
+quality report (`kvlab.quality.report.run_report`) with a one-token context, no reference and its per-token
+NLL curve (`run_perplexity`): the same columns (`perplexity_columns`, the report's with two aliases and the
+sink defaults), the same teacher-forcing loop (`kvlab.engine.teacher_force`), the same default text (the
+shipped one, `kvlab.quality.defaults.shipped_text`). The caches are ordinary strategies from the registry
+(`dynamic` keeps everything, `sink` with `num_sink_tokens: 0` is the paper's window-attention baseline,
+`sink` is StreamingLLM, `sliding_window` the model's own window). `ppl_by_segment` and `moving_log_ppl`
+summarise a curve. Pure backend: no gradio, no plotting, no model loading.
 """
 
 from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Callable, Iterator
 
 import torch
 
-from ..compute import compute_iter
-from ..engine import NllStep, NllStream
-from ..strategies import Strategy, StrategyError, make_strategy
-from ..strategies.base import parse_strategy_list
+from ..columns import Column
+from .report import Split, column_refusal, report_columns, run_report
 
 DEFAULT_STRATEGIES = "dynamic,sink:num_sink_tokens=0,sink"
 """The paper's three curves: dense, window attention, attention sinks."""
 DEFAULT_WINDOW = 256
 DEFAULT_SINKS = 4
-DEFAULT_MAX_TOKENS = 4096
 ALIASES = {"dense": {"strategy": "dynamic"}, "window": {"strategy": "sink", "num_sink_tokens": 0}}
 """Older names accepted on input (`dense`, `window`); results always carry the strategy's own name."""
 
 
-def default_text() -> str:
-    """A long real text present on every machine: Python's own help topics (`pydoc_data.topics`)."""
-    from pydoc_data.topics import topics
-
-    return "\n".join(topics.values())
-
-
-def parse_perplexity_strategies(specs, window: int = DEFAULT_WINDOW, sinks: int = DEFAULT_SINKS
-                                ) -> dict[str, Strategy]:
-    """Column label -> strategy for a perplexity run, checked without a model.
-
-    Args:
-        specs: a comma list in the compare syntax (`dynamic,sink:num_sink_tokens=0,sink`), or a list of
-            names / spec dicts / Strategy objects. `dense` and `window` are accepted as `dynamic` and
-            `sink:num_sink_tokens=0`.
-        window, sinks: `window_length` and `num_sink_tokens` for sink columns that do not set them.
-
-    Raises:
-        StrategyError: nothing picked, an unknown name or knob, a bad knob value, a strategy that keeps no
-            cache, or two columns with one label.
-        ValueError: a knob not written as key=value.
-    """
-    items = parse_strategy_list(specs) if isinstance(specs, str) else list(specs)
-    chosen: dict[str, Strategy] = {}
-    for item in items:
-        strategy = _resolve(item, window, sinks)
-        if not strategy.usable_in_perplexity:
-            raise StrategyError(f"{strategy.name} keeps no cache, so a text cannot stream through it token by token")
-        label = strategy.describe()
-        if label in chosen:
-            raise StrategyError(f"{label!r} is picked twice: give each column different knobs")
-        chosen[label] = strategy
-    if not chosen:
-        raise StrategyError(f"pick at least one cache, e.g. {DEFAULT_STRATEGIES}")
-    return chosen
-
-
-def perplexity_strategies(loaded, specs, window: int = DEFAULT_WINDOW, sinks: int = DEFAULT_SINKS
-                          ) -> dict[str, Strategy]:
-    """`parse_perplexity_strategies`, then each checked against `loaded` (a `kvlab.models.LoadedModel`).
-
-    Raises:
-        StrategyError: as `parse_perplexity_strategies`, or a strategy that cannot run on this model, with the
-            same reason Compare gives.
-    """
-    chosen = parse_perplexity_strategies(specs, window, sinks)
-    for label, strategy in chosen.items():
-        reason = strategy.unavailable_reason(loaded)
-        if reason:
-            raise StrategyError(f"{label}: {reason}")
-    return chosen
-
-
-def _resolve(item, window: int, sinks: int) -> Strategy:
-    if isinstance(item, Strategy):
-        return item
-    spec = {"strategy": item} if isinstance(item, str) else dict(item)
+def _resolve(spec: dict, window: int, sinks: int) -> dict:
+    """`spec` with the aliases (`dense`, `window`) replaced and a sink column's unset window and sinks filled."""
     alias = ALIASES.get(spec.get("strategy"))
     if alias is not None:
         spec = {**alias, **{key: value for key, value in spec.items() if key != "strategy"}}
     if spec.get("strategy") == "sink":
         spec.setdefault("window_length", window)
         spec.setdefault("num_sink_tokens", sinks)
-    return make_strategy(spec)
+    return spec
 
 
-def stream_many(loaded, input_ids: torch.Tensor, strategies: dict[str, Strategy],
-                stop: threading.Event | None = None) -> Iterator[NllStep]:
-    """Stream one text through every strategy's cache in turns, one token each per round; each step runs on
-    kvlab's compute thread. Yields `NllStep`s (name, position, nll in nats, cache bytes).
-
-    Raises:
-        ValueError: no strategies, or not one sequence of at least 2 tokens.
-    """
-    return compute_iter(NllStream(loaded, strategies, input_ids, stop))
-
-
-def stream_nll(loaded, input_ids: torch.Tensor, strategy: Strategy, *, stop_event: threading.Event | None = None,
-               on_token: Callable[[int, float, int], None] | None = None) -> list[float]:
-    """Negative log-likelihood (nats) of each token of `input_ids` given the tokens before it under one strategy.
-
-    Args:
-        loaded: a `kvlab.models.LoadedModel`.
-        input_ids: (1, seq) or (seq,) ids, seq >= 2.
-        strategy: the cache to stream through (a fresh one is built).
-        stop_event: when set, streaming stops and the NLLs so far are returned.
-        on_token: called after each token as `on_token(position, nll, cache_bytes)`.
-
-    Returns:
-        `nll[i]` is the NLL of token i + 1 (length seq - 1, or fewer if stopped).
+def perplexity_columns(specs, window: int = DEFAULT_WINDOW, sinks: int = DEFAULT_SINKS) -> list[Column]:
+    """The columns of a perplexity run, checked without a model: the report's columns (`report_columns`,
+    strict: the first one that cannot run is raised), `dense` and `window` read as `dynamic` and
+    `sink:num_sink_tokens=0`, and `window`, `sinks` the `window_length` and `num_sink_tokens` of sink columns
+    that do not set them.
 
     Raises:
-        ValueError: `input_ids` is not one sequence of at least 2 tokens.
+        StrategyError: an unknown name or knob, a bad knob value or one not written as key=value, a strategy
+            that keeps no cache, two columns with one label, or a cache budget.
+        ValueError: nothing picked, or more than the report's MAX_REPORT_COLUMNS.
     """
-    nll: list[float] = []
-    for step in stream_many(loaded, input_ids, {strategy.describe(): strategy}, stop_event):
-        nll.append(step.nll)
-        if on_token is not None:
-            on_token(step.position, step.nll, step.cache_bytes)
-    return nll
+    return report_columns(specs, strict=True, prepare=lambda spec: _resolve(spec, window, sinks),
+                          empty=f"pick at least one cache, e.g. {DEFAULT_STRATEGIES}")
+
+
+def refusals(loaded, columns: list[Column], tokens: int) -> dict[str, str]:
+    """Label -> why a column cannot stream a text of `tokens` tokens on `loaded` (the report's own check,
+    `column_refusal`, for a one-token context and `tokens - 1` scored tokens: it cannot run on this model or
+    machine, or its cache cannot hold that split); the columns not named can run."""
+    split = Split(1, tokens - 1)
+    return {column.describe(): reason for column in columns if (reason := column_refusal(loaded, column, split)[1])}
+
+
+def run_perplexity(loaded, input_ids: torch.Tensor, columns: list[Column], stop: threading.Event | None = None):
+    """StreamingLLM's perplexity run: the quality report (`kvlab.quality.report.run_report`) with a one-token
+    context and every other token of the text scored one per forward through each column's own cache, in turns,
+    with no reference (each column's own NLL) and its per-token curve: `TokenScored(column, position, nll,
+    cache_bytes)` for position 1..seq-1, around the run protocol's events (`kvlab.protocol`). Token p is
+    predicted from what each cache still holds after tokens 0..p-1 went through it one at a time.
+
+    Raises:
+        ValueError: not one sequence of at least 2 tokens, or as `run_report`.
+    """
+    ids = input_ids.reshape(1, -1) if input_ids.ndim == 1 else input_ids
+    if ids.ndim != 2 or ids.shape[0] != 1 or ids.shape[1] < 2:
+        raise ValueError(f"input_ids must be one sequence of at least 2 tokens; got shape {tuple(input_ids.shape)}")
+    tokens = ids.shape[1]
+    return run_report(loaded, ids, columns, scored_tokens=tokens - 1, context_tokens=1, stop=stop,
+                      progress_every=tokens, warm_up=False, reference=None, curve=True)
 
 
 def ppl_by_segment(nll: list[float], segment_len: int) -> list[dict]:
     """Perplexity of consecutive segments of an NLL list.
 
     Args:
-        nll: per-token negative log-likelihoods in nats (as from `stream_nll`).
+        nll: per-token negative log-likelihoods in nats (one column's curve from `run_perplexity`).
         segment_len: tokens per segment, >= 1; the last segment may be shorter.
 
     Returns:

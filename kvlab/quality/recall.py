@@ -1,6 +1,6 @@
 """Recall for the quality report: the Needle grid (`kvlab.needle`) run for the report's columns, summarised per column.
 
-The Needle runner takes at most `kvlab.compare.columns.MAX_COLUMNS` columns, so the report's columns run in
+The Needle runner takes at most `kvlab.columns.MAX_COLUMNS` columns, so the report's columns run in
 batches, each with a dense `dynamic` column first: a cell the dense cache misses is beyond the model and gated
 in every column of its batch (`kvlab.needle.record`), as in the Needle tab. Each column's hits over its scored
 cells (every length x depth x seed not gated) become `NEEDLE_FIELDS` with a Wilson 95 % interval
@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 import threading
 
-from ..compare.columns import MAX_COLUMNS
+from ..columns import MAX_COLUMNS
 
 DEFAULT_LENGTHS = "1k"
 DEFAULT_DEPTHS = "0,0.5,1"
@@ -40,24 +40,20 @@ def run_recall(loaded, names_and_specs: list[tuple[str, object]], grid, stop: th
     Columns are (report column name, Column or spec); a column the Needle runner refuses keeps its message in
     its row (`errors` >= 1, no hits).
     """
-    from ..compare.columns import Column
-    from ..needle.runner import NeedleDone, run_needle
+    from ..columns import Column
+    from ..needle.runner import run_needle
+    from ..protocol import collect
 
     batch_size = MAX_COLUMNS - 1
     summary: list[dict] = []
     for start in range(0, len(names_and_specs), batch_size):
         batch = names_and_specs[start:start + batch_size]
         specs = [Column.from_text(DENSE), *(spec for _, spec in batch)]
-        done = None
-        for event in run_needle(loaded, specs, grid, stop):
-            if on_cell is not None:
-                on_cell(event)
-            if isinstance(event, NeedleDone):
-                done = event
-        rows = done.record["summary"]
+        done = collect(run_needle(loaded, specs, grid, stop), on_cell)
+        rows, columns = done.record["summary"], done.record["columns"]
         if start == 0:
             summary.append({**rows[0], "strategy": DENSE})
         for index, ((name, _), row) in enumerate(zip(batch, rows[1:]), 1):
-            summary.append({**row, "strategy": name, "message": done.column_messages.get(index, "")})
+            summary.append({**row, "strategy": name, "message": columns[index]["message"]})
     return {"grid": {"lengths": grid.lengths, "depths": grid.depths, "seeds": grid.seeds,
                      "new_tokens": grid.new_tokens}, "problems": list(grid.problems), "summary": summary}

@@ -5,11 +5,10 @@ A report record (`kind: kvlab.report`) holds per column its split, status and on
 `kvlab.quality.stats`); JSON has no NaN, so a figure not estimated is null. `rows_from_record` reads a report,
 Compare (`kvlab.compare`) or Needle (`kvlab.needle`) record into table rows keyed by (model, column), and
 `merge_rows` puts rows of several records together (a Needle record's hit rate joins the report row of the
-same model and column), so runs made on different machines make one table. A file is read by
-`kvlab.measure.record_json.load_json` (size, depth and numbers capped); each record's parts are checked
-against its shape (`ReportShape`, `NeedleShape`, a Compare record as Compare's replay checks it), types never
-converted, and a version this kvlab does not read is refused as every reader refuses it. Pure: no model, no
-files written.
+same model and column), so runs made on different machines make one table. A file or object is read by the
+one record reader (`kvlab.record`: size, depth and numbers capped, the kind and version checked, every field's
+type checked against its kind's shape, `REPORT` here, `kvlab.needle.record.NEEDLE` and
+`kvlab.compare.record.COMPARE`). Pure: no model, no files written.
 """
 
 from __future__ import annotations
@@ -17,17 +16,13 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from typing_extensions import Required, TypedDict
+from typing_extensions import NotRequired, Required, TypedDict
 
-from ..compare.columns import MAX_COLUMNS
-from ..compare.replay import check_record, known_fields
-from ..measure.record_json import RecordJSONError, load_json, shaped, version_refusal
+from ..compare.record import COMPARE
+from ..needle.record import NEEDLE, SummaryRow
+from ..record import RecordError, RecordKind, check_record, new_record, read_record
 from .stats import QualityFigures, wilson_interval
 
-RECORD_KIND = "kvlab.report"
-RECORD_VERSION = 1
-NEEDLE_KIND, NEEDLE_VERSION = "kvlab.needle", 1
-"""A Needle record's kind and the version read (`kvlab.needle.record.RECORD_KIND` / `RECORD_VERSION`)."""
 MAX_RECORD_COLUMNS = 64
 """Most columns a saved report record may hold (a report runs at most 40: `kvlab.quality.report`)."""
 FIGURE_FIELDS = ("scored_tokens", "ppl", "ppl_base", "ppl_ratio", "ppl_ratio_unc", "ppl_diff", "ppl_diff_unc",
@@ -60,39 +55,37 @@ class _ReportColumn(TypedDict, total=False):
     figures: _Figures | None
 
 
-class _NeedleRow(TypedDict, total=False):
-    strategy: Required[str]
-    hits: Required[int]
-    scored: Required[int]
-    errors: int
-
-
 class _Needle(TypedDict, total=False):
-    summary: list[_NeedleRow]
+    grid: dict
+    problems: list[str]
+    summary: list[SummaryRow]
 
 
-class _Model(TypedDict, total=False):
-    name: str | None
-    source: str | None
+class _Text(TypedDict, total=False):
+    name: str
+    title: str
+    licence: str
+    tokens: int
 
 
-class ReportShape(TypedDict, total=False):
-    """The parts of a report record the table reads, and their JSON types."""
+class _Reference(TypedDict, total=False):
+    name: str
+    scored_tokens: int
+    cache_bytes_mean: float | None
+    cache_bytes_end: int | None
+    decode_tok_s: float | None
+    prefill_s: float | None
 
-    kind: Required[str]
-    version: Required[int]
-    model: _Model | str | None
-    columns: Required[list[_ReportColumn]]
-    needle: _Needle | None
 
-
-class NeedleShape(TypedDict, total=False):
-    """The parts of a Needle record the table reads, and their JSON types."""
-
-    kind: Required[str]
-    version: Required[int]
-    model: _Model | str | None
-    summary: Required[list[_NeedleRow]]
+REPORT = RecordKind("kvlab.report", "report", 1, (1,), _ReportColumn,
+                    {"split": NotRequired[_Split | None], "text": NotRequired[_Text | None],
+                     "reference": NotRequired[_Reference | None], "needle": NotRequired[_Needle | None],
+                     "command": NotRequired[str]}, MAX_RECORD_COLUMNS)
+"""The report record (version 1; records written before the envelope lack `measured_at` and `environment`; a
+leaderboard's adds the `command` that made it)."""
+READ = (REPORT, COMPARE, NEEDLE)
+"""The records a report table is made from."""
+WANTED = "report, Compare or Needle"
 
 
 def _clean(value):
@@ -131,12 +124,12 @@ def column_entry(name: str, column, split, message: str, figures: dict | None, s
 
 
 def build_record(model: dict, split, text: dict, columns: list[dict], reference: dict | None, wall_s: float,
-                 stopped: bool, needle: dict | None = None) -> dict:
-    """The JSON record of a report run."""
-    return {"kind": RECORD_KIND, "version": RECORD_VERSION, "model": model,
-            "split": {"context_tokens": split.context_tokens, "scored_tokens": split.scored_tokens},
-            "text": text, "reference": reference, "columns": columns, "needle": needle,
-            "wall_s": wall_s, "stopped": stopped}
+                 stopped: bool, needle: dict | None = None, environment: dict | None = None) -> dict:
+    """The JSON record of a report run (`REPORT`, in the envelope of `kvlab.record.new_record`)."""
+    return new_record(REPORT, model=model, environment=environment, columns=columns, wall_s=wall_s,
+                      stopped=stopped, split={"context_tokens": split.context_tokens,
+                                              "scored_tokens": split.scored_tokens},
+                      text=text, reference=reference, needle=needle)
 
 
 def needle_figures(summary_row: dict) -> dict:
@@ -159,78 +152,49 @@ def _model_name(record: dict) -> str:
 
 
 def rows_from_record(record: dict, source: str = "") -> list[dict]:
-    """Table rows (`TABLE_FIELDS`) of a report, Compare or Needle record; figures a record lacks are None.
-    Each row's `protocol` (`report`, `compare`, `needle`) says which figures it holds (`merge_rows`).
+    """Table rows (`TABLE_FIELDS`) of a report, Compare or Needle record (`READ`, checked by
+    `kvlab.record.check_record`); figures a record lacks are None. Each row's `protocol` (`report`, `compare`,
+    `needle`) says which figures it holds (`merge_rows`).
 
     Raises:
         ValueError: one line: not one of those records, a version this kvlab does not read, too many columns,
             or a part whose fields have the wrong type.
     """
-    if not isinstance(record, dict):
-        raise ValueError("not a report, Compare or Needle record (the JSON is not an object)")
-    try:
-        return _rows(_checked(record), source)
-    except (AttributeError, KeyError, TypeError) as err:
-        raise ValueError(f"not a well-formed {record.get('kind') or record.get('format')} record: its columns "
-                         f"lack {err}" if isinstance(err, KeyError) else
-                         f"not a well-formed {record.get('kind') or record.get('format')} record: a field has "
-                         "the wrong type") from None
-
-
-def _checked(record: dict) -> dict:
-    """`record`'s known parts, its version and types checked (see the module docstring). Raises ValueError."""
-    kind = record.get("kind")
-    if kind in (RECORD_KIND, NEEDLE_KIND):
-        name, readable, shape, key, most = (("report", RECORD_VERSION, ReportShape, "columns", MAX_RECORD_COLUMNS)
-                                            if kind == RECORD_KIND else
-                                            ("Needle", NEEDLE_VERSION, NeedleShape, "summary", MAX_COLUMNS))
-        refusal = version_refusal(name, "version", record.get("version"), (readable,))
-        if refusal:
-            raise ValueError(refusal)
-        if isinstance(record.get(key), list) and len(record[key]) > most:
-            raise ValueError(f"the {name} record has {len(record[key]):,} columns; a {name} run has at most {most}")
-        return shaped(record, shape, f"not a well-formed {kind} record, its")
-    if record.get("format") == "kvlab.compare":
-        check_record(record)
-        return known_fields(record)
-    raise ValueError("not a report, Compare or Needle record (no kind kvlab.report / kvlab.needle, "
-                     "no format kvlab.compare)")
-
-
-def _rows(record: dict, source: str) -> list[dict]:
+    kind, record = check_record(record, READ, WANTED)
+    rows = {REPORT: _report_rows, NEEDLE: _needle_rows, COMPARE: _compare_rows}[kind](record)
     model = _model_name(record)
-    base = dict.fromkeys(TABLE_FIELDS)
-    rows = []
-    if record.get("kind") == RECORD_KIND:
-        needle = {row["strategy"]: needle_figures(row) for row in (record.get("needle") or {}).get("summary", [])}
-        for column in record["columns"]:
-            rows.append({**base, **(column.get("figures") or {}), **needle.get(column["name"], {}),
-                         "model": model, "column": column["name"], "status": column["status"],
-                         "context_tokens": column["split"]["context_tokens"], "source": source,
-                         "message": column.get("message", ""), "protocol": "report"})
-    elif record.get("kind") == NEEDLE_KIND:
-        for row in record.get("summary", []):
-            rows.append({**base, **needle_figures(row), "model": model, "column": row["strategy"],
-                         "status": "ok" if not row.get("errors") else "error", "source": source, "message": "",
-                         "protocol": "needle"})
-    else:
-        for column in record["columns"]:
-            rows.append({**base, "model": model, "column": column.get("name"), "status": column.get("status"),
-                         "same_top": column.get("top1_agreement"), "kld_mean": column.get("mean_kl"),
-                         "cache_bytes_end": column.get("peak_cache_bytes"),
-                         "decode_tok_s": column.get("decode_tok_s"), "source": source,
-                         "message": "Compare: teacher-forced on the baseline's continuation", "protocol": "compare"})
-    return rows
+    return [{**dict.fromkeys(TABLE_FIELDS), **row, "model": model, "source": source} for row in rows]
+
+
+def _report_rows(record: dict) -> list[dict]:
+    needle = {row["strategy"]: needle_figures(row) for row in (record.get("needle") or {}).get("summary", [])}
+    return [{**(column.get("figures") or {}), **needle.get(column["name"], {}), "column": column["name"],
+             "status": column["status"], "context_tokens": column["split"]["context_tokens"],
+             "message": column.get("message", ""), "protocol": "report"} for column in record["columns"]]
+
+
+def _needle_rows(record: dict) -> list[dict]:
+    return [{**needle_figures(row), "column": row["strategy"], "status": "ok" if not row.get("errors") else "error",
+             "message": "", "protocol": "needle"} for row in record["summary"]]
+
+
+def _compare_rows(record: dict) -> list[dict]:
+    return [{"column": column.get("name"), "status": column.get("status"), "same_top": column.get("top1_agreement"),
+             "kld_mean": column.get("mean_kl"), "cache_bytes_end": column.get("peak_cache_bytes"),
+             "decode_tok_s": column.get("decode_tok_s"),
+             "message": "Compare: teacher-forced on the baseline's continuation", "protocol": "compare"}
+            for column in record["columns"]]
 
 
 def load_record(path: str | Path, name: str | None = None) -> dict:
-    """A record from a JSON file, read by `kvlab.measure.record_json.load_json` (size, depth and numbers
-    capped). Raises ValueError (one line, naming the file as `name`, default its file name) when it cannot be read as a
-    JSON object; a page passes the uploaded file's own name so no server path is shown."""
+    """A report, Compare or Needle record from a JSON file (`kvlab.record.read_record`: size, depth and numbers
+    capped, kind, version and types checked), in its current layout. Raises ValueError (one line, naming the
+    file as `name`, default its file name) when it cannot be read; a page passes the uploaded file's own name so
+    no server path is shown."""
     shown = Path(path).name if name is None else name
     try:
-        return load_json(path)
-    except RecordJSONError as err:
+        return read_record(path, READ, WANTED)[1]
+    except RecordError as err:
         raise ValueError(f"cannot read record {shown}: {err}") from None
 
 

@@ -11,11 +11,14 @@ whether the two top-1 tokens agree (`kvlab.quality.stats.score_tokens`), accumul
 Every column's distribution at a token comes from the engine's one teacher-forcing loop
 (`kvlab.engine.teacher_force`), so a token is predicted from what the cache holds as it would while decoding.
 
-`run_report` yields small typed events: `ReportStarted`, `ReportProgress` every `progress_every` tokens per
-column, `ReportColumnError` (a column that cannot run or fails gets its own message; the others finish) and
-one `ReportDone` with the record (`record.build_record`). A `stop` event ends the run after the current round,
-keeping every token scored. Each column's step runs on kvlab's compute thread (`kvlab.compute`). This module
-runs the model; it does not render or write files.
+`run_report` yields the run protocol's events (`kvlab.protocol`) around its own: `RunStarted` (its plan the
+`Split`), `ReportProgress` every `progress_every` tokens per column, `ColumnFailed` (a column that cannot run
+or fails gets its own message; the others finish) and one `RunDone` with the record (`record.build_record`);
+with `curve`, a `TokenScored` per column and token too. Without a reference (`reference=None`) each column
+is scored by its own NLL only: a one-token context, no reference and the curve is StreamingLLM's perplexity
+run (`kvlab.quality.perplexity.run_perplexity`). A `stop` event ends the run after the current round, keeping
+every token scored. Each column's step runs on kvlab's compute thread (`kvlab.compute`). This module runs the
+model; it does not render or write files.
 """
 
 from __future__ import annotations
@@ -27,12 +30,13 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..compare.columns import Column
+from ..columns import Column, parse_columns
 from ..compute import compute
 from ..engine import teacher_force
+from ..measure.environment import environment
 from ..measure.warmup import warm_up_columns
+from ..protocol import ColumnFailed, RunDone, RunStarted
 from ..strategies import make_strategy
-from ..strategies.base import split_strategy_list
 from .record import build_record, column_entry, figure_row
 from .stats import RunningQuality, score_tokens
 
@@ -43,6 +47,8 @@ DEFAULT_MAX_TOKENS = 4096
 """Tokens of the text a report reads by default (the context is the rest after the scored tokens)."""
 PROGRESS_EVERY = 32
 MAX_REPORT_COLUMNS = 40
+EMPTY = "pick at least one column, e.g. quantized:backend=quanto:nbits=4"
+"""The line for a report given no column."""
 
 
 @dataclass(frozen=True)
@@ -55,11 +61,14 @@ class Split:
 
 
 @dataclass(frozen=True)
-class ReportStarted:
-    """The run's column names (in order) and the split they share."""
+class TokenScored:
+    """Column `column` (its index) scored the text's token at `position` (0-based): its NLL in nats under the
+    column's cache, and the exact bytes the cache held when it predicted it (the Perplexity view's curve)."""
 
-    columns: tuple[str, ...]
-    split: Split
+    column: int
+    position: int
+    nll: float
+    cache_bytes: int
 
 
 @dataclass(frozen=True)
@@ -72,52 +81,30 @@ class ReportProgress:
     cache_bytes: int
 
 
-@dataclass(frozen=True)
-class ReportColumnError:
-    """Column `column` cannot run or failed; `message` is one line. The other columns go on."""
-
-    column: str
-    message: str
+ReportEvent = RunStarted | ReportProgress | TokenScored | ColumnFailed | RunDone
 
 
-@dataclass(frozen=True)
-class ReportDone:
-    """The run ended: the JSON record, its wall time (s) and whether it was stopped."""
-
-    record: dict
-    wall_s: float
-    stopped: bool = False
-
-
-ReportEvent = ReportStarted | ReportProgress | ReportColumnError | ReportDone
-
-
-def parse_columns(specs) -> list[Column]:
+def report_columns(specs, strict: bool = False, prepare=None, empty: str = EMPTY) -> list[Column]:
     """Columns from a comma list in compare syntax (`quantized:backend=quanto:nbits=4,snapkv:compression_ratio=0.5`)
-    or a list of items / spec dicts / Strategies. A bad item becomes a rejected column (its reason in
-    `Column.rejected`); so does a second column of the same name and a column with a cache budget.
+    or a list of items / spec dicts / Strategies (`kvlab.columns.parse_columns`). A bad item becomes a rejected
+    column (its reason in `Column.rejected`); so does a second column of the same name, a column with a cache
+    budget and a strategy that keeps no cache. `strict` raises the first of those instead; `prepare` rewrites
+    each spec first and `empty` is the line for no column (the Perplexity view's aliases, defaults and words).
 
     Raises:
         ValueError: no columns, or more than MAX_REPORT_COLUMNS.
+        StrategyError: with `strict`, the first column that cannot run.
     """
-    items = split_strategy_list(specs) if isinstance(specs, str) else list(specs)
-    if not items:
-        raise ValueError("pick at least one column, e.g. quantized:backend=quanto:nbits=4")
-    if len(items) > MAX_REPORT_COLUMNS:
-        raise ValueError(f"at most {MAX_REPORT_COLUMNS} columns, got {len(items)}")
-    columns, seen = [], set()
-    for item in items:
-        column = Column.from_text(item) if isinstance(item, str) else Column.or_rejected(item) \
-            if isinstance(item, dict) else Column.from_spec(item)
-        name = column.describe()
-        if column.budget is not None:
-            column = Column(None, rejected="a report column takes a strategy and its knobs; budget_mib is Compare's",
-                            title=name)
-        elif name in seen:
-            column = Column(None, rejected=f"{name!r} is picked twice: give each column different knobs", title=name)
-        seen.add(name)
-        columns.append(column)
-    return columns
+    return parse_columns(specs, MAX_REPORT_COLUMNS, empty=empty, prepare=prepare, unique=True,
+                         budget_refusal="a report column takes a strategy and its knobs; budget_mib is Compare's",
+                         check=_keeps_a_cache, strict=strict)
+
+
+def _keeps_a_cache(strategy) -> str:
+    """Why a text cannot be fed through `strategy` token by token ('' when it can)."""
+    if strategy.usable_in_perplexity:
+        return ""
+    return f"{strategy.name} keeps no cache, so a text cannot be fed through it token by token"
 
 
 def check_split(total_tokens: int, scored_tokens: int, context_tokens: int | None = None) -> Split:
@@ -140,8 +127,10 @@ def check_split(total_tokens: int, scored_tokens: int, context_tokens: int | Non
 
 @dataclass
 class _Track:
-    """One scored cache: its strategy, teacher-forcing decoder, running figures, bytes and forward times."""
+    """One scored cache (column `index`, -1 for the reference): its strategy, teacher-forcing decoder, running
+    figures, bytes and forward times."""
 
+    index: int
     name: str
     strategy: object
     decoder: object = None
@@ -151,6 +140,7 @@ class _Track:
     prefill_s: float = 0.0
     decode_s: float = 0.0
     steps: int = 0
+    scored: int = 0
 
     def start(self, loaded, ids: torch.Tensor, split: Split, stop) -> None:
         cache = self.strategy.build_cache(loaded, split.context_tokens + split.scored_tokens)
@@ -172,6 +162,18 @@ class _Track:
         self.steps += 1
         return step
 
+    def score(self, step, base: torch.Tensor | None, target: int) -> float:
+        """The NLL (nats) of `target` under `step`'s logits; against the reference's logits `base` (1, vocab)
+        the token's figures (`score_tokens`: both NLLs, KL, top-1) join the running figures too."""
+        if base is None:
+            nll = -float(torch.log_softmax(step.logits.float(), dim=-1)[target])
+        else:
+            scores = score_tokens(base, step.logits[None], torch.tensor([target], device=base.device))
+            nll = float(scores.nll[0])
+            self.quality.add(float(scores.nll_base[0]), nll, float(scores.kl[0]), bool(scores.same_top[0]))
+        self.scored += 1
+        return nll
+
     def cost(self) -> dict:
         """Cache bytes (mean over the scored steps, at the end), decode tok/s and prefill seconds."""
         n = self.steps
@@ -180,69 +182,104 @@ class _Track:
                 "decode_tok_s": (n - 1) / self.decode_s if n > 1 and self.decode_s > 0 else None,
                 "prefill_s": self.prefill_s if n else None}
 
-    def figures(self, reference: "_Track") -> dict:
+    def figures(self, reference: "_Track | None") -> dict | None:
+        """The figure row against the reference (None without one, or before the first scored token)."""
+        if reference is None or not self.quality.n_tokens:
+            return None
         return figure_row(self.quality.figures(), self.cost(), reference.cost()["cache_bytes_mean"])
 
 
-def _refusal(loaded, column: Column, split: Split) -> str:
-    """Why `column` cannot run this split here ('' when it can)."""
+def column_refusal(loaded, column: Column, split: Split) -> tuple[str, str]:
+    """(status, why) `column` cannot run this split here: `unavailable` on this model or machine, `error` for a
+    rejected column or a split it cannot hold; ('', '') when it can."""
     if column.rejected:
-        return column.rejected
+        return "error", column.rejected
     strategy = column.strategy
-    if not strategy.usable_in_perplexity:
-        return f"{strategy.name} keeps no cache, so a text cannot be fed through it token by token"
     reason = strategy.unavailable_reason(loaded)
     if reason:
-        return reason
+        return "unavailable", reason
     try:
         strategy.check_fits(split.context_tokens, split.scored_tokens)
     except ValueError as err:
-        return str(err)
-    return ""
+        return "error", str(err)
+    return "", ""
 
 
 def _message(err: Exception) -> str:
     return str(err) if isinstance(err, ValueError) else f"{type(err).__name__}: {err}"
 
 
-def _round(reference: _Track, tracks: list[_Track], target: int, errors: dict[str, str]) -> list[ReportColumnError]:
-    """One token for the reference, then for each column in turn (on the compute thread), scored against it."""
-    dense = compute(reference.step)
-    if dense is None:
-        return []
-    base = dense.logits[None]
-    index = torch.tensor([target], device=base.device)
-    failed = []
+def _round(reference: _Track | None, tracks: list[_Track], target: int, position: int, errors: dict[int, str],
+           curve: bool) -> list:
+    """One token for the reference (when there is one), then for each column in turn (on the compute thread),
+    scored against it; returns the round's `ColumnFailed` and (with `curve`) `TokenScored` events."""
+    base = None
+    if reference is not None:
+        dense = compute(reference.step)
+        if dense is None:
+            return []
+        base = dense.logits[None]
+    events = []
     for track in tracks:
-        if track.name in errors:
+        if track.index in errors:
             continue
         try:
             step = compute(track.step)
             if step is None:
                 continue
-            scores = score_tokens(base, step.logits[None], index)
-            track.quality.add(float(scores.nll_base[0]), float(scores.nll[0]), float(scores.kl[0]),
-                              bool(scores.same_top[0]))
+            nll = track.score(step, base, target)
         except Exception as err:  # noqa: BLE001 - a failing cache ends its own column only
-            errors[track.name] = _message(err)
-            failed.append(ReportColumnError(track.name, errors[track.name]))
-    return failed
+            errors[track.index] = _message(err)
+            events.append(ColumnFailed(track.index, track.name, "error", errors[track.index]))
+            continue
+        if curve:
+            events.append(TokenScored(track.index, position, nll, step.cache_bytes))
+    return events
+
+
+def _start(loaded, ids, split: Split, columns: list[Column], names: list[str], reference: _Track | None, stop,
+           errors: dict[int, str], warm_up: bool):
+    """Generator: each column that cannot run is a `ColumnFailed`; the others' tracks (warmed up when asked,
+    their caches built and their contexts ready to prefill) are returned."""
+    for index, column in enumerate(columns):
+        status, reason = column_refusal(loaded, column, split)
+        if reason:
+            errors[index] = reason
+            yield ColumnFailed(index, names[index], status, reason)
+    tracks = [_Track(i, names[i], column.strategy) for i, column in enumerate(columns) if i not in errors]
+    warmed = [t.strategy for t in ([reference] if reference is not None else []) + tracks]
+    if warm_up:
+        compute(warm_up_columns, loaded, warmed, split.context_tokens)
+    if reference is not None:
+        reference.start(loaded, ids, split, stop)
+    for track in tracks:
+        try:
+            track.start(loaded, ids, split, stop)
+        except Exception as err:  # noqa: BLE001 - a cache that cannot be built ends its own column only
+            errors[track.index] = _message(err)
+            yield ColumnFailed(track.index, track.name, "error", errors[track.index])
+    return tracks
 
 
 def run_report(loaded, ids: torch.Tensor, specs, *, scored_tokens: int = DEFAULT_SCORED_TOKENS,
                context_tokens: int | None = None, stop: threading.Event | None = None,
-               progress_every: int = PROGRESS_EVERY, text_info: dict | None = None,
-               warm_up: bool = True) -> Iterator[ReportEvent]:
-    """Score every column of `specs` against the dense reference on `ids` (see the module docstring).
+               progress_every: int = PROGRESS_EVERY, text_info: dict | None = None, warm_up: bool = True,
+               reference: str | None = REFERENCE, curve: bool = False) -> Iterator[ReportEvent]:
+    """Score every column of `specs` against the dense reference on `ids` (see the module docstring), streaming
+    the run's events (`kvlab.protocol`): RunStarted (its plan the `Split`), ColumnFailed and ReportProgress as
+    they happen, then one RunDone with the record.
 
     Args:
         loaded: a `kvlab.models.LoadedModel`.
         ids: (1, seq) or (seq,) token ids of the text.
-        specs: columns, as `parse_columns` takes them.
+        specs: columns, as `report_columns` takes them.
         scored_tokens, context_tokens: the split (`check_split`; the context defaults to the rest of the text).
         progress_every: a `ReportProgress` per column every this many tokens (and after the last).
         text_info: what the record says about the text (name, licence, ...).
         warm_up: pay each strategy's one-time set-up before the first timed forward.
+        reference: the strategy every column is scored against; None scores each column's own NLL only (no
+            figures, no progress events, the record's figures and reference null: the Perplexity view).
+        curve: also stream every scored token of every column (`TokenScored`: its NLL and the cache's bytes).
 
     Raises:
         ValueError: no columns, too many, or a split the text cannot give (before any compute).
@@ -251,48 +288,34 @@ def run_report(loaded, ids: torch.Tensor, specs, *, scored_tokens: int = DEFAULT
     stop = stop or threading.Event()
     ids = ids.reshape(1, -1).to(loaded.device)
     split = check_split(ids.shape[1], scored_tokens, context_tokens)
-    columns = parse_columns(specs)
+    columns = report_columns(specs)
     names = [column.describe() for column in columns]
-    yield ReportStarted(tuple(names), split)
-    errors: dict[str, str] = {}
-    for name, column in zip(names, columns):
-        reason = _refusal(loaded, column, split)
-        if reason:
-            errors[name] = reason
-            yield ReportColumnError(name, reason)
-    reference = _Track(REFERENCE, make_strategy({"strategy": REFERENCE}))
-    tracks = [_Track(name, column.strategy) for name, column in zip(names, columns) if name not in errors]
-    if warm_up:
-        compute(warm_up_columns, loaded, [reference.strategy, *(t.strategy for t in tracks)], split.context_tokens)
-    reference.start(loaded, ids, split, stop)
-    for track in tracks:
-        try:
-            track.start(loaded, ids, split, stop)
-        except Exception as err:  # noqa: BLE001 - a cache that cannot be built ends its own column only
-            errors[track.name] = _message(err)
-            yield ReportColumnError(track.name, errors[track.name])
+    yield RunStarted(tuple(names), split)
+    errors: dict[int, str] = {}
+    dense = _Track(-1, reference, make_strategy({"strategy": reference})) if reference is not None else None
+    tracks = yield from _start(loaded, ids, split, columns, names, dense, stop, errors, warm_up)
     targets = ids[0, split.context_tokens:split.context_tokens + split.scored_tokens].tolist()
     for t, target in enumerate(targets):
         if stop.is_set():
             break
-        yield from _round(reference, tracks, target, errors)
-        if (t + 1) % progress_every == 0 or t + 1 == len(targets):
+        yield from _round(dense, tracks, target, split.context_tokens + t, errors, curve)
+        if dense is not None and ((t + 1) % progress_every == 0 or t + 1 == len(targets)):
             for track in tracks:
-                if track.name not in errors and track.quality.n_tokens:
-                    yield ReportProgress(track.name, track.quality.n_tokens, track.figures(reference),
-                                         track.bytes_now)
+                if track.index not in errors and track.quality.n_tokens:
+                    yield ReportProgress(track.name, track.quality.n_tokens, track.figures(dense), track.bytes_now)
     wall_s = time.perf_counter() - started
-    record = _record(loaded, split, text_info, zip(names, columns), tracks, reference, errors, wall_s, stop.is_set())
-    yield ReportDone(record, wall_s, stop.is_set())
+    record = _record(loaded, split, text_info, zip(names, columns), tracks, dense, errors, wall_s, stop.is_set())
+    yield RunDone(record, wall_s, stop.is_set())
 
 
 def _record(loaded, split, text_info, named_columns, tracks, reference, errors, wall_s, stopped) -> dict:
     entries = []
-    for name, column in named_columns:
-        track = next((t for t in tracks if t.name == name), None)
-        figures = track.figures(reference) if track is not None and track.quality.n_tokens else None
-        entries.append(column_entry(name, column, split, errors.get(name, ""), figures,
-                                    track.quality.n_tokens if track is not None else 0,
+    for index, (name, column) in enumerate(named_columns):
+        track = next((t for t in tracks if t.index == index), None)
+        entries.append(column_entry(name, column, split, errors.get(index, ""),
+                                    track.figures(reference) if track is not None else None,
+                                    track.scored if track is not None else 0,
                                     track.strategy.runtime_note() if track is not None else ""))
-    reference_row = {"name": REFERENCE, **reference.cost()}
-    return build_record(loaded.info(), split, text_info or {}, entries, reference_row, wall_s, stopped)
+    reference_row = {"name": reference.name, **reference.cost()} if reference is not None else None
+    return build_record(loaded.info(), split, text_info or {}, entries, reference_row, wall_s, stopped,
+                        environment=environment(loaded))

@@ -4,7 +4,7 @@ every outcome in the legend from the start), the Pareto plot shows every column.
 import re
 from pathlib import Path
 
-DOCS = Path(__file__).resolve().parents[2] / "docs"
+ARTIFACTS = Path(__file__).resolve().parents[2] / "artifacts"
 COLUMNS = ("dynamic", "sink 4+60", "quantized quanto int4 r128")
 MARKS = "g.mark-symbol.role-mark path"
 """Vega's drawn points (a blank row of the frame draws none); legend swatches are `.role-legend-symbol`."""
@@ -35,7 +35,8 @@ def test_needle_heatmaps_fill_live_and_the_pareto_plot_shows_every_column(page):
     pareto = page.locator("#needle-pareto").inner_text()
     for name in COLUMNS:
         assert name in pareto  # the plot's legend names every column
-    page.screenshot(path=str(DOCS / "needle.png"), full_page=True)
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "needle.png"), full_page=True)
 
 
 def test_stop_ends_a_needle_run_after_the_cell_in_progress_and_keeps_its_records(page):

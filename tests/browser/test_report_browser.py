@@ -7,7 +7,7 @@ from pathlib import Path
 
 from pagekit import wait_until
 
-DOCS = Path(__file__).resolve().parents[2] / "docs"
+ARTIFACTS = Path(__file__).resolve().parents[2] / "artifacts"
 COLUMNS_SPEC = "sink:window_length=64, quantized:backend=quanto:nbits=4, knorm:compression_ratio=0.5"
 COLUMNS = ("sink 4+60", "quantized quanto int4 r128", "knorm 0.5")
 SCORED = 48
@@ -67,7 +67,8 @@ def test_report_fills_live_replays_from_its_record_and_stop_keeps_what_was_score
     assert table.count("ok") >= len(COLUMNS) and "Pareto front" in page.locator("#report-front").inner_text()
     assert page.evaluate(COUNTS_JS) == [len(COLUMNS), len(COLUMNS)]
     page.locator("#report-download a[download='report.json']").wait_for(timeout=WAIT_MS)
-    page.screenshot(path=str(DOCS / "report-tab.png"), full_page=True)
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "report-tab.png"), full_page=True)
     # 3. Replay: the exported record, uploaded in another session, rebuilds the same table and plot.
     href = page.locator("#report-download a[download='report.json']").get_attribute("href")
     saved = tmp_path / "report.json"

@@ -11,9 +11,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from kvlab.compare.columns import Column
-from kvlab.compare.runner import collect, run_compare
+from kvlab.columns import Column
+from kvlab.compare.runner import run_compare
 from kvlab.generation import GenerationSettings
+from kvlab.protocol import collect
 
 pytestmark = pytest.mark.unit
 

@@ -6,9 +6,11 @@ import sys
 
 import pytest
 
-from kvlab.compare.columns import Column
-from kvlab.compare.events import RunDone, StepMetrics
-from kvlab.compare.runner import collect, run_compare
+from kvlab.columns import Column
+from kvlab.compare.events import StepMetrics
+from kvlab.protocol import RunDone
+from kvlab.compare.runner import run_compare
+from kvlab.protocol import collect
 from kvlab.generation import GenerationSettings, encode_prompt
 from kvlab.presets import load_preset
 from kvlab.strategies import make_strategy

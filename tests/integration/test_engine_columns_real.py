@@ -11,11 +11,12 @@ import sys
 
 import pytest
 
-from kvlab.compare.columns import Column
-from kvlab.compare.runner import collect, run_compare
+from kvlab.columns import Column
+from kvlab.compare.runner import run_compare
 from kvlab.engines.gguf import gguf_file
 from kvlab.generation import GenerationSettings, encode_prompt
 from kvlab.models.loading import ModelSpec
+from kvlab.protocol import collect
 
 llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (requirements.txt has it)")
 

@@ -8,7 +8,8 @@ a budgeted dynamic column falls back to an evicting cache and keeps its text.
 import pytest
 
 from kvlab.accounting import bytes_per_token
-from kvlab.compare.runner import collect, run_compare
+from kvlab.compare.runner import run_compare
+from kvlab.protocol import collect
 from kvlab.generation import GenerationSettings, encode_prompt
 from kvlab.presets import load_preset
 
@@ -59,10 +60,10 @@ def test_snapkv_half_then_quanto_int4_holds_under_0_3_of_dynamic_after_a_1000_to
     import torch
 
     from kvlab.accounting import cache_bytes
-    from kvlab.quality.perplexity import default_text
+    from kvlab.quality.defaults import shipped_text
     from kvlab.strategies import make_strategy
 
-    ids = bundled.tokenizer(default_text(), return_tensors="pt")["input_ids"][:, :1000]
+    ids = bundled.tokenizer(shipped_text(), return_tensors="pt")["input_ids"][:, :1000]
     strategy = make_strategy({"strategy": "snapkv", "compression_ratio": 0.5, "quantize": "quanto4"})
     cache = strategy.build_cache(bundled, 1001)
     with torch.inference_mode():

@@ -11,7 +11,8 @@ import sys
 import pytest
 import torch
 
-from kvlab.compare.runner import collect, run_compare
+from kvlab.compare.runner import run_compare
+from kvlab.protocol import collect
 from kvlab.generation import GenerationSettings
 from kvlab.presets import load_preset
 

@@ -12,7 +12,8 @@ import sys
 
 import pytest
 
-from kvlab.compare.runner import collect, run_compare
+from kvlab.compare.runner import run_compare
+from kvlab.protocol import collect
 from kvlab.generation import GenerationSettings, encode_prompt
 from kvlab.inspect.inspector import STRIP_STATES
 

@@ -176,14 +176,15 @@ def test_the_agreement_bar_over_1024_tokens_after_3072_of_context(key, fixture, 
     table. Held: q4_0's mean KL within x0.8-1.25 and its top-1 within 2 points; q8_0 as the fast test holds it."""
     import shutil
 
-    from kvlab.quality.report import ReportDone, run_report
+    from kvlab.protocol import RunDone
+    from kvlab.quality.report import run_report
 
     monkeypatch.delenv("LLAMA_ATTN_ROT_DISABLE", raising=False)
     loaded = request.getfixturevalue(fixture)
     ids = loaded.tokenizer(shipped_text(), return_tensors="pt")["input_ids"][0, :LONG_CONTEXT + LONG_SCORED]
     specs = ",".join(f"llamacpp_quantized:type_k={kind}:type_v={kind}" for kind in ("q8_0", "q4_0"))
     record = [e for e in run_report(loaded, ids, specs, scored_tokens=LONG_SCORED, context_tokens=LONG_CONTEXT)
-              if isinstance(e, ReportDone)][0].record
+              if isinstance(e, RunDone)][0].record
     ours = {column["name"].split()[-1].split("/")[0]: (column["figures"]["kld_mean"], column["figures"]["same_top"])
             for column in record["columns"]}
     gguf, scratch = gguf_file(key)

@@ -14,7 +14,8 @@ from transformers import AutoTokenizer
 from kvlab.models.loading import converted_bundled_folder
 from kvlab.needle.grid import parse_grid
 from kvlab.needle.record import load_record
-from kvlab.needle.runner import NeedleDone, run_needle
+from kvlab.needle.runner import run_needle
+from kvlab.protocol import RunDone
 
 LENGTH = 320
 NEW_TOKENS = 6
@@ -25,7 +26,7 @@ def record(bundled, tmp_path_factory):
     grid = parse_grid(str(LENGTH), "0,0.9", "0", NEW_TOKENS)
     specs = [{"strategy": "dynamic"}, {"strategy": "sink", "window_length": 128, "num_sink_tokens": 4}]
     done = [e for e in run_needle(bundled, specs, grid)][-1]
-    assert isinstance(done, NeedleDone)
+    assert isinstance(done, RunDone)
     path = tmp_path_factory.mktemp("needle") / "record.json"
     path.write_text(json.dumps(done.record))
     return path

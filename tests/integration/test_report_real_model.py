@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from kvlab.quality.defaults import shipped_text
-from kvlab.quality.report import ReportDone, run_report
+from kvlab.protocol import RunDone
+from kvlab.quality.report import run_report
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "report.md"
 QUANTO_INT4 = "quantized quanto int4 r128"
@@ -33,7 +34,7 @@ def small_report(bundled):
     """200 tokens of the shipped text: 150 context, 50 scored; dynamic, static and quanto int4."""
     ids = bundled.tokenizer(shipped_text(), return_tensors="pt")["input_ids"][:, :200]
     events = list(run_report(bundled, ids, "dynamic,static,quantized:backend=quanto:nbits=4", scored_tokens=50))
-    assert isinstance(events[-1], ReportDone)
+    assert isinstance(events[-1], RunDone)
     return ids, events[-1].record
 
 

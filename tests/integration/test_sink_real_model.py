@@ -13,13 +13,16 @@ import torch
 from transformers import DynamicCache
 
 from kvlab.accounting import bytes_per_token, cache_bytes
-from kvlab.quality.perplexity import ppl_by_segment, stream_nll
 from kvlab.caches.sink import SinkCache
-from kvlab.strategies import make_strategy
+from kvlab.quality.defaults import shipped_text
+from kvlab.quality.perplexity import perplexity_columns, ppl_by_segment, run_perplexity
+from kvlab.quality.report import TokenScored
 
 PPL_TOKENS = 320
 PPL_WINDOW = 64
 SINKS = 4
+CURVE_TOKENS = 96
+CURVE_WINDOW = 32
 
 
 @pytest.fixture(scope="module")
@@ -92,10 +95,8 @@ def test_sinks_keep_perplexity_low_after_the_window_slides(bundled):
 
     log_probs = torch.log_softmax(model(input_ids=ids).logits[0, :-1], dim=-1)
     dense = (-log_probs.gather(-1, ids[0, 1:, None])[:, 0]).tolist()
-    window = stream_nll(bundled, ids, make_strategy({"strategy": "sink", "window_length": PPL_WINDOW,
-                                                     "num_sink_tokens": 0}))
-    sink = stream_nll(bundled, ids, make_strategy({"strategy": "sink", "window_length": PPL_WINDOW,
-                                                   "num_sink_tokens": SINKS}))
+    curves = nll_curves(bundled, ids, "window,sink", PPL_WINDOW)
+    window, sink = curves[f"window {PPL_WINDOW}"], curves[f"sink {SINKS}+{PPL_WINDOW - SINKS}"]
 
     # Until the window is full nothing is evicted: all three score the same tokens alike.
     assert sink[:PPL_WINDOW - 1] == pytest.approx(dense[:PPL_WINDOW - 1], abs=2e-3)
@@ -111,3 +112,37 @@ def test_sinks_keep_perplexity_low_after_the_window_slides(bundled):
               + " ".join(f"{s['ppl']:.2f}" for s in ppl_by_segment(nll, PPL_WINDOW)))
 
     assert means["sink"] < means["window"]
+
+
+def nll_curves(loaded, ids, specs: str, window: int) -> dict[str, list[float]]:
+    """Each column's per-token NLL curve from the Perplexity view (`run_perplexity`)."""
+    columns = perplexity_columns(specs, window, SINKS)
+    names = [column.describe() for column in columns]
+    curves = {name: [] for name in names}
+    for event in run_perplexity(loaded, ids, columns):
+        if isinstance(event, TokenScored):
+            curves[names[event.column]].append(event.nll)
+    return curves
+
+
+@torch.inference_mode()
+def streamed_by_hand(loaded, ids, strategy) -> list[float]:
+    """The StreamingLLM loop written out: token p predicted from a fresh cache fed tokens 0..p-1 one at a time."""
+    cache, nll = strategy.build_cache(loaded, ids.shape[1]), []
+    for position in range(1, ids.shape[1]):
+        logits = strategy.forward(loaded, cache, ids[:, :position], 1)
+        nll.append(-float(torch.log_softmax(logits[0].float(), dim=-1)[ids[0, position]]))
+    return nll
+
+
+def test_the_perplexity_view_is_the_streaming_loop_token_for_token_on_the_real_model(bundled):
+    """The report with a one-token context gives, bit for bit, the NLL the token-by-token loop gives (it replaced
+    one that did exactly that), for dense, window attention and attention sinks."""
+    ids = bundled.tokenizer(shipped_text()[:CURVE_TOKENS * 12], return_tensors="pt")["input_ids"][:, :CURVE_TOKENS]
+    assert ids.shape[1] == CURVE_TOKENS
+    columns = perplexity_columns("dynamic,window,sink", CURVE_WINDOW, SINKS)
+    curves = nll_curves(bundled, ids, "dynamic,window,sink", CURVE_WINDOW)
+    for column in columns:
+        assert curves[column.describe()] == streamed_by_hand(bundled, ids, column.strategy), column.describe()
+    late = slice(2 * CURVE_WINDOW, None)
+    assert curves[f"window {CURVE_WINDOW}"][late] != curves["dynamic"][late]  # the window did slide

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from kvlab.accounting import bytes_per_token
-from kvlab.compare.runner import collect, run_compare
+from kvlab.compare.runner import run_compare
+from kvlab.protocol import collect
 from kvlab.eviction import calibration
 from kvlab.eviction.decoding import held_after
 from kvlab.generation import GenerationSettings, encode_prompt
@@ -74,19 +75,21 @@ def test_inspect_shows_the_positions_each_kv_head_kept(bundled, prompt, short_ca
                                                                       torch.arange(prompt_tokens).expand(3, -1))
 
 
+@pytest.mark.slow
 def test_the_report_scores_triattention_beside_snapkv_at_the_same_bytes(bundled, short_calibration):
     """The Done-when comparison at CI size (docs/strategies.md has the full size, tests/slow the check): SnapKV
     compressing back to context + budget every beta tokens holds exactly TriAttention's bytes at every scored
     token, so their mean KL compares at the same mean bytes; TriAttention is lossy only once it has evicted."""
     from kvlab.quality.defaults import shipped_text
-    from kvlab.quality.report import ReportDone, run_report
+    from kvlab.protocol import RunDone
+    from kvlab.quality.report import run_report
 
     context, scored, budget, beta = 32, 128, 32, 16
     ids = bundled.tokenizer(shipped_text(), return_tensors="pt")["input_ids"][:, :context + scored]
     columns = (f"triattention:budget={budget}:beta={beta},"
                f"snapkv:target_tokens={context + budget}:compress_every={beta}:window_size=8")
     events = list(run_report(bundled, ids, columns, scored_tokens=scored, context_tokens=context, warm_up=False))
-    tri, snap = next(e for e in events if isinstance(e, ReportDone)).record["columns"]
+    tri, snap = next(e for e in events if isinstance(e, RunDone)).record["columns"]
     assert tri["status"] == snap["status"] == "ok", (tri["message"], snap["message"])
     per_token = bytes_per_token(bundled.config, bundled.model.dtype)
     held = [held_after(context, fed, beta, context + budget) for fed in range(scored)]

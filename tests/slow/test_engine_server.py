@@ -14,10 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from kvlab.compare.columns import Column
-from kvlab.compare.runner import collect, run_compare
+from kvlab.columns import Column
+from kvlab.compare.runner import run_compare
 from kvlab.engines.gguf import gguf_file
 from kvlab.generation import GenerationSettings, encode_prompt
+from kvlab.protocol import collect
 
 pytestmark = pytest.mark.slow
 

@@ -8,7 +8,7 @@ import torch
 
 from kvlab.accounting import cache_bytes
 from kvlab.plan.planner import PlanRequest, plan
-from kvlab.quality.perplexity import default_text
+from kvlab.quality.defaults import shipped_text
 from kvlab.strategies import make_strategy
 
 PROMPT_TOKENS = 4000
@@ -18,7 +18,7 @@ SPECS = ({"strategy": "dynamic"}, {"strategy": "quantized", "backend": "quanto",
 
 @pytest.fixture(scope="module")
 def prefilled(gemma):
-    ids = gemma.tokenizer(default_text(), return_tensors="pt")["input_ids"][:, :PROMPT_TOKENS]
+    ids = gemma.tokenizer(shipped_text(), return_tensors="pt")["input_ids"][:, :PROMPT_TOKENS]
     assert ids.shape[1] == PROMPT_TOKENS
     held = {}
     for spec in SPECS:

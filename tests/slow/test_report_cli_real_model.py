@@ -18,8 +18,8 @@ def test_the_command_line_writes_merges_and_refuses(tmp_path, capsys):
     record = json.loads(out.read_text())
     assert [c["status"] for c in record["columns"]] == ["ok", "ok", "error"]
     assert table.read_text().count("\n") == 4
-    needle = {"kind": "kvlab.needle", "model": record["model"],
-              "summary": [{"strategy": "knorm 0.5", "hits": 2, "scored": 3, "errors": 0}]}
+    needle = {"kind": "kvlab.needle", "version": 1, "model": record["model"], "columns": [{"name": "knorm 0.5"}],
+              "cells": [], "summary": [{"strategy": "knorm 0.5", "hits": 2, "scored": 3, "errors": 0}]}
     (tmp_path / "n.json").write_text(json.dumps(needle))
     assert main(["report", "--from", str(out), str(tmp_path / "n.json")]) == 0
     assert "2/3 [" in capsys.readouterr().out

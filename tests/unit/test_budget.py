@@ -9,9 +9,10 @@ import torch
 
 from kvlab.accounting import bytes_per_token
 from kvlab.budget import MAX_FALLBACKS, Budget, default_chain, format_chain, parse_budget, parse_chain
-from kvlab.compare.columns import Column
+from kvlab.columns import Column
 from kvlab.compare.events import FallbackSwitched, TokenEvent
-from kvlab.compare.runner import collect, run_compare
+from kvlab.compare.runner import run_compare
+from kvlab.protocol import collect
 from kvlab.generation import GenerationSettings
 from kvlab.presets import parse_preset
 from kvlab.strategies import StrategyError, make_strategy

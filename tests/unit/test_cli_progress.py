@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from kvlab.cli.compare import fidelity_table, progress, summary_first
-from kvlab.compare.runner import collect, run_compare
+from kvlab.compare.runner import run_compare
+from kvlab.protocol import collect
 from kvlab.generation import GenerationSettings
 
 pytestmark = pytest.mark.unit

@@ -78,7 +78,7 @@ def test_the_png_is_rendered_only_when_asked(measured, fresh):
 
 
 @pytest.mark.parametrize("content, message", [
-    ('{"model": {}, "columns": [{}]}', "before records carried a format_version"),
+    ('{"model": {}, "columns": [{}]}', "column 1 of the record is incomplete"),
     ('{"format": "something.else", "format_version": 1}', "not a kvlab Compare run record"),
     ('{"format": "kvlab.compare", "format_version": 99, "columns": [{}]}', "format_version 99"),
     ("not json at all", "not a JSON file"),

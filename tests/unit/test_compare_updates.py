@@ -6,7 +6,8 @@ import threading
 import gradio as gr
 import pytest
 
-from kvlab.compare.events import ColumnDone, ColumnResult, ColumnStarted, FidelityScored, RunDone, SummaryReady
+from kvlab.compare.events import ColumnDone, ColumnResult, ColumnStarted, FidelityScored, SummaryReady
+from kvlab.protocol import RunDone
 from kvlab.ui.compare.updates import CompareUpdater
 from kvlab.ui.shared.cards import StrategyCard
 from kvlab.ui.compare.view import HEADERS, PENDING, RunView
@@ -48,5 +49,5 @@ def test_the_summary_is_sent_before_the_fidelity_figures_and_filled_in_after():
     row = sent[-1][up.summary]["value"][0]
     assert row[table["headers"].index(top1)].startswith("50.0%")
     assert "fidelity: 1 of 2 columns scored" in sent[-1][up.run_status]
-    assert list(up.throttled(view, iter([scored(1), RunDone(results, 3.0, False, summary_s=1.5)]),
+    assert list(up.throttled(view, iter([scored(1), RunDone({"summary_s": 1.5}, 3.0, False, results)]),
                              threading.Event()))[-1][up.summary]["value"][1][table["headers"].index(top1)] != PENDING

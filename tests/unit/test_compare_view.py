@@ -9,17 +9,16 @@ from matplotlib.figure import Figure
 
 from kvlab.compare.events import (
     ColumnDone,
-    ColumnError,
     ColumnResult,
     ColumnStarted,
     FidelityScored,
     MemorySample,
-    RunDone,
     StepMetrics,
     SummaryReady,
     TokenEvent,
 )
 from kvlab.compare.summary import SUMMARY_COLUMNS
+from kvlab.protocol import ColumnFailed, RunDone
 from kvlab.generation import GenerationSettings
 from kvlab.strategies import STRATEGIES, make_strategy
 from kvlab.ui.shared.code import code_snippet
@@ -71,9 +70,10 @@ def test_done_stopped_error_and_unavailable_statuses():
     stream_tokens(view, 0, ["x", "y"])
     view.apply(ColumnDone(0, result(0, "col0", "dynamic", text="xy final")))
     view.apply(ColumnDone(1, result(1, "col1", "dynamic", stopped=True, message="stopped after 3 tokens")))
-    view.apply(ColumnError(2, "error", "static cache too small: raise max_cache_len",
+    view.apply(ColumnFailed(2, "col2", "error", "static cache too small: raise max_cache_len",
                            result(2, "col2", "static", status="error")))
-    view.apply(ColumnError(3, "unavailable", "needs a CUDA GPU", result(3, "col3", "offloaded", status="unavailable")))
+    view.apply(ColumnFailed(3, "col3", "unavailable", "needs a CUDA GPU",
+                            result(3, "col3", "offloaded", status="unavailable")))
     statuses = [(c.status, c.message) for c in view.columns]
     assert statuses == [("done", ""), ("stopped", "stopped after 3 tokens"),
                         ("error", "static cache too small: raise max_cache_len"), ("unavailable", "needs a CUDA GPU")]
@@ -102,7 +102,8 @@ def test_phases_and_progress_text():
     view.stop_requested = True
     assert view.phase() == "stopping"
     fidelity = {"state": "stopped", "scored": 1, "to_score": 2}
-    assert view.apply(RunDone(results, wall_s=12.5, stopped=True, fidelity=fidelity, summary_s=3.25)) == {0, 1}
+    done = RunDone({"fidelity": fidelity, "summary_s": 3.25}, wall_s=12.5, stopped=True, results=results)
+    assert view.apply(done) == {0, 1}
     assert view.phase() == "stopped"
     assert view.progress_text() == ("stopped in 12.5 s: 2 tokens (2 done) · summary after 3.2 s · "
                                     "fidelity: 1 of 2 columns scored (stopped)")
@@ -125,7 +126,8 @@ def test_the_summary_shows_before_fidelity_and_fills_in_as_columns_are_scored():
     _, table = view.summary_table()
     assert table[0][cell["top1_agreement"]].startswith("100.0%") and table[1][cell["mean_kl"]] == PENDING
     results[1].fidelity_status = "not scored: stopped"
-    view.apply(RunDone(results, 9.0, True, fidelity={"state": "stopped", "scored": 1, "to_score": 2}, summary_s=2.0))
+    view.apply(RunDone({"fidelity": {"state": "stopped", "scored": 1, "to_score": 2}, "summary_s": 2.0}, 9.0, True,
+                       results))
     _, table = view.summary_table()
     assert len(table) == 2 and table[1][cell["mean_kl"]] == MISSING  # the stop kept the summary
     assert "fidelity not scored: stopped" in view.summary()[0][1]["note"]
@@ -171,7 +173,7 @@ def finished_view():
         result(3, "offloaded", "offloaded", status="unavailable", message="needs a CUDA GPU"),
     ]
     view = RunView([r.name for r in rows])
-    view.apply(RunDone(rows, wall_s=3.0, stopped=False))
+    view.apply(RunDone({}, wall_s=3.0, stopped=False, results=rows))
     return view
 
 
@@ -197,7 +199,7 @@ def test_a_column_stopped_before_its_first_token_and_a_lone_value_are_never_best
     rows = [result(0, "dynamic", "dynamic", ttft_s=0.2, per_token_s=[0.2, 0.1], cache_bytes=[10, 20]),
             result(1, "static", "static", message="stopped after 0 tokens")]
     view = RunView(["dynamic", "static"])
-    view.apply(RunDone(rows, 1.0, True))
+    view.apply(RunDone({}, 1.0, True, rows))
     headers, table = view.summary_table()
     by_name = {row[0]: dict(zip(headers, row)) for row in table}
     assert by_name["static"]["peak cache (MiB)"] == MISSING
@@ -208,7 +210,7 @@ def test_no_mark_when_every_column_ties():
     rows = [result(i, name, name, ttft_s=0.1, per_token_s=[0.1, 0.1], agreement=1.0) for i, name in
             enumerate(["dynamic", "static"])]
     view = RunView(["dynamic", "static"])
-    view.apply(RunDone(rows, 1.0, False))
+    view.apply(RunDone({}, 1.0, False, rows))
     _, table = view.summary_table()
     assert not any(BEST_MARK in cell for row in table for cell in row)
 

@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from kvlab.compare.columns import Column
+from kvlab.columns import Column
 from kvlab.engines.gguf import gguf_refusal
 from kvlab.engines.llamacpp import ROT_ENV, _rotation, context_size, rotated, sampling
 from kvlab.engines.metrics import MetricsError, figures_line, parse_metrics, server_figures

@@ -82,7 +82,8 @@ def test_plan_says_it_cannot_measure_per_layer_budgets_without_blaming_the_model
 def test_a_budgeted_eviction_column_is_predicted_from_what_it_keeps(tiny):
     """A knorm column whose budget is below the dense prompt but above what it keeps never switches; with
     compress_every it stays under a budget plain knorm outgrows."""
-    from kvlab.compare.runner import collect, run_compare
+    from kvlab.compare.runner import run_compare
+    from kvlab.protocol import collect
 
     per_token = bytes_per_token(tiny.config, tiny.model.dtype)
     prompt = torch.arange(10, 10 + PROMPT_TOKENS)[None]
@@ -149,9 +150,10 @@ def test_a_needle_column_that_cannot_take_the_prompt_says_why_in_its_own_words(t
     specs = [{"strategy": "dynamic"}, {"strategy": "tova", "query_aware": False, "question_tokens": 1000},
              {"strategy": "snapkv", "window_size": 300}]
     done = list(run_needle(tiny, specs, grid))[-1]
-    assert done.column_messages[1].startswith("question_tokens (1000) must be less than the prompt's")
-    assert done.column_messages[2].startswith("snapkv needs a prompt longer than window_size=300")
-    assert 0 not in done.column_messages
+    messages = [column["message"] for column in done.record["columns"]]
+    assert messages[1].startswith("question_tokens (1000) must be less than the prompt's")
+    assert messages[2].startswith("snapkv needs a prompt longer than window_size=300")
+    assert messages[0] == ""
 
 
 def test_inspect_loop_code_annotates_the_true_positions_a_pruned_cache_is_fed():

@@ -143,7 +143,7 @@ def test_a_pruned_cache_refuses_a_crop_with_the_reason(tiny):
 
 
 def test_the_caveat_says_when_the_budget_prunes_nothing(tiny):
-    from kvlab.compare.columns import Column
+    from kvlab.columns import Column
     from kvlab.compare.runner import new_result
 
     big = make_strategy({"strategy": "knorm", "target_tokens": 500})
@@ -160,7 +160,8 @@ def test_the_caveat_says_when_the_budget_prunes_nothing(tiny):
 def test_an_eviction_strategy_is_a_fallback_that_stays_in_the_budget(tiny):
     """A dynamic column over its budget falls back to knorm (every id so far re-prefilled and pruned); compressing
     every 4 tokens keeps it under the budget for the rest of the run, where plain knorm outgrows it again."""
-    from kvlab.compare.runner import collect, run_compare
+    from kvlab.compare.runner import run_compare
+    from kvlab.protocol import collect
 
     prompt = torch.tensor([[1, 400, 401, 402, 403, 404]])
     settings = GenerationSettings(max_new_tokens=60, stop_at_eos=False, fidelity=False)

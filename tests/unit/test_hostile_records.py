@@ -14,8 +14,8 @@ import torch
 
 from kvlab.cli import main
 from kvlab.compare.replay import RecordError, load_record
-from kvlab.compare.runner import collect, run_compare
-from kvlab.compare.summary import run_record
+from kvlab.compare.runner import run_compare
+from kvlab.protocol import collect
 from kvlab.generation import GenerationSettings
 from kvlab.models.loading import ModelPool
 from kvlab.presets import parse_preset
@@ -30,8 +30,8 @@ def record(tiny):
     preset = parse_preset({"name": "t", "prompt": {"text": "hi"}, "columns": [{"strategy": "dynamic"}]})
     settings = GenerationSettings(max_new_tokens=4, stop_at_eos=False)
     done = collect(run_compare(tiny, torch.tensor([[1, 400, 401]]),
-                               [{"strategy": "dynamic"}, {"strategy": "static"}], settings))
-    return json.loads(json.dumps(run_record(tiny, preset, settings, done)))
+                               [{"strategy": "dynamic"}, {"strategy": "static"}], settings, preset=preset))
+    return json.loads(json.dumps(done.record))
 
 
 def with_(record: dict, change) -> dict:
@@ -60,8 +60,7 @@ def crafted_files(record: dict) -> dict[str, tuple[str, str]]:
         "5,000 columns": (json.dumps({**record, "columns": [column] * 5_000}), "5,000 columns"),
         "another tool's JSON": (json.dumps({"name": "left-pad", "version": "1.3.0", "dependencies": {}}),
                                 "not a report, Compare or Needle record"),
-        "format_version 99": (json.dumps({**record, "format_version": 99}),
-                              "format_version 99 cannot be read by this kvlab"),
+        "version 99": (json.dumps({**record, "version": 99}), "Compare record version 99 cannot be read by this kvlab"),
         "a huge integer": (json.dumps(record).replace('"prompt_tokens": 3', '"prompt_tokens": 3' + "0" * 4_999, 1),
                            "integer of 5000 digits"),
         "a huge number": (json.dumps(record).replace('"wall_s": ', '"wall_s": 1e999, "x": ', 1), "too large"),
@@ -148,9 +147,9 @@ def test_the_pages_status_line_is_one_line_for_a_crafted_record(name, files, com
 
 def test_the_report_tab_refuses_a_future_version_as_compare_does(record, tmp_path, report_tab):
     path = tmp_path / "v99.json"
-    path.write_text(json.dumps({**record, "format_version": 99}))
+    path.write_text(json.dumps({**record, "version": 99}))
     (report,) = list(report_tab.replay({}, [str(path)], "mean KL"))
-    assert "format_version 99 cannot be read by this kvlab" in unescape(report[report_tab.status])
+    assert "Compare record version 99 cannot be read by this kvlab" in unescape(report[report_tab.status])
     for kind in ("kvlab.report", "kvlab.needle"):
         path.write_text(json.dumps({"kind": kind, "version": 99, "columns": [], "summary": []}))
         (report,) = list(report_tab.replay({}, [str(path)], "mean KL"))

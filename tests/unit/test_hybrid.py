@@ -9,7 +9,8 @@ import torch
 
 from kvlab.chat.reuse import held_tokens
 from kvlab.chat.session import ChatSession, ChatTurnDone
-from kvlab.compare.runner import collect, run_compare
+from kvlab.compare.runner import run_compare
+from kvlab.protocol import collect
 from kvlab.generation import GenerationSettings
 from kvlab.strategies import make_strategy
 
@@ -133,14 +134,18 @@ def test_the_summary_and_csv_split_the_cache_by_layer_type(hybrid):
 
 def test_perplexity_with_the_models_own_window_equals_keeping_everything(hybrid):
     """The sliding layers never attend past their window, so dropping what lies beyond it changes nothing."""
-    from kvlab.quality.perplexity import perplexity_strategies, stream_many
+    from kvlab.quality.perplexity import perplexity_columns, refusals, run_perplexity
+    from kvlab.quality.report import TokenScored
 
     ids = torch.randint(5, 1000, (1, 3 * WINDOW), generator=torch.Generator().manual_seed(5))
-    chosen = perplexity_strategies(hybrid, "dynamic:layer_types=full,sliding_window")
-    nll, size = {name: [] for name in chosen}, {name: [] for name in chosen}
-    for step in stream_many(hybrid, ids, chosen):
-        nll[step.name].append(step.nll)
-        size[step.name].append(step.cache_bytes)
+    columns = perplexity_columns("dynamic:layer_types=full,sliding_window")
+    assert refusals(hybrid, columns, ids.shape[1]) == {}
+    names = [column.describe() for column in columns]
+    nll, size = {name: [] for name in names}, {name: [] for name in names}
+    for event in run_perplexity(hybrid, ids, columns):
+        if isinstance(event, TokenScored):
+            nll[names[event.column]].append(event.nll)
+            size[names[event.column]].append(event.cache_bytes)
     assert nll["sliding_window"] == pytest.approx(nll["dynamic all-full"], abs=1e-5)
     per_layer_token = 2 * 1 * 32 * 4
     growth = {name: values[-1] - values[-2] for name, values in size.items()}

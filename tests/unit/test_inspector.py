@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from kvlab.accounting import LAYER_PARTS, layer_bytes_by_device, layer_parts
-from kvlab.compare.runner import collect, run_compare
+from kvlab.compare.runner import run_compare
+from kvlab.protocol import collect
 from kvlab.engine import Decoder
 from kvlab.generation import GenerationSettings
 from kvlab.inspect.inspector import MAX_INSPECT_STEPS, InspectError, InspectSession, layer_rows

@@ -11,17 +11,22 @@
 - No file in the package, benchmarks/ or app.py is longer than 450 lines, and no function longer than 60.
 - No module outside the quantization backends' home (`kvlab/caches/quant/`) branches on a backend's name: a
   backend is looked up in the registry and asked, so a new one is its module and one registry line.
+- The run events every wing shares (started, column failed, done with its record) are `kvlab/protocol.py`'s; a
+  run wing (Compare, Needle, the report) defines only its own step events.
+- One module reads and builds a record's envelope (`kvlab/record.py`: `kind`, `version`, the keys older records
+  carried, and the safe JSON loader's one caller); a wing describes its kind and writes through it.
 """
 
 import ast
 import graphlib
+import re
 from pathlib import Path
 
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[2] / "kvlab"
-WEIGHT_FREE = ("kvlab.plan", "kvlab.presets", "kvlab.compare.columns", "kvlab.quality.stats", "kvlab.quality.record",
-               "kvlab.quality.table", "kvlab.quality.defaults")
+WEIGHT_FREE = ("kvlab.plan", "kvlab.presets", "kvlab.columns", "kvlab.compare.columns", "kvlab.quality.stats",
+               "kvlab.quality.record", "kvlab.quality.table", "kvlab.quality.defaults")
 RUNTIME_MODULES = ("kvlab.compare.runner", "kvlab.engine", "kvlab.compare.timing", "kvlab.compare.quiet",
                    "kvlab.measure.warmup", "kvlab.compare.memory", "kvlab.compare.fidelity", "kvlab.compare.summary")
 """What runs (and times) a model: a weight-free module needs none of them."""
@@ -61,8 +66,10 @@ def offenders(modules, imported: tuple[str, ...]) -> dict[str, list[str]]:
             if any(starts_with(i, imported) for i in SOURCES[name])}
 
 
-CORE = {"engine", "generation", "accounting", "compute", "budget", "presets"}
-"""The modules at the top of kvlab/ (beside __init__ and __main__): what every wing reads."""
+CORE = {"engine", "generation", "accounting", "compute", "budget", "presets", "columns", "record", "protocol"}
+"""The modules at the top of kvlab/ (beside __init__ and __main__): what every wing reads (`columns`: a run's
+columns and the one check of them, `kvlab.columns.parse_columns`; `record`: the one record envelope and its
+reader; `protocol`: the events every wing's run streams)."""
 TABS = {"compare", "chat", "perplexity", "plan", "inspect", "needle", "report"}
 """kvlab/ui/'s tab packages; `shared` is the one package beside them."""
 
@@ -135,7 +142,7 @@ def test_measure_imports_nothing_but_itself():
 
 
 def test_the_rules_see_the_package():
-    assert {"kvlab.compare.runner", "kvlab.compare.columns", "kvlab.plan.planner", "kvlab.cli",
+    assert {"kvlab.compare.runner", "kvlab.columns", "kvlab.plan.planner", "kvlab.cli",
             "kvlab.ui.compare.tab"} <= set(SOURCES)
     assert offenders(["kvlab.ui.compare.tab"], ("gradio",))
     assert offenders(["kvlab.cli.compare"], ("kvlab.compare.runner",))
@@ -199,6 +206,73 @@ def test_no_backend_name_branch_outside_the_backend_objects():
     found = {str(path.relative_to(PACKAGE.parent)): name_branches(ast.parse(path.read_text(encoding="utf-8")), names)
              for path in sorted(PACKAGE.rglob("*.py")) if QUANT_HOME not in path.parents}
     assert {path: lines for path, lines in found.items() if lines} == {}
+
+
+RECORD_READER = PACKAGE / "record.py"
+"""The one reader (and writer) of a record's envelope: `kind`, `version` and the keys older records carried."""
+ENVELOPE_KEYS = {"kind", "version", "format", "format_version"}
+
+
+def envelope_uses(tree: ast.AST) -> list[int]:
+    """Lines that read a record's envelope (a subscript or `.get` of an envelope key, a call of the safe JSON
+    loader `load_json`) or build one (a dict literal with `kind` and `version`, or with `format_version`)."""
+    def key(node) -> str | None:
+        return node.value if isinstance(node, ast.Constant) and isinstance(node.value, str) else None
+
+    lines = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Subscript):
+            hit = key(node.slice) in ENVELOPE_KEYS
+        elif isinstance(node, ast.Call):
+            name = getattr(node.func, "attr", getattr(node.func, "id", None))
+            hit = name == "load_json" or (name == "get" and bool(node.args) and key(node.args[0]) in ENVELOPE_KEYS)
+        elif isinstance(node, ast.Dict):
+            keys = {key(k) for k in node.keys if k is not None}
+            hit = {"kind", "version"} <= keys or "format_version" in keys
+        else:
+            hit = False
+        if hit:
+            lines.append(node.lineno)
+    return lines
+
+
+def test_one_module_reads_and_writes_a_records_envelope():
+    sample = ('a = r["kind"]\nb = r.get("format_version")\nc = load_json(p)\nd = {"kind": k, "version": 1}\n'
+              'e = {"kind": 1}')
+    assert envelope_uses(ast.parse(sample)) == [1, 2, 3, 4]
+    assert envelope_uses(ast.parse(RECORD_READER.read_text(encoding="utf-8")))
+    loader = PACKAGE / "measure" / "record_json.py"
+    found = {str(path.relative_to(PACKAGE.parent)): envelope_uses(ast.parse(path.read_text(encoding="utf-8")))
+             for path in sorted(PACKAGE.rglob("*.py")) if path not in (RECORD_READER, loader)}
+    assert {path: lines for path, lines in found.items() if lines} == {}
+
+
+RUN_WINGS = ("compare", "needle", "quality")
+"""The wings whose runs stream the run protocol (`kvlab.protocol`)."""
+RUN_EVENT = re.compile(r"\w*(Started|ColumnError|ColumnFailed|Done)")
+
+
+def run_level_events(tree: ast.AST) -> list[str]:
+    """Classes named like a run's started / column-error / done event: every column error, and a started or done
+    event that is not a column's own step event (whose first field is its `column`, e.g. Compare's
+    `ColumnStarted`)."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ClassDef) and RUN_EVENT.fullmatch(node.name):
+            fields = [item.target.id for item in node.body if isinstance(item, ast.AnnAssign)]
+            if node.name.endswith(("ColumnError", "ColumnFailed")) or fields[:1] != ["column"]:
+                found.append(node.name)
+    return found
+
+
+def test_the_run_events_every_wing_shares_are_defined_once_in_the_core():
+    assert run_level_events(ast.parse("class RunDone:\n    record: dict\nclass ColumnDone:\n    column: int")) == [
+        "RunDone"]
+    assert run_level_events(ast.parse((PACKAGE / "protocol.py").read_text(encoding="utf-8"))) == [
+        "RunStarted", "ColumnFailed", "RunDone"]
+    found = {str(path.relative_to(PACKAGE.parent)): run_level_events(ast.parse(path.read_text(encoding="utf-8")))
+             for wing in RUN_WINGS for path in sorted((PACKAGE / wing).rglob("*.py"))}
+    assert found and {path: names for path, names in found.items() if names} == {}
 
 
 MAX_FILE_LINES = 450

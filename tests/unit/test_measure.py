@@ -11,8 +11,10 @@ import torch
 
 from kvlab.cli import build_parser
 from kvlab.cli.compare import resolve_compare
-from kvlab.compare.events import ColumnResult, RunDone, RunPhase
-from kvlab.compare.runner import collect, run_compare
+from kvlab.compare.events import ColumnResult, RunPhase
+from kvlab.protocol import RunDone
+from kvlab.compare.runner import run_compare
+from kvlab.protocol import collect
 from kvlab.compare.summary import best_marks, best_sets, summary_rows
 from kvlab.compare.timing import for_policy
 from kvlab.generation import GenerationSettings
@@ -68,8 +70,8 @@ def test_quiet_retiming_feeds_the_live_tokens_and_replaces_the_summary_figures(t
     row = summary_rows(done.results)[0]
     assert row["timing"] == "quiet" and row["decode_tok_s"] == round(result.decode_tok_s, 2)
     assert set(row["noise"]) == {"ttft_s", "decode_tok_s", "itl_ms_p50", "itl_ms_p99"}
-    assert done.timing["policy"] == "quiet" and done.results[1].timing.policy == "quiet"
-    assert done.timing["max_tokens"] == RETIME_MAX_TOKENS
+    assert done.record["timing"]["policy"] == "quiet" and done.results[1].timing.policy == "quiet"
+    assert done.record["timing"]["max_tokens"] == RETIME_MAX_TOKENS
     assert result.to_json()["timing"]["live"]["decode_tok_s"] == timing.live["decode_tok_s"]
 
 
@@ -80,7 +82,7 @@ def test_the_live_policy_by_default_and_no_retiming_outside_fair_mode(tiny, sett
     result = events[-1].results[0]
     assert result.timing.policy == "live" and result.timing.live == {} and result.timing.per_token_s == []
     assert "retiming" not in [e.phase for e in events if isinstance(e, RunPhase)]
-    assert events[-1].timing["policy"] == "live" and "live_vs_quiet" not in events[-1].timing
+    assert events[-1].record["timing"]["policy"] == "live" and "live_vs_quiet" not in events[-1].record["timing"]
     live_decode = result.per_token_s[1:]
     assert result.decode_tok_s == pytest.approx(len(live_decode) / sum(live_decode))
     assert result.timing.noise  # live figures carry their noise for the best marks
@@ -142,7 +144,8 @@ def test_an_interrupted_step_takes_its_second_timing_and_a_step_slow_every_time_
     assert step in first.timing.replaced_steps and first.timing.per_token_s[step] < Spiking.SLOW_S
     assert step not in second.timing.replaced_steps and second.timing.per_token_s[step] >= Spiking.SLOW_S
     assert interrupted.prefills == genuine.prefills == 2 + TTFT_REPEATS  # live, extra prefills, quiet, one replay
-    assert done.timing["replaced_steps"] == len(first.timing.replaced_steps) + len(second.timing.replaced_steps) >= 1
+    replaced = len(first.timing.replaced_steps) + len(second.timing.replaced_steps)
+    assert done.record["timing"]["replaced_steps"] == replaced >= 1
     assert first.to_json()["timing"]["replaced_steps"] == first.timing.replaced_steps
 
 
@@ -268,15 +271,17 @@ def test_busy_note_follows_the_step_noise_not_one_hiccup():
 def test_the_runner_and_the_page_say_when_the_machine_was_busy(tiny, monkeypatch):
     monkeypatch.setattr("kvlab.compare.runner.sample_load", lambda: 50.0)
     done = collect(run_compare(tiny, PROMPT, [{"strategy": "dynamic"}], QUIET))
-    assert done.timing["busy"] and done.timing["load_average"] == 50.0
+    assert done.record["timing"]["busy"] and done.record["timing"]["load_average"] == 50.0
     view = RunView(["dynamic"])
     view.apply(done)
     assert "too busy for a fair comparison" in view.progress_text()
     assert "quiet re-timing" in view.progress_text()
-    assert "\n" not in view.progress_text() and done.timing["note"] in unescape(view.summary_notes())  # the why, below
+    timing = done.record["timing"]
+    assert "\n" not in view.progress_text() and timing["note"] in unescape(view.summary_notes())  # the why, below
     monkeypatch.setattr("kvlab.compare.runner.sample_load", lambda: 0.0)
     calm = collect(run_compare(tiny, PROMPT, [{"strategy": "dynamic"}], GREEDY))
-    assert calm.timing["load_average"] == 0.0 and "load average" not in calm.timing["note"]  # (noise may still)
+    calm_timing = calm.record["timing"]
+    assert calm_timing["load_average"] == 0.0 and "load average" not in calm_timing["note"]  # (noise may still)
 
 
 def test_the_page_shows_phases_quiet_rates_and_tied_marks():
@@ -289,7 +294,7 @@ def test_the_page_shows_phases_quiet_rates_and_tied_marks():
         column.status, column.per_token_s = "done", list(result.per_token_s)
     view.apply(RunPhase("retiming", "re-timing 2 columns quietly…"))
     assert "re-timing 2 columns quietly" in view.progress_text()
-    view.apply(RunDone(results, 1.0, False, {"policy": "quiet", "max_tokens": 64}))
+    view.apply(RunDone({"timing": {"policy": "quiet", "max_tokens": 64}}, 1.0, False, results))
     assert view.columns[0].readout().startswith("3 tokens · 25.0 tok/s (live 12.5)")
     headers, table = view.summary_table()
     rate = headers.index("decode tok/s")

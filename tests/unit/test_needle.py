@@ -16,7 +16,8 @@ from kvlab.needle.prompt import (ANSWER_PREFIX, INSTRUCTION, build_passkey_promp
                                  passkey_for)
 from kvlab.needle.record import (CSV_FIELDS, CellRecord, load_record, records_to_csv, reproduce_snippet,
                                  summarize)
-from kvlab.needle.runner import NeedleCell, NeedleColumnError, NeedleDone, NeedleStarted, run_needle
+from kvlab.needle.runner import NeedleCell, run_needle
+from kvlab.protocol import ColumnFailed, RunDone, RunStarted
 from kvlab.strategies import make_strategy
 
 
@@ -108,9 +109,10 @@ def test_runner_reports_bad_columns_in_their_place_gates_dense_misses_and_record
              {"strategy": "offloaded"}]
     events = _events(tiny, specs, grid)
     started, done = events[0], events[-1]
-    assert isinstance(started, NeedleStarted) and started.dense_columns == [1] and isinstance(done, NeedleDone)
-    errors = {e.column: e for e in events if isinstance(e, NeedleColumnError)}
+    assert isinstance(started, RunStarted) and started.plan.dense_columns == [1] and isinstance(done, RunDone)
+    errors = {e.column: e for e in events if isinstance(e, ColumnFailed)}
     assert set(errors) == {2, 3} and "unknown strategy" in errors[2].message and errors[3].status == "unavailable"
+    assert errors[3].name == started.columns[3] == "offloaded"
     cells = [e.record for e in events if isinstance(e, NeedleCell)]
     assert len(cells) == 2 * len(grid.cells) and cells[0].column == 1  # the dense column runs first in a cell
     assert all(r.gated == (not next(d.hit for d in cells if d.column == 1 and d.cell == r.cell)) for r in cells)
@@ -129,8 +131,8 @@ def test_stop_mid_grid_keeps_every_finished_cell(tiny):
             seen.append(event.record)
             if len(seen) == 2:
                 stop.set()
-    assert isinstance(event, NeedleDone) and event.stopped
-    assert len(event.records) == 2 and [c["seed"] for c in event.record["cells"]] == [0, 0]
+    assert isinstance(event, RunDone) and event.stopped
+    assert len(event.results) == 2 and [c["seed"] for c in event.record["cells"]] == [0, 0]
 
 
 def test_record_round_trips_through_json_and_csv_and_its_snippet_names_the_cell(tiny, tmp_path):
@@ -139,7 +141,7 @@ def test_record_round_trips_through_json_and_csv_and_its_snippet_names_the_cell(
     path = tmp_path / "needle.json"
     path.write_text(json.dumps(done.record))
     record, cells = load_record(path)
-    assert [c.to_json() for c in cells] == [c.to_json() for c in done.records]
+    assert [c.to_json() for c in cells] == [c.to_json() for c in done.results]
     rows = records_to_csv(cells).splitlines()
     assert rows[0].split(",") == list(CSV_FIELDS) and len(rows) == 1 + len(cells)
     snippet = reproduce_snippet(record, 1, str(path))

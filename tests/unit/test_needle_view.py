@@ -85,12 +85,13 @@ def test_a_column_that_never_ran_has_no_heatmap_and_its_reason_wraps_in_the_tabl
 
 def test_redraw_puts_every_scored_column_on_the_pareto_plot_in_its_colour(tiny_pool):
     from kvlab.needle.record import CellRecord
-    from kvlab.needle.runner import NeedleCell, NeedleStarted
+    from kvlab.needle.runner import NeedleCell, NeedlePlan
+    from kvlab.protocol import RunStarted
 
     with gr.Blocks():
         tab = NeedleTab(tiny_pool).build()
     view = NeedleView()
-    view.apply(NeedleStarted(["dynamic", "sink 4+60"], [(100, 0.0, 0), (100, 1.0, 0)], [0], []))
+    view.apply(RunStarted(("dynamic", "sink 4+60"), NeedlePlan([(100, 0.0, 0), (100, 1.0, 0)], [0], [])))
     primer = tab.redraw(view, primer=True)
     assert list(primer[tab.pareto]["value"]["column"]) == view.columns  # every column known before its point
     assert primer[tab.pareto]["value"]["hit_rate"].isna().all()
@@ -125,14 +126,14 @@ def test_every_needle_preset_runs_on_the_tiny_model(tiny, name):
     grid = parse_grid(preset.grid.lengths[:1], preset.grid.depths, preset.grid.seeds[:1], 2)
     done = list(run_needle(tiny, preset.columns, grid))[-1]
     assert [c["status"] for c in done.record["columns"]] == ["ok"] * len(preset.columns)
-    assert len(done.records) == len(grid.cells) * len(preset.columns)
+    assert len(done.results) == len(grid.cells) * len(preset.columns)
 
 
 @pytest.mark.parametrize("name", sorted(list_needle_presets()))
 def test_a_preset_fills_the_form_with_what_the_preset_runs(name):
     """The preset picker writes the columns in compare syntax; read back by the tab they are the preset's
     strategies, and the grid fields parse to the preset's grid."""
-    from kvlab.compare.columns import Column
+    from kvlab.columns import Column
     from kvlab.ui.needle.tab import column_specs
     from kvlab.ui.needle.view import NO_PRESET, preset_fields
 

@@ -48,7 +48,7 @@ def test_a_new_strategy_appears_in_compare_chat_and_perplexity():
         assert ChatForm(strategy_name=NAME, knobs=["model", "bye"]).strategy().note == "bye"
         request, _, errors = plan_request(PlanForm(model="meta-llama/Llama-3.1-8B-Instruct", slots=[(NAME, ["model", "bye"])]))
         assert errors == {} and request.strategies == ({"strategy": NAME, "note": "bye"},)
-        assert list(PerplexityRequest(choices=["dynamic", NAME]).strategies()) == ["dynamic", NAME]
+        assert [c.describe() for c in PerplexityRequest(choices=["dynamic", NAME]).columns()] == ["dynamic", NAME]
     finally:
         STRATEGIES.pop(NAME, None)
     assert NAME not in [value for _, value in strategy_choices(None)]

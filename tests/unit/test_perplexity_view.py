@@ -1,11 +1,13 @@
 """The Perplexity tab's pure part (kvlab.ui.perplexity.view): choices from the registry, the form -> a plan
-on a tiny model (unavailable caches left out with the reason), fake `NllStep`s -> status, figure, table."""
+on a tiny model (unavailable caches left out with the reason), fake `TokenScored` events -> status, figure,
+table."""
 
 import math
 
 import pytest
 
-from kvlab.engine import NllStep
+from kvlab.protocol import ColumnFailed, RunStarted
+from kvlab.quality.report import TokenScored
 from kvlab.strategies import StrategyError
 from kvlab.strategies.base import names_with
 from kvlab.ui.perplexity.view import (
@@ -34,7 +36,7 @@ def test_choices_are_the_papers_three_then_the_registry():
 
 
 def test_the_default_request_is_dynamic_window_and_sink_with_the_window_settings():
-    chosen = PerplexityRequest(window=32, sinks=2).strategies()
+    chosen = {column.describe(): column.strategy for column in PerplexityRequest(window=32, sinks=2).columns()}
     assert list(chosen) == ["dynamic", "window 32", "sink 2+30"]
     assert chosen["window 32"].num_sink_tokens == 0 and chosen["sink 2+30"].window_length == 32
 
@@ -42,17 +44,17 @@ def test_the_default_request_is_dynamic_window_and_sink_with_the_window_settings
 def test_extra_columns_use_the_compare_syntax():
     request = PerplexityRequest(choices=["dynamic"], extra="sink:num_sink_tokens=1:window_length=16")
     assert request.spec_text() == "dynamic,sink:num_sink_tokens=1:window_length=16"
-    assert list(request.strategies()) == ["dynamic", "sink 1+15"]
-    with pytest.raises(StrategyError, match="pick at least one cache"):
-        PerplexityRequest(choices=[]).strategies()
+    assert [column.describe() for column in request.columns()] == ["dynamic", "sink 1+15"]
+    with pytest.raises(ValueError, match="pick at least one cache"):
+        PerplexityRequest(choices=[]).columns()
     with pytest.raises(ValueError, match="write key=value"):
-        PerplexityRequest(choices=[], extra="sink:window").strategies()
+        PerplexityRequest(choices=[], extra="sink:window").columns()
 
 
 def test_a_cache_the_model_cannot_run_is_left_out_with_the_reason(tiny):
     request = PerplexityRequest(choices=["dynamic", "sliding_window"], tokens=24, text_choice=PASTED, pasted=TEXT)
     plan = plan_perplexity(request, tiny)
-    assert list(plan.strategies) == ["dynamic"] and plan.input_ids.shape == (1, 24)
+    assert [column.describe() for column in plan.columns] == ["dynamic"] and plan.input_ids.shape == (1, 24)
     assert "no sliding-window layers" in plan.skipped["sliding_window"]
     with pytest.raises(StrategyError, match="no picked cache can run on this model: sliding_window: this model"):
         plan_perplexity(PerplexityRequest(choices=["sliding_window"], text_choice=PASTED, pasted=TEXT), tiny)
@@ -62,8 +64,8 @@ def test_a_cache_the_model_cannot_run_is_left_out_with_the_reason(tiny):
 
 def steps(view, labels, nlls, start=1):
     for offset, nll in enumerate(nlls):
-        for i, label in enumerate(labels):
-            view.apply(NllStep(label, start + offset, nll + i, 1000 * (start + offset)))
+        for i, _ in enumerate(labels):
+            view.apply(TokenScored(i, start + offset, nll + i, 1000 * (start + offset)))
 
 
 def test_view_folds_steps_into_status_figure_and_table():
@@ -92,14 +94,15 @@ def test_view_before_any_step_and_bad_input():
     view = PerplexityView(["dynamic"], window=4, total=10)
     assert view.progress_text() == "token 0 of 10" and view.final_text(False) == "done: 0 tokens per cache"
     assert all(frame.empty for frame in view.frames())
-    with pytest.raises(TypeError):
-        view.apply(("dynamic", 1, 0.5, 10))
-    with pytest.raises(KeyError):
-        view.apply(NllStep("sink", 1, 0.5, 10))
+    view.apply(RunStarted(("dynamic",)))
+    view.apply(ColumnFailed(0, "dynamic", "error", "RuntimeError: boom"))
+    assert view.nll == {"dynamic": []}  # only a scored token changes the curves
+    with pytest.raises(IndexError):
+        view.apply(TokenScored(1, 1, 0.5, 10))
 
 
 def test_status_compares_every_cache_at_the_same_token():
     view = PerplexityView(["dynamic", "sink 1+1"], window=2, total=10)
     steps(view, ["dynamic", "sink 1+1"], [1.0, 2.0])
-    view.apply(NllStep("dynamic", 3, 9.0, 3000))  # dynamic is a token ahead of sink in the round
+    view.apply(TokenScored(0, 3, 9.0, 3000))  # dynamic is a token ahead of sink in the round
     assert view.progress_text() == f"token 2 of 10 · dynamic ppl {math.exp(1.5):.1f} · sink 1+1 ppl {math.exp(2.5):.1f}"

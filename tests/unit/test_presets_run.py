@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kvlab.compare.events import RunDone
+from kvlab.protocol import RunDone
 from kvlab.compare.runner import run_compare
 from kvlab.generation import encode_prompt
 from kvlab.presets import load_preset

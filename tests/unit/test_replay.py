@@ -9,8 +9,10 @@ import torch
 from kvlab.cli import main
 from kvlab.compare.events import ColumnResult, latency_summary_ms, percentile
 from kvlab.compare.replay import RecordError, load_record
-from kvlab.compare.runner import collect, run_compare
-from kvlab.compare.summary import RECORD_FORMAT_VERSION, SUMMARY_COLUMNS, rows_to_csv, run_record, summary_rows
+from kvlab.compare.runner import run_compare
+from kvlab.protocol import collect
+from kvlab.compare.record import VERSION
+from kvlab.compare.summary import SUMMARY_COLUMNS, rows_to_csv, summary_rows
 from kvlab.generation import GenerationSettings
 from kvlab.measure import ColumnTiming
 from kvlab.presets import parse_preset
@@ -37,12 +39,13 @@ def record(tiny):
     settings = GenerationSettings(max_new_tokens=6, stop_at_eos=False)
     done = collect(run_compare(tiny, torch.tensor([[1, 400, 401]]),
                                [{"strategy": "dynamic"}, {"strategy": "quantized", "residual_length": 2},
-                                {"strategy": "sliding_window"}], settings))
-    return run_record(tiny, preset, settings, done)
+                                {"strategy": "sliding_window"}], settings, preset=preset))
+    return done.record
 
 
-def test_a_record_says_its_format_and_where_it_was_measured(record):
-    assert record["format"] == "kvlab.compare" and record["format_version"] == RECORD_FORMAT_VERSION
+def test_a_record_says_its_kind_and_where_it_was_measured(record):
+    assert record["kind"] == "kvlab.compare" and record["version"] == VERSION == 4
+    assert "format" not in record and "format_version" not in record
     env = record["environment"]
     for key in ("kvlab", "kvlab_commit", "torch", "transformers", "gradio", "python", "cpu", "cores_available",
                 "torch_threads", "dtype", "device", "gpu"):
@@ -69,13 +72,14 @@ def test_a_record_replays_into_the_same_summary(record, tmp_path):
     (b"not json", "not a JSON file"),
     (b"[1, 2]", "the JSON is not an object"),
     (json.dumps({"format": "other-tool", "format_version": 1}).encode(), "not a kvlab Compare run record"),
-    (json.dumps({"model": {}, "columns": [{}]}).encode(), "before records carried a format_version"),
+    (json.dumps({"model": {}, "columns": [{}]}).encode(), "column 1 of the record is incomplete"),
     (json.dumps({"format": "kvlab.compare", "format_version": 99, "columns": [{}]}).encode(),
-     "format_version 99 cannot be read by this kvlab"),
-    (json.dumps({"format": "kvlab.compare", "format_version": RECORD_FORMAT_VERSION, "columns": []}).encode(),
-     "no columns"),
-    (json.dumps({"format": "kvlab.compare", "format_version": RECORD_FORMAT_VERSION,
-                 "columns": [{"name": "x"}]}).encode(), "column 1 of the record is incomplete"),
+     "format_version 99 cannot be read by this kvlab, which reads versions 1, 2, 3 and 4"),
+    (json.dumps({"kind": "kvlab.compare", "version": 99, "columns": [{}]}).encode(),
+     "Compare record version 99 cannot be read by this kvlab"),
+    (json.dumps({"kind": "kvlab.compare", "version": VERSION, "columns": []}).encode(), "no columns"),
+    (json.dumps({"format": "kvlab.compare", "format_version": 3, "columns": [{"name": "x"}]}).encode(),
+     "column 1 of the record is incomplete"),
 ])
 def test_old_or_foreign_files_get_a_clear_message(content, message):
     with pytest.raises(RecordError, match=message):
@@ -102,7 +106,8 @@ def test_a_version_2_record_made_by_an_older_kvlab_still_replays_with_its_timing
     old = json.loads(path.read_text())
     assert old["format_version"] == 2 and "live_decode_tok_s" in old["columns"][1]
     replayed = load_record(path)
-    assert replayed.record["format_version"] == RECORD_FORMAT_VERSION and replayed.record["timing"]["policy"] == "quiet"
+    assert replayed.record["version"] == VERSION and replayed.record["timing"]["policy"] == "quiet"
+    assert "format_version" not in replayed.record
     assert "settle_s" not in replayed.record["timing"] and "retimed" not in replayed.record["timing"]
     assert GenerationSettings(**replayed.record["settings"]).timing_policy == "quiet"  # was `retime: true`
     by_name = {r.name: r for r in replayed.done.results}

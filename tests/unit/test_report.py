@@ -8,16 +8,9 @@ import threading
 import pytest
 import torch
 
+from kvlab.protocol import ColumnFailed, RunDone, RunStarted
 from kvlab.quality.record import merge_rows, rows_from_record
-from kvlab.quality.report import (
-    ReportColumnError,
-    ReportDone,
-    ReportProgress,
-    ReportStarted,
-    check_split,
-    parse_columns,
-    run_report,
-)
+from kvlab.quality.report import ReportProgress, check_split, report_columns, run_report
 from kvlab.quality.table import format_markdown, format_table, pareto_marks, rows_to_csv
 from kvlab.strategies.dynamic import Dynamic
 
@@ -28,7 +21,7 @@ def _ids(n=40, seed=0):
 
 def _done(events):
     events = list(events)
-    assert isinstance(events[0], ReportStarted) and isinstance(events[-1], ReportDone)
+    assert isinstance(events[0], RunStarted) and isinstance(events[-1], RunDone)
     return events, events[-1].record
 
 
@@ -75,7 +68,8 @@ def test_a_refused_or_failing_column_reports_alone_and_the_others_finish(tiny, m
 
     events, record = _done(run_report(tiny, _ids(), ["dynamic", "no_cache", "sliding_window", "h2o",
                                                      Broken(label="broken")], scored_tokens=12, warm_up=False))
-    errors = {e.column: e.message for e in events if isinstance(e, ReportColumnError)}
+    errors = {e.name: e.message for e in events if isinstance(e, ColumnFailed)}
+    assert [e.column for e in events if isinstance(e, ColumnFailed)] == [1, 2, 3, 4]
     assert "no_cache keeps no cache" in errors["no_cache"]
     assert "sliding-window layers" in errors["sliding_window"]
     assert "unknown strategy 'h2o'" in errors["h2o"]
@@ -113,8 +107,8 @@ def test_split_and_columns_are_checked_before_any_compute():
     with pytest.raises(ValueError, match="more than the text's 10 tokens"):
         check_split(10, 5, 6)
     with pytest.raises(ValueError, match="at least one column"):
-        parse_columns(" , ")
-    twice = parse_columns("dynamic,dynamic,snapkv:budget_mib=2")
+        report_columns(" , ")
+    twice = report_columns("dynamic,dynamic,snapkv:budget_mib=2")
     assert "picked twice" in twice[1].rejected and "budget_mib is Compare's" in twice[2].rejected
 
 
@@ -124,8 +118,8 @@ def test_records_merge_into_one_table_with_the_pareto_front(tiny, tmp_path):
     record = json.loads(json.dumps(record))  # as saved
     assert all(v is None or not (isinstance(v, float) and math.isnan(v))
                for c in record["columns"] for v in c["figures"].values())
-    needle = {"kind": "kvlab.needle", "version": 1, "model": record["model"],
-              "summary": [{"strategy": "sink 2+6", "hits": 3, "scored": 4, "errors": 0}]}
+    needle = {"kind": "kvlab.needle", "version": 1, "model": record["model"], "columns": [{"name": "sink 2+6"}],
+              "cells": [], "summary": [{"strategy": "sink 2+6", "hits": 3, "scored": 4, "errors": 0}]}
     rows = merge_rows([rows_from_record(record, "a.json"), rows_from_record(needle, "b.json")])
     assert len(rows) == 2
     sink = rows[1]
@@ -168,10 +162,10 @@ def test_the_command_line_builds_the_table_from_records_and_refuses_bad_input(ti
 
 def test_recall_runs_the_needle_grid_per_column_with_a_dense_gate(tiny):
     from kvlab.quality.recall import needle_grid, run_recall
-    from kvlab.quality.report import parse_columns
+    from kvlab.quality.report import report_columns
 
     grid = needle_grid(tiny, "128", "0,1", "0,1,2")
-    columns = [(c.describe(), c) for c in parse_columns("sink:window_length=32,knorm")]
+    columns = [(c.describe(), c) for c in report_columns("sink:window_length=32,knorm")]
     needle = run_recall(tiny, columns, grid)
     assert needle["grid"]["seeds"] == [0, 1, 2]
     assert [row["strategy"] for row in needle["summary"]] == ["dynamic", "sink 4+28", "knorm 0.5"]
@@ -226,8 +220,10 @@ def test_a_compare_row_never_fills_a_report_row_and_a_malformed_record_is_one_li
         by = {row["protocol"]: row for row in rows}
         assert len(rows) == 2 and by["report"]["kld_mean"] == 0.30333 and by["report"]["same_top"] == 0.594
         assert by["compare"]["kld_mean"] == 0.01099 and by["compare"]["same_top_low"] is None
-    for bad in ({"kind": "kvlab.report", "version": 1, "columns": "oops"}, {**report, "model": "x", "columns": [{}]}):
-        with pytest.raises(ValueError, match="not a well-formed kvlab.report record"):
+    for bad, said in (({"kind": "kvlab.report", "version": 1, "columns": "oops"}, "the report record has no columns"),
+                      ({**report, "columns": [{}]}, "column 1 of the record is incomplete: it lacks name, split"),
+                      ({**report, "model": "x"}, "not a well-formed kvlab.report record, its field model")):
+        with pytest.raises(ValueError, match=said):
             rows_from_record(bad)
     path = tmp_path / "mangled.json"
     path.write_text(json.dumps({"kind": "kvlab.report", "version": 1, "columns": "oops"}))
@@ -237,3 +233,21 @@ def test_a_compare_row_never_fills_a_report_row_and_a_malformed_record_is_one_li
     empty.write_text(json.dumps({"kind": "kvlab.report", "version": 1, "model": model, "columns": []}))
     assert main(["report", "--from", str(empty)]) == 2
     assert "no rows" in capsys.readouterr().err
+
+
+def test_the_curve_is_each_columns_own_nll_token_by_token_with_or_without_the_reference(tiny):
+    from kvlab.quality.report import TokenScored
+
+    ids = _ids(30, 2)
+    for reference in ("dynamic", None):
+        events, record = _done(run_report(tiny, ids, "sink:window_length=8:num_sink_tokens=2", scored_tokens=12,
+                                          warm_up=False, reference=reference, curve=True))
+        curve = [e for e in events if isinstance(e, TokenScored)]
+        assert [e.position for e in curve] == list(range(18, 30)) and {e.column for e in curve} == {0}
+        assert len({e.cache_bytes for e in curve}) == 1 and curve[0].cache_bytes > 0  # the window is full
+        if reference:
+            assert math.exp(sum(e.nll for e in curve) / 12) == pytest.approx(_figures(record, "sink 2+6")["ppl"])
+            with_reference = [e.nll for e in curve]
+        else:
+            assert [e.nll for e in curve] == with_reference and record["reference"] is None
+            assert not [e for e in events if isinstance(e, ReportProgress)]

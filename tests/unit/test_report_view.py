@@ -10,8 +10,9 @@ from pathlib import Path
 import gradio as gr
 import pytest
 
+from kvlab.protocol import ColumnFailed, RunDone, RunStarted
 from kvlab.quality.record import FIGURE_FIELDS
-from kvlab.quality.report import ReportColumnError, ReportDone, ReportProgress, ReportStarted, Split
+from kvlab.quality.report import ReportProgress, Split
 from kvlab.ui.report.tab import ReportTab
 from kvlab.ui.report.view import (PASTED, PLOT_FIELDS, ReportRequest, ReportView, plan_report, plot_caption,
                                   plot_frame, replay_status, rows_from_files, table_frame)
@@ -37,7 +38,7 @@ def record(columns, stopped=False, model="m"):
 
 def started_view():
     view = ReportView("m")
-    view.apply(ReportStarted(("sink 4+60", "quanto", "nope"), Split(32, 8)))
+    view.apply(RunStarted(("sink 4+60", "quanto", "nope"), Split(32, 8)))
     return view
 
 
@@ -53,7 +54,7 @@ def test_every_column_is_a_row_and_a_plot_series_from_the_first_frame():
 
 def test_figures_fill_in_by_rounds_and_a_column_error_keeps_its_own_row():
     view = started_view()
-    view.apply(ReportColumnError("nope", "unknown strategy 'nope'"))
+    view.apply(ColumnFailed(2, "nope", "error", "unknown strategy 'nope'"))
     view.apply(ReportProgress("sink 4+60", 4, figures(4, 0.08, 1.0), MIB))
     assert not view.round_complete()  # quanto has not reported this round yet
     view.apply(ReportProgress("quanto", 4, figures(4, 0.02, 2.0), 2 * MIB))
@@ -74,7 +75,7 @@ def test_a_stopped_run_ends_as_its_record_with_what_was_scored():
     view.apply(ReportProgress("sink 4+60", 4, figures(4, 0.08, 1.0), MIB))
     saved = record([("sink 4+60", "stopped", "", 5, figures(5, 0.07, 1.0)),
                     ("quanto", "stopped", "", 4, figures(4, 0.03, 0.5)), ("nope", "error", "bad", 0, None)], True)
-    view.apply(ReportDone(saved, 2.0, stopped=True))
+    view.apply(RunDone(saved, 2.0, stopped=True))
     table = table_frame(view.rows())
     assert list(table["status"]) == ["stopped", "stopped", "error"] and list(table["scored"]) == ["5", "4", "-"]
     assert list(table["front"]) == ["", "★", ""]  # quanto: fewer bytes and lower KL
@@ -85,7 +86,7 @@ def test_a_stopped_run_ends_as_its_record_with_what_was_scored():
 
 def test_the_delta_ppl_plot_takes_its_front_on_the_distance_from_dense():
     rows = ReportView("m")
-    rows.apply(ReportDone(record([("a", "ok", "", 8, figures(8, 0.1, 1.0, ppl_diff=-0.5)),
+    rows.apply(RunDone(record([("a", "ok", "", 8, figures(8, 0.1, 1.0, ppl_diff=-0.5)),
                                   ("b", "ok", "", 8, figures(8, 0.2, 2.0, ppl_diff=0.2))]), 1.0))
     assert list(plot_frame(rows.rows(), "ppl_diff")["front"]) == ["yes", "yes"]
     assert list(plot_frame(rows.rows(), "kld_mean")["front"]) == ["yes", "no"]
@@ -98,7 +99,8 @@ def test_saved_records_merge_and_an_unreadable_one_is_one_line(tmp_path):
     other = tmp_path / "other.json"
     other.write_text(json.dumps(record([("quanto", "ok", "", 8, figures(8, 0.01, 2.0))], model="n")))
     needle = tmp_path / "needle.json"
-    needle.write_text(json.dumps({"kind": "kvlab.needle", "version": 1, "model": {"name": "m"},
+    needle.write_text(json.dumps({"kind": "kvlab.needle", "version": 1, "model": {"name": "m"}, "cells": [],
+                                  "columns": [{"name": "sink 4+60"}],
                                   "summary": [{"strategy": "sink 4+60", "hits": 4, "scored": 5}]}))
     broken = tmp_path / "broken.json"
     broken.write_text("{not json")
@@ -107,7 +109,8 @@ def test_saved_records_merge_and_an_unreadable_one_is_one_line(tmp_path):
     rows, problems = rows_from_files([report, other, needle, broken, stranger])
     assert [(row["model"], row["column"]) for row in rows] == [("m", "sink 4+60"), ("n", "quanto")]
     assert rows[0]["needle_hits"] == 4 and len(problems) == 2
-    assert problems[0].startswith("cannot read record broken.json: ") and problems[1].startswith("stranger.json")
+    assert problems[0].startswith("cannot read record broken.json: ")
+    assert problems[1].startswith("cannot read record stranger.json: not a report, Compare or Needle record")
     assert not any(str(tmp_path) in problem for problem in problems), "a server path reached the page"
     table = table_frame(rows)
     assert list(table["model"]) == ["m", "n"] and table["needle [95% CI]"][0].startswith("4/5")

@@ -6,19 +6,18 @@ import time
 import pytest
 import torch
 
-from kvlab.compare.columns import Column
+from kvlab.columns import Column
 from kvlab.compare.events import (
     ColumnDone,
-    ColumnError,
     ColumnStarted,
     FidelityScored,
     MemorySample,
-    RunDone,
     StepMetrics,
     TokenEvent,
 )
-from kvlab.compare.runner import collect, parallel_threads, run_compare, shared_threads
+from kvlab.compare.runner import parallel_threads, run_compare, shared_threads
 from kvlab.compute import compute, compute_iter
+from kvlab.protocol import ColumnFailed, RunDone, RunStarted, collect
 from kvlab.generation import GenerationSettings
 from kvlab.strategies import make_strategy
 from kvlab.strategies.dynamic import Dynamic
@@ -61,7 +60,7 @@ def test_the_summary_comes_before_the_fidelity_pass_and_a_stop_in_it_keeps_the_s
     assert ready < min(i for i, k in enumerate(kinds) if k == "FidelityScored")
     assert events[ready].to_score == 3 and events[ready].results[1].agreement is not None
     assert [(e.scored, e.to_score) for e in events if isinstance(e, FidelityScored)] == [(1, 3), (2, 3), (3, 3)]
-    assert events[-1].fidelity == {"state": "scored", "scored": 3, "to_score": 3}
+    assert events[-1].record["fidelity"] == {"state": "scored", "scored": 3, "to_score": 3}
     assert {r.fidelity_status for r in events[-1].results} == {"scored"}
 
     stop = threading.Event()
@@ -71,8 +70,8 @@ def test_the_summary_comes_before_the_fidelity_pass_and_a_stop_in_it_keeps_the_s
             stop.set()  # Stop during the fidelity pass, after its first column
         kept.append(event)
     done = kept[-1]
-    assert isinstance(done, RunDone) and done.stopped and done.summary_s is not None
-    assert done.fidelity["state"] == "stopped" and done.fidelity["scored"] == 1
+    assert isinstance(done, RunDone) and done.stopped and done.record["summary_s"] is not None
+    assert done.record["fidelity"]["state"] == "stopped" and done.record["fidelity"]["scored"] == 1
     assert [r.status for r in done.results] == ["ok"] * 3 and all(r.token_ids for r in done.results)
     assert done.results[0].fidelity_status == "scored"
     assert done.results[1].fidelity_status == "not scored: stopped" and done.results[1].top1_agreement is None
@@ -113,7 +112,7 @@ def test_an_error_ends_its_own_column_only(tiny, mode):
     assert done.results[0].status == "error" and "boom" in done.results[0].message
     assert len(done.results[0].token_ids) == 3
     assert done.results[1].status == "ok" and len(done.results[1].token_ids) == GREEDY.max_new_tokens
-    assert [e.column for e in events if isinstance(e, ColumnError)] == [0]
+    assert [e.column for e in events if isinstance(e, ColumnFailed)] == [0]
 
 
 def test_invalid_sampling_in_one_column_errors_fast_and_the_rest_finish(tiny):

@@ -19,8 +19,10 @@ from transformers import (
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
 
 from kvlab.accounting import cache_bytes
+from kvlab.columns import Column
 from kvlab.models.loading import LoadedModel, ModelSpec
-from kvlab.quality.perplexity import ppl_by_segment, stream_nll
+from kvlab.quality.perplexity import ppl_by_segment, run_perplexity
+from kvlab.quality.report import TokenScored
 from kvlab.caches.rotary import KeyRerotator, inv_freq_from_config, unsupported_reason
 from kvlab.caches.sink import SinkCache, SinkLayer, prefill_in_chunks
 from kvlab.strategies import make_strategy
@@ -367,42 +369,43 @@ def test_prefill_in_chunks_validates_arguments(llama):
 
 # --- streaming perplexity ------------------------------------------------------------------------
 
-@torch.inference_mode()
-def test_stream_nll_with_dense_cache_equals_teacher_forced_nll(llama):
+def stream(model, ids, strategy) -> list:
+    """The Perplexity view's curve of one cache: its `TokenScored` events, in order."""
+    events = run_perplexity(as_loaded(model), ids, [Column(strategy)])
+    return [event for event in events if isinstance(event, TokenScored)]
+
+
+def test_streaming_with_a_dense_cache_equals_the_teacher_forced_nll(llama):
     ids = random_ids(25)
-    log_probs = torch.log_softmax(llama(input_ids=ids).logits[0, :-1], dim=-1)
+    with torch.inference_mode():
+        log_probs = torch.log_softmax(llama(input_ids=ids).logits[0, :-1], dim=-1)
     expected = (-log_probs.gather(-1, ids[0, 1:, None])[:, 0]).tolist()
-    seen = []
 
-    nll = stream_nll(as_loaded(llama), ids, make_strategy({"strategy": "dynamic"}),
-                     on_token=lambda position, value, size: seen.append((position, value, size)))
+    seen = stream(llama, ids, make_strategy({"strategy": "dynamic"}))
 
-    assert nll == pytest.approx(expected, abs=1e-4)
-    assert [p for p, _, _ in seen] == list(range(1, 25))
-    assert [v for _, v, _ in seen] == nll
+    assert [e.nll for e in seen] == pytest.approx(expected, abs=1e-4)
+    assert [e.position for e in seen] == list(range(1, 25))
     per_token = 2 * TINY["num_hidden_layers"] * KV_HEADS * HEAD_DIM * 4
-    assert [s for _, _, s in seen] == [per_token * p for p in range(1, 25)]
+    assert [e.cache_bytes for e in seen] == [per_token * p for p in range(1, 25)]
 
 
-def test_stream_nll_under_sink_cache_holds_bytes_and_stops_on_event(llama):
+def test_streaming_under_a_sink_cache_holds_its_bytes_and_stops_on_its_event(llama):
     stop = threading.Event()
-    sizes = []
-
-    def on_token(position, value, size):
-        sizes.append(size)
-        if position == 20:
-            stop.set()
-
     sink = make_strategy({"strategy": "sink", "window_length": 8, "num_sink_tokens": 2})
-    nll = stream_nll(as_loaded(llama), random_ids(40)[0], sink, stop_event=stop, on_token=on_token)
+    seen = []
+    for event in run_perplexity(as_loaded(llama), random_ids(40)[0], [Column(sink)], stop):
+        if isinstance(event, TokenScored):
+            seen.append(event)
+            if event.position == 20:
+                stop.set()
 
-    assert len(nll) == 20
-    assert set(sizes[8:]) == {2 * TINY["num_hidden_layers"] * KV_HEADS * 8 * HEAD_DIM * 4}
+    assert len(seen) == 20
+    assert {e.cache_bytes for e in seen[8:]} == {2 * TINY["num_hidden_layers"] * KV_HEADS * 8 * HEAD_DIM * 4}
 
 
-def test_stream_nll_validates_input(llama):
+def test_streaming_refuses_a_text_of_one_token(llama):
     with pytest.raises(ValueError, match="at least 2 tokens"):
-        stream_nll(as_loaded(llama), torch.tensor([[3]]), make_strategy({"strategy": "dynamic"}))
+        stream(llama, torch.tensor([[3]]), make_strategy({"strategy": "dynamic"}))
 
 
 def test_ppl_by_segment():

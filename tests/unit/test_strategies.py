@@ -157,7 +157,8 @@ def test_snippet_code_compiles(name):
 
 
 def test_compiled_static_matches_eager_and_compiles_once_per_cache_size(tiny):
-    from kvlab.compare.runner import collect, run_compare
+    from kvlab.compare.runner import run_compare
+    from kvlab.protocol import collect
     from kvlab.generation import GenerationSettings
     from kvlab.strategies.static import COMPILE_BUCKET
 
@@ -192,7 +193,8 @@ def test_quantized_group_size_must_divide_head_dim_before_compute(tiny):
     ({"backend": "quanto", "nbits": 4, "axis_key": -1}, False),
 ])
 def test_a_non_default_axis_runs_or_is_refused_before_the_run(tiny, spec, works):
-    from kvlab.compare.runner import collect, run_compare
+    from kvlab.compare.runner import run_compare
+    from kvlab.protocol import collect
     from kvlab.generation import GenerationSettings
 
     strategy = make_strategy({"strategy": "quantized", "residual_length": 2, **spec})

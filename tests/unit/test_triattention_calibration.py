@@ -143,7 +143,8 @@ def test_a_cache_folder_that_cannot_be_written_keeps_the_calibration_in_memory(t
 
 
 def test_the_column_note_and_the_report_record_show_the_calibrations_cost(tiny, folder):
-    from kvlab.quality.report import ReportDone, run_report
+    from kvlab.protocol import RunDone
+    from kvlab.quality.report import run_report
     from kvlab.strategies import make_strategy
 
     strategy = make_strategy({"strategy": "triattention", "budget": 4, "beta": 2})
@@ -152,7 +153,7 @@ def test_the_column_note_and_the_report_record_show_the_calibrations_cost(tiny, 
     assert "300 tokens of python_reference.txt" in strategy.runtime_note() and " s to compute" in strategy.runtime_note()
     ids = torch.arange(10, 50)
     events = list(run_report(tiny, ids, "triattention:budget=4:beta=2,knorm", scored_tokens=16, warm_up=False))
-    record = next(e for e in events if isinstance(e, ReportDone)).record
+    record = next(e for e in events if isinstance(e, RunDone)).record
     tri, knorm = record["columns"]
     assert tri["status"] == "ok" and "300 tokens of python_reference.txt" in tri["note"] and "note" not in knorm
 

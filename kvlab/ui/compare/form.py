@@ -19,7 +19,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from kvlab.budget import require_cache
-from kvlab.compare.columns import MAX_COLUMNS, MODES, Column
+from kvlab.columns import MAX_COLUMNS, Column
+from kvlab.compare.columns import MODES
 from kvlab.generation import GenerationSettings
 from kvlab.measure import DEFAULT_POLICY
 from kvlab.models.loading import ModelSpec

@@ -1,6 +1,7 @@
 """What a finished Compare run leaves behind, and the headless `compare` API's run.
 
-- `record_for`: the JSON run record of a page run (as `python -m kvlab compare --json` writes it).
+- `page_preset`: the preset a page run is made from, which its record names; `record_for`: the run's record
+  with what only the page has (as `python -m kvlab compare --json` writes it, plus slots, memory, refused).
 - `write_exports`: that record and the summary CSV as files the page offers (the plots PNG is rendered only
   when asked for: `kvlab.ui.shared.live_plots`); their folder's name is the result's share id (`share_id`), and
   `shared_exports` finds a shared result's files again for the page a share link opens.
@@ -17,13 +18,13 @@ import json
 import threading
 from pathlib import Path
 
-from kvlab.compare.events import RunDone
-from kvlab.compare.runner import collect, run_compare
-from kvlab.compare.summary import rows_to_csv, run_record
-from kvlab.generation import GenerationSettings, encode_prompt
+from kvlab.compare.runner import run_preset as run_compare_preset
+from kvlab.compare.summary import rows_to_csv
+from kvlab.generation import GenerationSettings
 from kvlab.models.atomic import write_atomic
 from kvlab.models.loading import ModelSpec
-from kvlab.presets import load_preset, parse_preset
+from kvlab.presets import Preset, load_preset, parse_preset
+from kvlab.protocol import RunDone, collect
 
 from ..shared.code import code_snippet
 from ..shared.exports import EXPORTS_DIR, export_id_pattern, fresh_export_folder
@@ -38,13 +39,11 @@ SHARE_ID = export_id_pattern(SHARE_PREFIX)
 EXPORT_NAMES = ("kvlab-run.json", "kvlab-summary.csv")
 
 
-def record_for(plan: RunPlan, loaded, done: RunDone, view: RunView | None = None) -> dict:
-    """The JSON run record (as `python -m kvlab compare --json` writes it) for a run from the page; with the
-    run's `view`, also what only the page has: `slots` (the page column of each run column, its colour) and
-    `memory` (process memory samples: `elapsed_s` in seconds, `rss_bytes` and `cuda_allocated_bytes`); and
-    `refused`, the cards that were not run (slot, strategy, the knob fields as typed, why), when there were any."""
+def page_preset(plan: RunPlan) -> Preset:
+    """The preset a page run is made from (its name, prompt, settings, mode, baseline and columns), which its
+    record names (`kvlab.compare.runner.run_compare`'s `preset`)."""
     request = plan.request
-    preset = parse_preset({
+    return parse_preset({
         "name": request.preset or "custom",
         "model": {"source": plan.spec.source, "dtype": plan.spec.dtype, "device": plan.spec.device},
         "prompt": {"text": request.prompt, "system": request.system or "", "chat": bool(request.chat)},
@@ -54,7 +53,15 @@ def record_for(plan: RunPlan, loaded, done: RunDone, view: RunView | None = None
         "columns": [{"strategy": s.name, **s.knobs(), **(plan.budgets[slot].spec() if slot in plan.budgets else {})}
                     for slot, s in plan.columns],
     }, "page")
-    record = run_record(loaded, preset, plan.settings, done)
+
+
+def record_for(plan: RunPlan, done: RunDone, view: RunView | None = None) -> dict:
+    """The JSON run record of a page run (the run's own, as `python -m kvlab compare --json` writes it); with
+    the run's `view`, also what only the page has: `slots` (the page column of each run column, its colour) and
+    `memory` (process memory samples: `elapsed_s` in seconds, `rss_bytes` and `cuda_allocated_bytes`); and
+    `refused`, the cards that were not run (slot, strategy, the knob fields as typed, why), when there were any."""
+    request = plan.request
+    record = dict(done.record)
     if plan.slot_errors:
         record["refused"] = [{"slot": slot, "strategy": request.slots[slot][0], "values": list(request.slots[slot][1]),
                               "message": message} for slot, message in sorted(plan.slot_errors.items())
@@ -137,10 +144,6 @@ def run_preset(loader, path, name: str, prompt: str | None = None, max_new_token
         GenerationSettings(**{**data["generation"], "max_new_tokens": max_new_tokens}).check()
         data["generation"]["max_new_tokens"] = max_new_tokens
     parsed = parse_preset(data, name)
-    settings = parsed.settings()
-    settings.check()
+    parsed.settings().check()
     loaded = loader.get(ModelSpec(**parsed.model.model_dump()))
-    prompt_ids = encode_prompt(loaded.tokenizer, parsed.prompt.text, parsed.prompt.system, parsed.prompt.chat)
-    done = collect(run_compare(loaded, prompt_ids, parsed.build_columns(), settings, parsed.mode,
-                               stop or threading.Event(), parsed.baseline))
-    return run_record(loaded, parsed, settings, done)
+    return collect(run_compare_preset(loaded, parsed, stop or threading.Event())).record

@@ -20,7 +20,8 @@ import time
 
 import gradio as gr
 
-from kvlab.compare.columns import MAX_COLUMNS, MODES
+from kvlab.columns import MAX_COLUMNS
+from kvlab.compare.columns import MODES
 from kvlab.compare.runner import run_compare
 from kvlab.generation import MAX_NEW_TOKENS_CAP, encode_prompt
 from kvlab.measure import POLICIES
@@ -31,25 +32,16 @@ from kvlab.measure.record_json import cap_text
 from ..shared import turns, zerogpu
 from ..shared.cards import StrategyCard, build_card
 from .extras import CompareApi, open_shared, replay, run_cost, run_gpu_s
-from .form import (
-    INTRO,
-    MODE_HELP,
-    RunRejected,
-    RunRequest,
-    carried_overrides,
-    model_line,
-    plan_run,
-    slot_specs,
-    start_preset,
-)
+from .records import page_preset
+from .form import (INTRO, MODE_HELP, RunRejected, RunRequest, carried_overrides, model_line, plan_run, slot_specs,
+                   start_preset)
 from ..shared.live_plots import LivePlots
 from .updates import CompareUpdater
 from .view import SUMMARY_DATATYPES, SUMMARY_HELP, SUMMARY_WIDTHS, RunView
 from ..shared.inspect_links import divergence_links
 from ..shared.knobs import card_form, max_knobs, strategy_choices
-from ..shared.model_picker import chat_box
 from ..shared.loader import BackgroundLoader, device_present
-from ..shared.model_picker import model_bar
+from ..shared.model_picker import chat_box, model_bar
 from ..shared.theme import line_html
 from .timing_text import POLICY_INFO
 
@@ -416,7 +408,8 @@ class CompareTab:
         if session is not None:
             session["view"] = view
         yield self.updater.start(plan, view, loaded)
-        events = run_compare(loaded, prompt_ids, columns, plan.settings, request.mode, stop, plan.baseline_index())
+        events = run_compare(loaded, prompt_ids, columns, plan.settings, request.mode, stop, plan.baseline_index(),
+                             page_preset(plan))
         try:
             yield from self.updater.throttled(view, events, stop)
         finally:
@@ -424,7 +417,7 @@ class CompareTab:
             events.close()
         if view.done is not None:
             view.divergence_links, view.divergence_reasons = divergence_links(request, plan, view.done.results)
-        yield self.updater.final(plan, view, loaded)
+        yield self.updater.final(plan, view)
         yield self.plots.settle(view)
 
     def _wait_for_model(self, spec: ModelSpec):

@@ -121,14 +121,14 @@ class CompareUpdater:
             if plotted:
                 plot_due = last_text + max(PLOT_EVERY_S, PLOT_COST_FACTOR * (last_text - now))
 
-    def final(self, plan: RunPlan, view: RunView, loaded) -> dict:
+    def final(self, plan: RunPlan, view: RunView) -> dict:
         """Every column, the plots, the summary with its exports and code, and the closing status line."""
         updates = self.columns(view, set(range(len(view.columns))))
         updates.update(self.plots.updates(view))
         if view.done is None:
             updates[self.run_status] = line_html("the run ended without a result", "error")
             return updates
-        updates.update(self.summary_updates(view, record_for(plan, loaded, view.done, view)))
+        updates.update(self.summary_updates(view, record_for(plan, view.done, view)))
         updates[self.code] = code_text(plan, view)
         errors = [f"column {s + 1}: {m}" for s, m in plan.slot_errors.items()]
         status = view.progress_text() + (" — not run: " + "; ".join(errors) if errors else "")

@@ -19,20 +19,19 @@ from dataclasses import dataclass, field
 
 from kvlab.compare.events import (
     ColumnDone,
-    ColumnError,
     ColumnResult,
     ColumnStarted,
     Event,
     FallbackSwitched,
     FidelityScored,
     MemorySample,
-    RunDone,
     RunPhase,
     StepMetrics,
     SummaryReady,
     TokenEvent,
 )
 from kvlab.compare.summary import LABELS, best_marks, best_sets, by_layer_type_text, candidates, summary_rows
+from kvlab.protocol import ColumnFailed, RunDone, RunStarted
 
 from ..shared.figures import MIB
 from ..shared.markup import md_text
@@ -234,7 +233,9 @@ class RunView:
             for column, result in zip(self.columns, event.results):
                 column.result = result
             return set(range(len(self.columns)))
-        if not isinstance(event, (ColumnStarted, TokenEvent, StepMetrics, FallbackSwitched, ColumnDone, ColumnError,
+        if isinstance(event, RunStarted):
+            return set()
+        if not isinstance(event, (ColumnStarted, TokenEvent, StepMetrics, FallbackSwitched, ColumnDone, ColumnFailed,
                                   FidelityScored)):
             raise TypeError(f"not a runner event: {event!r}")
         if isinstance(event, FidelityScored):
@@ -267,10 +268,15 @@ class RunView:
             column.result, column.text = event.result, event.result.text
             column.status = "stopped" if event.result.stopped else ("warning" if event.result.warning else "done")
             column.message = "; ".join(filter(None, [event.result.warning, event.result.message]))
-        elif isinstance(event, ColumnError):
+        elif isinstance(event, ColumnFailed):
             column.result, column.status, column.message = event.result, event.status, event.message
         else:
             column.result, column.message = event.result, event.result.message
+
+    def recorded(self, part: str) -> dict:
+        """The run record's `part` (`timing`, `fidelity`) once the run is done; {} before, or when a record
+        predates it."""
+        return (self.done.record.get(part) or {}) if self.done is not None else {}
 
     @property
     def columns_finished(self) -> bool:
@@ -289,11 +295,12 @@ class RunView:
 
     def fidelity_text(self) -> str:
         """`fidelity: 2 of 5 columns scored` while (and after) the pass runs; '' when it scores nothing."""
-        to_score = self.done.fidelity.get("to_score", 0) if self.done is not None else self.to_score
+        fidelity = self.recorded("fidelity")
+        to_score = fidelity.get("to_score", 0) if self.done is not None else self.to_score
         if not to_score:
             return ""
-        scored = self.done.fidelity.get("scored", self.scored) if self.done is not None else self.scored
-        stopped = " (stopped)" if self.done is not None and self.done.fidelity.get("state") == "stopped" else ""
+        scored = fidelity.get("scored", self.scored) if self.done is not None else self.scored
+        stopped = " (stopped)" if fidelity.get("state") == "stopped" else ""
         return f"fidelity: {scored} of {to_score} columns scored{stopped}"
 
     def progress_text(self) -> str:
@@ -317,9 +324,10 @@ class RunView:
         for c in self.columns:
             counts[c.status] = counts.get(c.status, 0) + 1
         detail = ", ".join(f"{n} {status}" for status, n in counts.items())
-        timing = {key: value for key, value in (self.done.timing if self.done else {}).items() if key != "note"}
+        timing = {key: value for key, value in self.recorded("timing").items() if key != "note"}
         busy = BUSY_MARK if timing.get("busy") else ""  # one line: the timing note goes under the summary
-        summary = f" · summary after {self.done.summary_s:.1f} s" if self.done and self.done.summary_s else ""
+        summary_s = self.done.record.get("summary_s") if self.done else None
+        summary = f" · summary after {summary_s:.1f} s" if summary_s else ""
         fidelity = f" · {self.fidelity_text()}" if self.fidelity_text() else ""
         return f"{'stopped' if phase == 'stopped' else 'finished'}{wall}: {tokens} tokens ({detail})" + \
             summary + fidelity + timing_line(timing) + busy
@@ -366,7 +374,7 @@ class RunView:
         first NOTE_CHARS characters); '' when there is nothing more to say. Column names and notes (a replayed
         record's own text) are literal text (`kvlab.ui.shared.markup.md_text`)."""
         rows, _ = self.summary()
-        timing_note = (self.done.timing or {}).get("note") if self.done is not None else None
+        timing_note = self.recorded("timing").get("note")
         notes: dict[str, list[str]] = {timing_note: ["timing"]} if timing_note else {}
         for row in rows:
             if row["note"] and short_note(row["note"]) != row["note"]:

@@ -16,14 +16,15 @@ import json
 
 import gradio as gr
 
-from kvlab.compare.columns import MAX_COLUMNS, Column
+from kvlab.columns import MAX_COLUMNS, Column, parse_columns
 from kvlab.models.loading import ModelLoadError, ModelSpec
 from kvlab.needle.grid import DEFAULT_NEW_TOKENS, MAX_NEW_TOKENS, GridError, expand_sweeps, parse_grid, split_items
 from kvlab.needle.preset import list_needle_presets
 from kvlab.needle.prompt import key_tokens, min_context_tokens
 from kvlab.needle.record import records_to_csv
-from kvlab.needle.runner import NeedleCell, NeedleDone, max_positions, run_needle
+from kvlab.needle.runner import NeedleCell, max_positions, run_needle
 from kvlab.presets import PresetError
+from kvlab.protocol import RunDone
 from kvlab.sharing.cost import RunCost
 
 from ..shared.costs import needle_cost
@@ -59,12 +60,9 @@ EXPLAIN = (
 def column_specs(text: str) -> list[Column]:
     """Columns from compare syntax with sweeps expanded; a bad item becomes a rejected column (its message in
     its own place). Raises ValueError when there is none or more than MAX_COLUMNS."""
-    items = expand_sweeps(split_items((text or "").replace(" ", "")))
-    if not items:
-        raise ValueError("name at least one column, e.g. dynamic, sink:window_length=128")
-    if len(items) > MAX_COLUMNS:
-        raise ValueError(f"at most {MAX_COLUMNS} columns (sweeps included), got {len(items)}")
-    return [Column.from_text(item) for item in items]
+    return parse_columns(expand_sweeps(split_items((text or "").replace(" ", ""))), MAX_COLUMNS,
+                         empty="name at least one column, e.g. dynamic, sink:window_length=128",
+                         counted=" (sweeps included)")
 
 
 class NeedleTab:
@@ -187,11 +185,11 @@ class NeedleTab:
             return
         view = NeedleView()
         for event in run_needle(loaded, columns, grid, stop):
-            if isinstance(event, (NeedleCell, NeedleDone)) and not view.records:
+            if isinstance(event, (NeedleCell, RunDone)) and not view.records:
                 yield self.redraw(view)  # no point yet, upper case: the spec is rebuilt from the primer before one
             view.apply(event)
-            if isinstance(event, NeedleDone):
-                yield {**self.redraw(view), self.download: self.record_files(event.record, event.records)}
+            if isinstance(event, RunDone):
+                yield {**self.redraw(view), self.download: self.record_files(event.record, event.results)}
                 yield self.redraw(view, primer=True)  # lower case again: the spec is rebuilt from the last frame
             else:
                 yield self.redraw(view, primer=not view.records)  # no point drawn yet: still the run's primer

@@ -15,7 +15,8 @@ from __future__ import annotations
 import pandas as pd
 
 from kvlab.needle.record import CellRecord, summarize
-from kvlab.needle.runner import NeedleCell, NeedleColumnError, NeedleDone, NeedleStarted
+from kvlab.needle.runner import NeedleCell
+from kvlab.protocol import ColumnFailed, RunDone, RunStarted
 
 from ..shared.markup import md_text
 
@@ -64,15 +65,15 @@ class NeedleView:
         self.stopped = False
 
     def apply(self, event) -> None:
-        if isinstance(event, NeedleStarted):
-            self.columns, self.cells = list(event.columns), list(event.cells)
-            self.dense, self.problems = list(event.dense_columns), list(event.problems)
-        elif isinstance(event, NeedleColumnError):
+        if isinstance(event, RunStarted):
+            self.columns, self.cells = list(event.columns), list(event.plan.cells)
+            self.dense, self.problems = list(event.plan.dense_columns), list(event.plan.problems)
+        elif isinstance(event, ColumnFailed):
             self.messages[event.column] = f"{event.status}: {event.message}"
         elif isinstance(event, NeedleCell):
             self.records.append(event.record)
-        elif isinstance(event, NeedleDone):
-            self.records, self.record, self.stopped = list(event.records), event.record, event.stopped
+        elif isinstance(event, RunDone):
+            self.records, self.record, self.stopped = list(event.results), event.record, event.stopped
 
     def ran(self, column: int) -> bool:
         """Whether `column` runs or ran: it has a cell, or no message stopped it before its first one."""
@@ -159,7 +160,7 @@ def preset_fields(name: str) -> dict | None:
         PresetError: the preset is missing or invalid (the message names the file and field).
     """
     from kvlab.budget import strategy_item
-    from kvlab.compare.columns import Column
+    from kvlab.columns import Column
     from kvlab.needle.preset import load_needle_preset
 
     if not name or name == NO_PRESET:

@@ -1,1 +1,1 @@
-"""The Perplexity tab: `tab` lays out and wires; `view` (form -> a plan, `NllStep`s -> the view model) is pure."""
+"""The Perplexity tab: `tab` lays out and wires; `view` (form -> a plan, scored tokens -> the view model) is pure."""

@@ -6,8 +6,8 @@ log-perplexity of each grows on the plot as it is measured, with cache bytes
 beside it. This module lays out the components and wires their events; the
 form, the view model, the plots' data and the table are `kvlab.ui.perplexity.view`'s (drawn by gradio's
 native `gr.LinePlot` in the browser, with a PNG export button),
-the measuring is `kvlab.quality.perplexity`'s. Per-session state (the stop event) lives
-in `gr.State`.
+the measuring is `kvlab.quality.perplexity.run_perplexity`'s (the quality report with a one-token context and
+its per-token curve). Per-session state (the stop event) lives in `gr.State`.
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ import time
 import gradio as gr
 
 from kvlab.models.loading import ModelLoadError, ModelSpec
-from kvlab.quality.perplexity import DEFAULT_SINKS, DEFAULT_WINDOW, stream_many
+from kvlab.protocol import ColumnFailed
+from kvlab.quality.perplexity import DEFAULT_SINKS, DEFAULT_WINDOW, run_perplexity
 from kvlab.sharing.cost import RunCost
 from kvlab.strategies import StrategyError
 
@@ -143,23 +144,27 @@ class PerplexityTab:
         except (ValueError, ModelLoadError, StrategyError) as err:
             yield {self.status: f"⚠️ {md_text(err)}"}
             return
-        # 2. Stream every cache in turns, redrawing at most every PLOT_EVERY_S.
-        view = PerplexityView(list(plan.strategies), int(request.window), plan.input_ids.shape[1] - 1, plan.skipped,
-                              plan.model_window)
+        # 2. Stream every cache in turns, redrawing at most every PLOT_EVERY_S; a failing cache ends the run.
+        view = PerplexityView([c.describe() for c in plan.columns], int(request.window), plan.input_ids.shape[1] - 1,
+                              plan.skipped, plan.model_window)
         yield {**self.plots(view, primer=True), self.status: md_text(view.progress_text())}
-        last_plot = 0.0
+        last_plot, failed = 0.0, None
         try:
-            for step in stream_many(loaded, plan.input_ids, plan.strategies, stop):
-                view.apply(step)
+            for event in run_perplexity(loaded, plan.input_ids, plan.columns, stop):
+                view.apply(event)
+                if isinstance(event, ColumnFailed) and failed is None:
+                    logger.error("perplexity run failed: %s: %s", event.name, event.message)
+                    failed = f"the run failed after {view.progress_text()}: {event.message}"
+                    stop.set()
                 now = time.perf_counter()
                 if now - last_plot >= PLOT_EVERY_S:
                     last_plot = now
                     yield {**self.plots(view), self.status: md_text(view.progress_text())}
         except Exception as err:  # noqa: BLE001 - the page shows what failed and keeps the curves so far
             logger.exception("perplexity run failed")
-            yield {**self.plots(view), self.table: view.table(),
-                   self.status: "⚠️ " + md_text(f"the run failed after {view.progress_text()}: "
-                                                f"{type(err).__name__}: {err}")}
+            failed = f"the run failed after {view.progress_text()}: {type(err).__name__}: {err}"
+        if failed:
+            yield {**self.plots(view), self.table: view.table(), self.status: "⚠️ " + md_text(failed)}
             return
         # 3. The final curves, the per-segment table and how it ended.
         yield {**self.plots(view), self.table: view.table(), self.status: md_text(view.final_text(stop.is_set()))}

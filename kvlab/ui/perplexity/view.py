@@ -1,4 +1,4 @@
-"""The Perplexity tab's pure part: the form -> a validated plan, the engine's `NllStep`s -> a view model.
+"""The Perplexity tab's pure part: the form -> a validated plan, the run's scored tokens -> a view model.
 
 - `perplexity_choices()` lists the caches offered: the StreamingLLM paper's
   three (`dynamic`, `window` = a sink cache with 0 sinks, `sink`) first,
@@ -8,11 +8,13 @@
   window comes from the model's config and is marked on the plots. More
   columns with their own knobs can be typed in the compare syntax
   (`quantized:backend=hqq:nbits=2`).
-- `plan_perplexity(request, loaded)` checks the form, tokenizes the text and
+- `plan_perplexity(request, loaded)` checks the form, tokenizes the text (the
+  shipped one, `kvlab.quality.defaults.shipped_text`, unless one is pasted) and
   leaves out, with the reason, every cache that cannot run on the model (e.g.
   `sliding_window` on a full-attention model); nothing crashes.
-- `PerplexityView.apply(step)` folds one `kvlab.engine.NllStep` in; the view
-  gives the status line, the native plots' data (`kvlab.ui.shared.plot_frames`) and the per-segment table.
+- `PerplexityView.apply(event)` folds in one event of the run
+  (`kvlab.quality.perplexity.run_perplexity`: each `TokenScored`); the view gives the status line, the native
+  plots' data (`kvlab.ui.shared.plot_frames`) and the per-segment table.
 
 No gradio; tests feed it fake steps.
 """
@@ -26,13 +28,13 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 from kvlab.accounting import layer_windows
+from kvlab.columns import Column
 from kvlab.models.bundled import bundled_model
-from kvlab.engine import NllStep
 from kvlab.models.gguf_cache import ModelLoadError
-from kvlab.quality.defaults import CHARS_PER_TOKEN, pasted_text_refusal
-from kvlab.quality.perplexity import (DEFAULT_SINKS, DEFAULT_WINDOW, default_text, parse_perplexity_strategies,
-                                      ppl_by_segment)
-from kvlab.strategies import Strategy, StrategyError
+from kvlab.quality.defaults import CHARS_PER_TOKEN, pasted_text_refusal, shipped_text
+from kvlab.quality.perplexity import DEFAULT_SINKS, DEFAULT_WINDOW, perplexity_columns, ppl_by_segment, refusals
+from kvlab.quality.report import TokenScored
+from kvlab.strategies import StrategyError
 from kvlab.strategies.base import names_with
 
 from ..shared.plot_frames import perplexity_colors, perplexity_frames
@@ -100,19 +102,20 @@ class PerplexityRequest:
         specs = [{**PAPER_CHOICES, ALL_FULL: "dynamic:layer_types=full"}.get(label, label) for label in self.choices or []]
         return ",".join(specs + [part for part in [(self.extra or "").strip()] if part])
 
-    def strategies(self) -> dict[str, Strategy]:
-        """Column label -> strategy, checked without a model.
+    def columns(self) -> list[Column]:
+        """The picked columns (`kvlab.quality.perplexity.perplexity_columns`), checked without a model.
 
         Raises:
-            StrategyError: nothing picked, an unknown name or knob, a strategy that keeps no cache, a label twice.
-            ValueError: a knob not written as key=value.
+            StrategyError: an unknown name or knob, a knob not written as key=value, a strategy that keeps no
+                cache, a label twice.
+            ValueError: nothing picked.
         """
-        return parse_perplexity_strategies(self.spec_text(), int(self.window), int(self.sinks))
+        return perplexity_columns(self.spec_text(), int(self.window), int(self.sinks))
 
     def text(self) -> str:
-        """The text to stream: the pasted one, or the built-in long text. Raises ValueError when it is empty or a
+        """The text to stream: the pasted one, or the shipped long text. Raises ValueError when it is empty or a
         pasted one is longer than `kvlab.quality.defaults.MAX_TEXT_CHARS` (checked before it is tokenized)."""
-        text = self.pasted if self.text_choice == PASTED else default_text()
+        text = self.pasted if self.text_choice == PASTED else shipped_text()
         if not text or not text.strip():
             raise ValueError("the text is empty: paste a long text or pick the built-in one")
         refusal = pasted_text_refusal(text) if self.text_choice == PASTED else None
@@ -123,11 +126,11 @@ class PerplexityRequest:
 
 @dataclass
 class PerplexityPlan:
-    """A run that can start: token ids (1, seq), the caches that run, the ones left out with why, and the
-    model's own sliding window from its config (tokens; None without sliding layers)."""
+    """A run that can start: token ids (1, seq), the columns that run, the ones left out (label -> why), and
+    the model's own sliding window from its config (tokens; None without sliding layers)."""
 
     input_ids: object
-    strategies: dict[str, Strategy]
+    columns: list[Column]
     skipped: dict[str, str]
     model_window: int | None = None
 
@@ -138,17 +141,17 @@ def plan_perplexity(request: PerplexityRequest, loaded) -> PerplexityPlan:
     Caches that cannot run on this model are left out and named in `skipped` with the reason.
 
     Raises:
-        StrategyError: nothing usable picked, a bad spec, or no picked cache can run on this model.
-        ValueError: the text is empty, shorter than 2 tokens or longer than MAX_TEXT_CHARS, a knob not written as
-            key=value. Only the text's first `tokens * CHARS_PER_TOKEN` characters are tokenized.
+        StrategyError: a bad spec, a knob not written as key=value, or no picked cache can run on this model.
+        ValueError: nothing picked, the text is empty, shorter than 2 tokens or longer than MAX_TEXT_CHARS. Only
+            the text's first `tokens * CHARS_PER_TOKEN` characters are tokenized.
     """
-    strategies = request.strategies()
+    columns = request.columns()
     tokens = int(request.tokens)
     ids = loaded.tokenizer(request.text()[: tokens * CHARS_PER_TOKEN], return_tensors="pt")["input_ids"][:, :tokens]
     if ids.shape[1] < 2:
         raise ValueError("the text has fewer than 2 tokens")
-    skipped = {label: reason for label, s in strategies.items() if (reason := s.unavailable_reason(loaded))}
-    runnable = {label: s for label, s in strategies.items() if label not in skipped}
+    skipped = refusals(loaded, columns, ids.shape[1])
+    runnable = [column for column in columns if column.describe() not in skipped]
     if not runnable:
         raise StrategyError("no picked cache can run on this model: " + skipped_text(skipped))
     return PerplexityPlan(ids, runnable, skipped, model_window(loaded))
@@ -170,7 +173,7 @@ def segment_table(nll: dict[str, list[float]], window: int) -> pd.DataFrame:
 
 
 class PerplexityView:
-    """The view model of one perplexity run, built by `apply`-ing the engine's `NllStep`s in order.
+    """The view model of one perplexity run, built by `apply`-ing its events in order.
 
     Args:
         labels: the caches that run, in column order.
@@ -183,18 +186,21 @@ class PerplexityView:
     def __init__(self, labels: list[str], window: int, total: int, skipped: dict[str, str] | None = None,
                  model_window: int | None = None):
         self.window, self.total, self.model_window = window, total, model_window
+        self.labels = list(labels)
         self.skipped = dict(skipped or {})
         self.nll: dict[str, list[float]] = {label: [] for label in labels}
         self.cache_bytes: dict[str, list[int]] = {label: [] for label in labels}
         self.position = 0
 
-    def apply(self, step: NllStep) -> None:
-        """Fold one step in. Raises TypeError for anything but an NllStep, KeyError for an unknown cache."""
-        if not isinstance(step, NllStep):
-            raise TypeError(f"not an NllStep: {step!r}")
-        self.nll[step.name].append(step.nll)
-        self.cache_bytes[step.name].append(step.cache_bytes)
-        self.position = step.position
+    def apply(self, event) -> None:
+        """Fold one event of the run in: a `TokenScored` adds a point to its column's curves; the others
+        (the run's start and end, a failed column) change nothing here. Raises IndexError for a column the
+        view was not given."""
+        if isinstance(event, TokenScored):
+            label = self.labels[event.column]
+            self.nll[label].append(event.nll)
+            self.cache_bytes[label].append(event.cache_bytes)
+            self.position = event.position
 
     def running_ppl(self, label: str, upto: int | None = None) -> float | None:
         """Perplexity over the `window` tokens of one cache ending at its token `upto` (default: its last),

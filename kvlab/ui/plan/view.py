@@ -30,7 +30,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 
 from kvlab.models.bundled import MODELS as BUNDLED_MODELS
-from kvlab.compare.columns import MAX_COLUMNS
+from kvlab.columns import MAX_COLUMNS
 from kvlab.models.loading import BUNDLED
 from kvlab.plan.catalog import ConfigError, known_models, resolve_config
 from kvlab.plan.planner import GIB, Plan, PlanError, PlanRequest, plan_steps

@@ -22,7 +22,8 @@ import time
 import gradio as gr
 
 from kvlab.models.loading import ModelLoadError, ModelSpec
-from kvlab.quality.report import ReportDone, ReportProgress, ReportStarted, run_report
+from kvlab.protocol import RunDone, RunStarted
+from kvlab.quality.report import ReportProgress, run_report
 from kvlab.quality.table import rows_to_csv
 from kvlab.measure.record_json import cap_text
 from kvlab.sharing.cost import RunCost
@@ -176,13 +177,13 @@ class ReportTab:
             for event in run_report(loaded, plan.input_ids, request.columns, scored_tokens=plan.split.scored_tokens,
                                     context_tokens=plan.split.context_tokens, stop=stop,
                                     progress_every=plan.progress_every, text_info=plan.text_info):
-                if isinstance(event, (ReportProgress, ReportDone)) and not view.has_points():
+                if isinstance(event, (ReportProgress, RunDone)) and not view.has_points():
                     yield self.show(view, y)  # no point yet, upper case: the spec is rebuilt from the primer
                 view.apply(event)
                 session["rows"], y = view.rows(), session.get("y", "kld_mean")
-                if isinstance(event, ReportStarted):
+                if isinstance(event, RunStarted):
                     yield self.show(view, y, primer=True)
-                elif isinstance(event, ReportDone):
+                elif isinstance(event, RunDone):
                     yield {**self.show(view, y), self.download: self.record_files(event.record, view.rows())}
                     yield self.show(view, y, primer=True)  # lower case again: the spec is rebuilt from the last frame
                 elif not isinstance(event, ReportProgress) or view.round_complete():

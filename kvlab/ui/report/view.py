@@ -3,8 +3,8 @@ the page's table, the quality-vs-bytes plot's frame and the status line.
 
 - `plan_report(request, loaded)` tokenizes the text (the shipped long text or the user's own), takes its first
   `context_tokens + scored_tokens` tokens and checks the split and the columns before any compute
-  (`kvlab.quality.report.check_split`, `parse_columns`).
-- `ReportView.apply(event)` folds in `kvlab.quality.report` events; its `rows()` are
+  (`kvlab.quality.report.check_split`, `report_columns`).
+- `ReportView.apply(event)` folds in a report run's events (`kvlab.protocol`'s and `kvlab.quality.report`'s); its `rows()` are
   `kvlab.quality.record.TABLE_FIELDS` dicts, one per column of the run in order (a column without figures
   yet is a row of blanks, a column error a row with its message), and end as the record's own rows.
 - `rows_from_files(paths)` reads saved report, Compare and Needle records into one merged table
@@ -24,11 +24,11 @@ from dataclasses import dataclass
 
 import pandas as pd
 
+from kvlab.protocol import ColumnFailed, RunDone, RunStarted
 from kvlab.quality.defaults import DEFAULT_COLUMNS as CLI_COLUMNS
 from kvlab.quality.defaults import CHARS_PER_TOKEN, SHIPPED_TEXT_INFO, pasted_text_refusal, shipped_text
 from kvlab.quality.record import TABLE_FIELDS, load_record, merge_rows, rows_from_record
-from kvlab.quality.report import (REFERENCE, ReportColumnError, ReportDone, ReportProgress, ReportStarted, Split,
-                                  check_split, parse_columns)
+from kvlab.quality.report import REFERENCE, ReportProgress, Split, check_split, report_columns
 from kvlab.quality.stats import pareto_front
 from kvlab.quality.table import HEADERS, MIB, cells, pareto_marks
 
@@ -119,7 +119,7 @@ def plan_report(request: ReportRequest, loaded) -> ReportPlan:
 
     Raises:
         ValueError: the text is empty or has fewer tokens than the split needs (the message gives its count), a
-            split below 1 token, no column or more than the report takes (`parse_columns`). Bad single columns
+            split below 1 token, no column or more than the report takes (`report_columns`). Bad single columns
             are not raised: each becomes its own error row when the run starts.
     """
     context, scored = whole(request.context_tokens, "context tokens"), whole(request.scored_tokens, "scored tokens")
@@ -129,7 +129,7 @@ def plan_report(request: ReportRequest, loaded) -> ReportPlan:
     if ids.shape[1] < wanted and len(text) > wanted * CHARS_PER_TOKEN:
         ids = loaded.tokenizer(text, return_tensors="pt")["input_ids"]
     split = check_split(ids.shape[1], scored, context)
-    parse_columns(request.columns or "")
+    report_columns(request.columns or "")
     return ReportPlan(ids[:, :context + scored], split, progress_every(scored), request.text_info())
 
 
@@ -147,20 +147,20 @@ class ReportView:
         self.columns: list[str] = []
         self.split: Split | None = None
         self._rows: dict[str, dict] = {}
-        self.done: ReportDone | None = None
+        self.done: RunDone | None = None
 
     def apply(self, event) -> None:
-        """Fold one `kvlab.quality.report` event in. Raises TypeError for anything else."""
-        if isinstance(event, ReportStarted):
-            self.columns, self.split = list(event.columns), event.split
-            self._rows = {name: blank_row(self.model, name, "waiting", context_tokens=event.split.context_tokens)
+        """Fold one event of a report run in. Raises TypeError for anything else."""
+        if isinstance(event, RunStarted):
+            self.columns, self.split = list(event.columns), event.plan
+            self._rows = {name: blank_row(self.model, name, "waiting", context_tokens=event.plan.context_tokens)
                           for name in event.columns}
         elif isinstance(event, ReportProgress):
             self._rows[event.column] = {**self._rows[event.column], **event.figures, "status": "scoring"}
-        elif isinstance(event, ReportColumnError):
-            self._rows[event.column] = {**blank_row(self.model, event.column, "error", event.message,
-                                                    self._rows.get(event.column, {}).get("context_tokens"))}
-        elif isinstance(event, ReportDone):
+        elif isinstance(event, ColumnFailed):
+            self._rows[event.name] = {**blank_row(self.model, event.name, "error", event.message,
+                                                  self._rows.get(event.name, {}).get("context_tokens"))}
+        elif isinstance(event, RunDone):
             self.done = event
             self._rows = {row["column"]: {**row, "source": "this run"}
                           for row in rows_from_record(event.record, "this run")}

@@ -27,7 +27,7 @@ import threading
 
 import gradio as gr
 
-from kvlab.compare.columns import MAX_COLUMNS
+from kvlab.columns import MAX_COLUMNS
 from kvlab.models.loading import ModelLoadError, ModelSpec
 from kvlab.sharing.cost import RunCost, prompt_tokens
 from kvlab.strategies.base import split_strategy_list
@@ -135,11 +135,10 @@ class AgentTools:
         Returns:
             the run record, as JSON text, that `python -m kvlab compare --json` writes.
         """
-        from kvlab.compare.columns import Column
-        from kvlab.compare.runner import collect, run_compare
-        from kvlab.compare.summary import run_record
-        from kvlab.generation import encode_prompt
+        from kvlab.columns import Column
+        from kvlab.compare.runner import run_preset
         from kvlab.presets import PresetError, parse_preset
+        from kvlab.protocol import collect
 
         self.compare_cost(strategies, prompt, max_new_tokens, model, fidelity)  # the schema holds for every caller
         items = split_strategy_list(strategies)
@@ -153,15 +152,11 @@ class AgentTools:
             columns = [Column.from_text(item) for item in items]
             if all(column.strategy is None for column in columns):
                 raise ValueError("; ".join(f"{column.title}: {column.rejected}" for column in columns))
-            settings = preset.settings()
-            settings.check()
+            preset.settings().check()
         except (PresetError, ValueError) as err:
             raise _refuse(err) from None
         loaded = self._load(model)
-        prompt_ids = encode_prompt(loaded.tokenizer, preset.prompt.text, preset.prompt.system, preset.prompt.chat)
-        done = collect(run_compare(loaded, prompt_ids, columns, settings, preset.mode, stop or threading.Event(),
-                                   preset.baseline))
-        return json.dumps(run_record(loaded, preset, settings, done))
+        return json.dumps(collect(run_preset(loaded, preset, stop or threading.Event(), columns)).record)
 
     def plan(self, model: str = "bundled", contexts: str = "1k,32k,128k", strategies: str = "dynamic",
              batch: int = 1, dtype: str = "bfloat16", budget_gib: float = 0.0) -> str:
@@ -228,10 +223,11 @@ class AgentTools:
         """
         import functools
 
-        from kvlab.compare.columns import Column
+        from kvlab.columns import Column
         from kvlab.needle.grid import GridError, parse_grid
         from kvlab.needle.prompt import key_tokens, min_context_tokens
-        from kvlab.needle.runner import NeedleDone, max_positions, run_needle
+        from kvlab.needle.runner import max_positions, run_needle
+        from kvlab.protocol import collect
 
         self.needle_cost(strategies, lengths, depths, seeds, new_tokens, model)  # the schema holds for every caller
         items = split_strategy_list(strategies)
@@ -240,13 +236,10 @@ class AgentTools:
             grid = parse_grid(lengths, depths, seeds, int(new_tokens), max_positions=max_positions(loaded),
                               min_tokens=min_context_tokens(loaded.tokenizer),
                               key_tokens=functools.partial(key_tokens, loaded.tokenizer))
-            events = list(run_needle(loaded, [Column.from_text(item) for item in items], grid,
-                                     stop or threading.Event()))
+            done = collect(run_needle(loaded, [Column.from_text(item) for item in items], grid,
+                                      stop or threading.Event()))
         except (GridError, ValueError) as err:
             raise _refuse(err) from None
-        done = next((event for event in events if isinstance(event, NeedleDone)), None)
-        if done is None:
-            raise gr.Error("the needle run was stopped before it finished")
         return json.dumps(done.record)
 
     def diverge_cost(self, strategy: str, prompt: str, steps: int = 16, reference: str = "dynamic",
