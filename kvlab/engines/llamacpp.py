@@ -27,10 +27,8 @@ import time
 from ..models.gguf_cache import ModelLoadError
 from .gguf import gguf_file
 from .run import EngineError, EngineRun, EngineStep, stopping
-
-KV_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
-"""The KV-cache types llama.cpp accepts (`-ctk`/`-ctv`, common/arg.cpp's kv_cache_types at the vendored commit)."""
-FLOAT_TYPES = ("f32", "f16", "bf16")
+from .settings import LLAMA_FLOAT_TYPES as FLOAT_TYPES
+from .settings import LLAMA_KV_TYPES as KV_TYPES
 ROTATION_HEAD_MULTIPLE = 64
 """llama.cpp rotates a quantized K (V) cache when the head size is a multiple of this."""
 ROT_ENV = "LLAMA_ATTN_ROT_DISABLE"

@@ -28,6 +28,14 @@ TRT_QUANT = "https://github.com/NVIDIA/TensorRT-LLM/blob/main/examples/quantizat
 LLAMA_SERVER = "https://github.com/ggml-org/llama.cpp/blob/master/tools/server/README.md"
 LLAMA_ARGS = "https://github.com/ggml-org/llama.cpp/blob/master/common/arg.cpp"
 LLAMA_VERSION = "0.4.0"
+LLAMA_KV_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
+"""llama.cpp's KV-cache types, the one list (`-ctk`/`-ctv`: common/arg.cpp's kv_cache_types at the commit
+llama-cpp-python 0.3.36 vendors, in its order): `engine:llamacpp` takes them as `type_k`/`type_v`, and kvlab's
+`llamacpp_quantized` stores them (`kvlab.caches.ggml_blocks` holds the block types' layouts)."""
+LLAMA_FLOAT_TYPES = LLAMA_KV_TYPES[:3]
+"""The types llama.cpp stores as plain floats (no blocks, no rotation)."""
+LLAMA_QUANTIZED_TYPES = LLAMA_KV_TYPES[3:]
+"""The block types: 32 values per block with a float16 scale (and a float16 minimum for the _1 types)."""
 
 
 @dataclass(frozen=True)

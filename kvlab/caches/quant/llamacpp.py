@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...engines import ServingSetting
-from ...engines.settings import LLAMA_SERVER, SGLANG_KV, TRT_QUANT, VLLM_KV
+from ...engines.settings import LLAMA_FLOAT_TYPES, LLAMA_QUANTIZED_TYPES, LLAMA_SERVER, SGLANG_KV, TRT_QUANT, VLLM_KV
 from .base import QuantBackend
 from .registry import register_backend
 
@@ -24,9 +24,9 @@ LLAMA_CPP_COMMIT = "0c1e570"
 """The llama.cpp commit whose KV cache the formats, the rotation and the serving note were read from (2026-10-01,
 the one llama-cpp-python 0.3.36 vendors; PR #21038 added the rotation)."""
 LLAMA_CPP_VERSION = f"{LLAMA_CPP_COMMIT} (llama-cpp-python 0.3.36)"
-QUANTIZED_TYPES = ("q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
+QUANTIZED_TYPES = LLAMA_QUANTIZED_TYPES
 """ggml block types a `quantize=` value names (`kvlab.caches.ggml_blocks.TYPES`)."""
-PLAIN = ("f32", "f16", "bf16")
+PLAIN = LLAMA_FLOAT_TYPES
 
 
 def _bits(kind: str) -> int:
