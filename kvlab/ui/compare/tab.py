@@ -149,7 +149,7 @@ class CompareTab:
 
     def _build_cards(self, start: Preset) -> None:
         self.cards: list[StrategyCard] = []
-        choices = strategy_choices(None)
+        choices = strategy_choices(None, engines=True)
         for row_start in range(0, MAX_COLUMNS, 4):
             with gr.Row(equal_height=False, elem_classes=["kv-cards"]):
                 for slot, (name, knobs) in enumerate(slot_specs(start.columns)[row_start:row_start + 4], row_start):
@@ -299,7 +299,7 @@ class CompareTab:
         status = self.loader.status(spec)
         if status.state == "loading":
             return model_line(status, spec), gr.Timer(active=True), *[gr.skip()] * (MAX_COLUMNS + 1)
-        choices = strategy_choices(status.loaded)
+        choices = strategy_choices(status.loaded, engines=True)
         return (model_line(status, spec), gr.Timer(active=False), gr.update(**chat_box(spec.source, status.loaded, False)),
                 *[gr.update(choices=choices) for _ in range(MAX_COLUMNS)])
 
