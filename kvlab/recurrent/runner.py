@@ -180,7 +180,7 @@ def _constancy(result: ColumnResult) -> str:
 
 
 def _new_result(index: int, name: str, strategy, prompt_tokens: int) -> ColumnResult:
-    return ColumnResult(index, name, strategy.name, strategy.knobs(), lossy=False, caveat=STRUCTURE_ONLY,
+    return ColumnResult(index, name, strategy.name, strategy.knobs(), lossy=False,
                         prompt_tokens=prompt_tokens, use_cache=strategy.use_cache)
 
 
@@ -266,3 +266,18 @@ def recurrent_record(loaded, prompt_ids, settings, results: list[ColumnResult], 
                       prompt={"tokens": int(prompt_ids.shape[1]), "label": STRUCTURE_ONLY}, mode="sequential",
                       settings=asdict(settings), summary_s=wall_s,
                       fidelity={"state": "off", "scored": 0, "to_score": 0}, timing={})
+
+
+def run_recurrent_preset(loaded, preset, stop: threading.Event | None = None, columns: list | None = None
+                         ) -> Iterator:
+    """`kvlab.compare.runner.run_preset` for a recurrent model: `preset`'s prompt encoded now, its settings, over
+    `columns` (default: the preset's own), then the KV reference; the events of `run_recurrent`.
+
+    Raises:
+        ValueError: the prompt cannot be encoded (at once); as `run_recurrent` once the events are read.
+    """
+    from ..generation import encode_prompt
+
+    prompt_ids = encode_prompt(loaded.tokenizer, preset.prompt.text, preset.prompt.system, preset.prompt.chat)
+    return run_recurrent(loaded, prompt_ids, preset.build_columns() if columns is None else columns,
+                         preset.settings(), stop)

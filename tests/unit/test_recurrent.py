@@ -108,3 +108,12 @@ def test_plan_gives_the_state_bytes_of_mamba_codestral_constant_in_the_context()
     expected = predicted_state_bytes(load_catalog()[CODESTRAL].build_config(), torch.bfloat16)
     assert sizes == {sum(expected.values())}
     assert expected["conv_state"] + expected["ssm_state"] == 273_678_336  # 64 × (10,240 × 4 × 2 + 128 × 64 × 128 × 4)
+
+
+def test_the_cli_compares_the_recurrent_model_with_its_own_runner(capsys):
+    from kvlab.cli import main
+
+    code = main(["compare", "--model", RECURRENT_KEY, "--strategies", "dynamic,sink", "--max-new-tokens", "4",
+                 "--prompt", "state"])
+    out = capsys.readouterr()
+    assert code == 0 and SINK_REASON in out.out and STRUCTURE_ONLY in out.out and REFERENCE_TITLE in out.out
