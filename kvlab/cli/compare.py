@@ -214,6 +214,7 @@ def cmd_compare(args) -> int:
     from ..compare.runner import run_preset
     from ..models.loading import ModelLoadError, load_model
     from ..protocol import collect
+    from ..recurrent.runner import run_recurrent_preset
     from .outputs import OutputError, StopOnInterrupt, check_writable, write_text
 
     if args.replay:
@@ -227,7 +228,8 @@ def cmd_compare(args) -> int:
     preset, stop = plan["preset"], threading.Event()
     try:
         loaded = load_model(plan["model"], progress=lambda f, m: print(f"[model] {m}", file=sys.stderr))
-        events = run_preset(loaded, preset, stop, plan["columns"])
+        runner = run_recurrent_preset if loaded.is_recurrent else run_preset  # a recurrent model's own runner
+        events = runner(loaded, preset, stop, plan["columns"])
         with StopOnInterrupt(stop, "kvlab compare"):
             done = collect(summary_first(progress(events)))
     except (ModelLoadError, ValueError) as err:

@@ -34,6 +34,7 @@ from .sources import (  # noqa: F401 - allow_hub, allow_local_folders, public_mo
     safe_line,
 )
 from ..compute import compute
+from .recurrent import STRUCTURE_ONLY, load_recurrent_model, recurrent_model
 from .whisper import load_speech_model, prepare_speech, speech_model
 from .gguf_cache import (  # noqa: F401 - re-exported: callers import the cache folder helpers from here
     CONVERTED_FORMAT_VERSION,
@@ -111,6 +112,12 @@ class LoadedModel:
         return self.features is not None
 
     @property
+    def is_recurrent(self) -> bool:
+        """Whether the model is a bundled recurrent model (`kvlab.models.recurrent`), run by Compare's recurrent
+        runner."""
+        return recurrent_model(self.spec.source) is not None
+
+    @property
     def config(self):
         return self.model.config
 
@@ -127,12 +134,13 @@ class LoadedModel:
             "dtype": self.spec.dtype,
             "device": str(self.device),
             "num_hidden_layers": cfg.num_hidden_layers,
-            "num_key_value_heads": getattr(cfg, "num_key_value_heads", cfg.num_attention_heads),
+            "num_key_value_heads": getattr(cfg, "num_key_value_heads", getattr(cfg, "num_attention_heads", None)),
             "head_dim": head_dim(cfg),
             "layer_types": sorted(set(getattr(cfg, "layer_types", None) or ["full_attention"])),
             "sliding_window": getattr(cfg, "sliding_window", None),
             "chat_template": self.has_chat_template,
-            "license": getattr(speech_model(self.spec.source) or (bundled_model(self.spec.source) if
+            "license": getattr(speech_model(self.spec.source) or recurrent_model(self.spec.source) or (
+                               bundled_model(self.spec.source) if
                                self.spec.source.startswith(BUNDLED) else None), "license", None),
             "load_s": round(self.load_s, 3),
         }
@@ -306,6 +314,8 @@ def _load(spec: ModelSpec, progress: ProgressFn | None) -> LoadedModel:
     source = spec.source.strip()
     if speech_model(source) is not None:
         return _load_speech(spec, device, notify, started)
+    if recurrent_model(source) is not None:
+        return _load_recurrent(spec, device, notify, started)
     folder, name = resolve_source(source, notify)
     notify(0.8, f"loading {name} ({spec.dtype}) on {device}")
     kwargs = {"dtype": DTYPES[spec.dtype]}
@@ -340,6 +350,15 @@ def _load_speech(spec: ModelSpec, device: torch.device, notify: ProgressFn, star
     model.to(device)
     notify(1.0, f"{model_info.name} ready")
     return LoadedModel(spec, model, tokenizer, device, time.perf_counter() - started, model_info.name, features)
+
+
+def _load_recurrent(spec: ModelSpec, device: torch.device, notify: ProgressFn, started: float) -> LoadedModel:
+    """A bundled recurrent model, built from its config with seeded random weights (`kvlab.models.recurrent`)."""
+    info = recurrent_model(spec.source)
+    model, tokenizer = load_recurrent_model(info.key)
+    model.to(device=device, dtype=DTYPES[spec.dtype])
+    notify(1.0, f"{info.name} ready ({STRUCTURE_ONLY})")
+    return LoadedModel(spec, model, tokenizer, device, time.perf_counter() - started, info.name)
 
 
 def warm_up(model, device: torch.device) -> None:

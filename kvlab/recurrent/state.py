@@ -9,34 +9,20 @@ token. `crop_error` asks whether `Cache.crop(-n)` rolls that state back: it feed
 the layers recording their past (`activate_past_recording`), crops `n` tokens, feeds the next one and compares
 its logits with a fresh run's. On transformers 5.24 the crop rolls back only the convolution states and leaves
 the SSM state as it was, so the logits differ (`crop_reason` says so with the figure); 5.25 made these layers
-croppable. This module measures; it renders nothing.
+croppable. The models themselves (`tiny_mamba2`, and `attention_reference`, the KV side of the comparison) are
+built by `kvlab.models.recurrent` and re-exported here. `predicted_state_bytes` says from a config what the state
+holds; `state_parts` counts it from a cache. This module measures; it builds no model and renders nothing.
 """
 
 from __future__ import annotations
 
 import torch
 
-STRUCTURE_ONLY = "structure only: random weights, the text means nothing"
-"""The label every figure of the tiny recurrent model carries."""
-SEED = 0
+from ..models.recurrent import (SEED, STRUCTURE_ONLY, TINY_VOCAB, attention_reference,  # noqa: F401 (re-exported)
+                                tiny_mamba2)
+
 CROP_TOLERANCE = 1e-6
 """Largest |logit difference| between a cropped and a fresh run for the crop to count as a rollback."""
-TINY_VOCAB = 1000
-
-
-def tiny_mamba2(seed: int = SEED):
-    """A 2-layer Mamba-2 (hidden 64, 4 heads of 32, state 16, conv kernel 4) with weights drawn from `seed`, in
-    eval mode, float32 on CPU. STRUCTURE_ONLY."""
-    from transformers import Mamba2Config, Mamba2ForCausalLM
-
-    config = Mamba2Config(vocab_size=TINY_VOCAB, hidden_size=64, num_hidden_layers=2, num_heads=4, head_dim=32,
-                          state_size=16, expand=2, n_groups=1, chunk_size=32, conv_kernel=4)
-    generator_state = torch.random.get_rng_state()
-    try:
-        torch.manual_seed(seed)
-        return Mamba2ForCausalLM(config).eval()
-    finally:
-        torch.random.set_rng_state(generator_state)
 
 
 def _ids(tokens: int, seed: int = SEED) -> torch.Tensor:
@@ -52,9 +38,20 @@ def state_bytes(model, tokens: int) -> int:
         return cache_bytes(model(_ids(tokens), use_cache=True).cache)
 
 
-def crop_error(model, tokens: int = 16, crop: int = 3) -> float:
+def _feed(model, ids: torch.Tensor, cache) -> torch.Tensor:
+    """Feed `ids` (1, seq) one id per forward into `cache`; the last forward's logits (vocab,)."""
+    for t in range(ids.shape[1]):
+        logits = model(ids[:, t:t + 1], cache=cache, use_cache=True).logits[0, -1]
+    return logits
+
+
+def crop_error(model, tokens: int = 16, crop: int = 3, stepwise: bool = True) -> float:
     """Max |logit difference| between (feed `tokens` ids one after another into a recording cache, crop the last
     `crop`, feed the next id) and a fresh run over the same ids: 0 when the crop rolls the state back exactly.
+
+    The fresh run feeds its ids one per forward too (`stepwise`, the default), so both sides take the recurrent
+    form of the scan and only the rollback can differ; with `stepwise=False` it is one forward over the whole
+    sequence (the chunked scan), which differs from the recurrent form by float rounding (about 1e-6 in float32).
 
     Raises:
         RuntimeError: this transformers cannot crop the cache at all (its message).
@@ -62,19 +59,29 @@ def crop_error(model, tokens: int = 16, crop: int = 3) -> float:
     from transformers import DynamicCache
 
     ids = _ids(tokens + 1, seed=1)
+    kept = tokens - crop
     with torch.inference_mode():
         cache = DynamicCache(config=model.config)
-        for layer in cache.layers:
-            if hasattr(layer, "activate_past_recording"):
-                layer.activate_past_recording()
-        model(ids[:, :1], cache=cache, use_cache=True)
-        for t in range(1, tokens):
-            model(ids[:, t:t + 1], cache=cache, use_cache=True)
+        _record_past(cache, crop)
+        _feed(model, ids[:, :tokens], cache)
         cache.crop(-crop)
-        kept = tokens - crop
         cropped = model(ids[:, kept:kept + 1], cache=cache, use_cache=True).logits[0, -1]
-        fresh = model(ids[:, :kept + 1], use_cache=False).logits[0, -1]
+        if stepwise:
+            fresh = _feed(model, ids[:, :kept + 1], DynamicCache(config=model.config))
+        else:
+            fresh = model(ids[:, :kept + 1], use_cache=False).logits[0, -1]
     return float((cropped - fresh).abs().max())
+
+
+def _record_past(cache, keep: int) -> None:
+    """Turn on each linear-attention layer's past recording; where the layer takes it (transformers 5.25:
+    `recurrent_states_to_keep`), keep the last `keep` SSM states so a crop of `keep` tokens can restore one."""
+    import inspect
+
+    for layer in cache.layers:
+        if hasattr(layer, "activate_past_recording"):
+            takes_count = "recurrent_states_to_keep" in inspect.signature(layer.activate_past_recording).parameters
+            layer.activate_past_recording(**({"recurrent_states_to_keep": keep} if takes_count else {}))
 
 
 def crop_reason(model, crop: int = 3) -> str | None:
@@ -91,3 +98,36 @@ def crop_reason(model, crop: int = 3) -> str | None:
     return (f"transformers {transformers.__version__} crops only the convolution states of a linear-attention layer, "
             f"not its SSM state: a crop of {crop} tokens is off a fresh run by {error:.2g} in the logits "
             f"(transformers 5.25 made these layers croppable)")
+
+
+def predicted_state_bytes(config, dtype: torch.dtype) -> dict[str, int]:
+    """What a Mamba-2's cache holds, from its config, per part, in bytes, whatever the sequence length:
+    `conv_state`: layers × (expand × hidden + 2 × n_groups × state_size) channels × conv_kernel, in the model's
+    dtype; `ssm_state`: layers × num_heads × head_dim × state_size in float32 (transformers 5.24 keeps the SSM
+    state in float32 whatever the model's dtype; measured in bfloat16 here); `other`, only where this
+    transformers' empty cache layer already holds tensors (5.25: an 8-byte length counter per layer): layers ×
+    those bytes."""
+    from transformers import DynamicCache
+
+    from ..accounting import cache_bytes
+
+    element = torch.empty((), dtype=dtype).element_size()
+    channels = config.expand * config.hidden_size + 2 * config.n_groups * config.state_size
+    layers = config.num_hidden_layers
+    parts = {"conv_state": layers * channels * config.conv_kernel * element,
+             "ssm_state": layers * config.num_heads * config.head_dim * config.state_size * 4}
+    empty = cache_bytes(DynamicCache(config=config))
+    return {**parts, "other": empty} if empty else parts
+
+
+def state_parts(cache) -> dict[str, int]:
+    """Bytes a cache holds, split into `conv_state`, `ssm_state` (its linear-attention layers' states) and
+    `other` (any other tensor, only when there is one), counted from the tensors."""
+    from ..accounting import cache_bytes, tensor_bytes_by_device
+
+    parts = {"conv_state": 0, "ssm_state": 0}
+    for layer in getattr(cache, "layers", []):
+        for name, attr in (("conv_state", "conv_states"), ("ssm_state", "recurrent_states")):
+            parts[name] += sum(tensor_bytes_by_device(getattr(layer, attr, None) or {}).values())
+    other = cache_bytes(cache) - sum(parts.values())
+    return {**parts, "other": other} if other else parts

@@ -33,6 +33,7 @@ from kvlab.speech.runner import run_speech
 from ..shared import turns, zerogpu
 from ..shared.cards import StrategyCard, build_card
 from .extras import CompareApi, open_shared, replay, run_cost, run_gpu_s, wait_for_model
+from .recurrent import recurrent_choices, recurrent_run
 from .speech import clip_picker, for_source, speech_choices
 from .records import page_preset
 from .form import (INTRO, MODE_HELP, RunRejected, RunRequest, carried_overrides, model_line, plan_run, slot_specs,
@@ -103,7 +104,7 @@ class CompareTab:
 
     def _build_model_bar(self) -> None:
         self.model_source, self.dtype, self.device, self.load_button, self.model_status = model_bar(
-            self.dtypes, self.devices, speech_choices())
+            self.dtypes, self.devices, speech_choices() + recurrent_choices())
 
     def _build_prompt(self, start: Preset) -> None:
         with gr.Row(equal_height=True):
@@ -410,12 +411,17 @@ class CompareTab:
             return
         # 2. Stream the runner's events through the view, throttled, then the final summary.
         columns = plan.run_columns()
-        view = RunView([column.describe() for column in columns], plan.slots)
+        titles, slots = [column.describe() for column in columns], plan.slots
+        if loaded.is_recurrent:  # the model's own state cache, then a KV reference in a free slot
+            events, titles, slots = recurrent_run(loaded, prompt_ids, columns, plan.slots, plan.settings, stop)
+        else:
+            events = run_speech(loaded, clip, columns, plan.settings, stop) if clip else run_compare(
+                loaded, prompt_ids, columns, plan.settings, request.mode, stop, plan.baseline_index(),
+                page_preset(plan))
+        view = RunView(titles, slots)
         if session is not None:
             session["view"] = view
         yield self.updater.start(plan, view, loaded)
-        events = run_speech(loaded, clip, columns, plan.settings, stop) if clip else run_compare(
-            loaded, prompt_ids, columns, plan.settings, request.mode, stop, plan.baseline_index(), page_preset(plan))
         try:
             yield from self.updater.throttled(view, events, stop)
         finally:

@@ -53,6 +53,8 @@ class OpeningWarmUp:
         `progress(fraction, message)` before each; returns the seconds spent. Raises nothing: a failure is
         logged and leaves the run to pay (and report) it."""
         started = time.perf_counter()
+        if getattr(loaded, "is_recurrent", False):
+            return 0.0  # its columns run through the recurrent runner, which has no one-time set-up to pay
         try:
             strategies, preset = self.strategies()
             prompt = preset.prompt

@@ -158,7 +158,10 @@ def strategy_help(name: str) -> str:
 
 
 def availability(loaded, names: list[str] | None = None) -> dict[str, str | None]:
-    """Strategy name -> why it cannot run on `loaded` here (None = it can), with default knobs."""
+    """Strategy name -> why it cannot run on `loaded` here (None = it can), with default knobs; a recurrent model's
+    reasons are `kvlab.recurrent.runner.recurrent_refusal`'s."""
+    from kvlab.recurrent.runner import recurrent_refusal
+
     reasons = {}
     for name in STRATEGIES if names is None else names:
         try:
@@ -166,7 +169,8 @@ def availability(loaded, names: list[str] | None = None) -> dict[str, str | None
         except StrategyError:
             reasons[name] = None  # its defaults need a knob set; the column reports the problem when it runs
             continue
-        reasons[name] = strategy.unavailable_reason(loaded)
+        recurrent = getattr(loaded, "is_recurrent", False)
+        reasons[name] = recurrent_refusal(strategy) if recurrent else strategy.unavailable_reason(loaded)
     return reasons
 
 

@@ -139,6 +139,7 @@ class AgentTools:
         from kvlab.compare.runner import run_preset
         from kvlab.presets import PresetError, parse_preset
         from kvlab.protocol import collect
+        from kvlab.recurrent.runner import run_recurrent_preset
 
         self.compare_cost(strategies, prompt, max_new_tokens, model, fidelity)  # the schema holds for every caller
         items = split_strategy_list(strategies)
@@ -156,7 +157,8 @@ class AgentTools:
         except (PresetError, ValueError) as err:
             raise _refuse(err) from None
         loaded = self._load(model)
-        return json.dumps(collect(run_preset(loaded, preset, stop or threading.Event(), columns)).record)
+        runner = run_recurrent_preset if loaded.is_recurrent else run_preset  # a recurrent model's own runner
+        return json.dumps(collect(runner(loaded, preset, stop or threading.Event(), columns)).record)
 
     def plan(self, model: str = "bundled", contexts: str = "1k,32k,128k", strategies: str = "dynamic",
              batch: int = 1, dtype: str = "bfloat16", budget_gib: float = 0.0) -> str:
