@@ -1,7 +1,9 @@
 """The package's layout rules, read from the source's import statements (no module is imported).
 
 - At the top of `kvlab/` only the core every wing reads (CORE); everything else lives in a wing's folder.
-- `kvlab/ui/` is one package per tab (TABS) plus `shared`; a tab imports `shared`, never another tab.
+- `kvlab/ui/` is one package per tab (TABS) plus `shared` (what tabs share) and `hosting` (how the app is served:
+  agent tools, run costs and turns, queue, shutdown, ZeroGPU); a tab imports `shared` and `hosting`, never another
+  tab; `shared` imports no tab, `hosting` neither a tab nor `shared`.
 - No import circle between files, and none between rooms (a top module, a wing's folder, a tab's package),
   so no import runs back up; `measure/` imports nothing but itself.
 - Only `kvlab/ui/` (and app.py, outside the package) imports gradio.
@@ -71,7 +73,8 @@ CORE = {"engine", "generation", "accounting", "compute", "budget", "presets", "c
 columns and the one check of them, `kvlab.columns.parse_columns`; `record`: the one record envelope and its
 reader; `protocol`: the events every wing's run streams)."""
 TABS = {"compare", "chat", "perplexity", "plan", "inspect", "needle", "report"}
-"""kvlab/ui/'s tab packages; `shared` is the one package beside them."""
+"""kvlab/ui/'s tab packages; `shared` and `hosting` are the packages beside them."""
+BESIDE_TABS = {"shared", "hosting"}
 
 
 def owner(name: str) -> str | None:
@@ -127,14 +130,16 @@ def test_only_the_core_stands_at_the_top_of_the_package():
     assert flat == CORE
 
 
-def test_the_ui_is_one_package_per_tab_and_tabs_import_only_shared():
+def test_the_ui_is_one_package_per_tab_and_tabs_import_only_shared_and_hosting():
     ui = PACKAGE / "ui"
     assert [path.name for path in ui.glob("*.py")] == ["__init__.py"]
-    assert {path.parent.name for path in ui.glob("*/__init__.py")} == TABS | {"shared"}
+    assert {path.parent.name for path in ui.glob("*/__init__.py")} == TABS | BESIDE_TABS
     tabs = {f"kvlab.ui.{tab}" for tab in TABS}
+    beside = {f"kvlab.ui.{name}" for name in BESIDE_TABS}
     crossing = {source: sorted(targets & (tabs - {source}))
-                for source, targets in room_arrows().items() if source in tabs | {"kvlab.ui.shared"}}
+                for source, targets in room_arrows().items() if source in tabs | beside}
     assert {source: targets for source, targets in crossing.items() if targets} == {}
+    assert room_arrows()["kvlab.ui.hosting"].isdisjoint(tabs | {"kvlab.ui.shared"})
 
 
 def test_measure_imports_nothing_but_itself():

@@ -5,8 +5,8 @@
   `replayed: measured on <machine> at <time>`; a file that cannot be replayed says why there.
 - `open_shared`: the result a share link names (`?run=<id>`), shown as `replay` shows it; an id not of the exact
   form kvlab makes (`kvlab.ui.compare.records.valid_share_id`) is refused in one line before any file is touched.
-- `run_gpu_s`: the GPU seconds a Run asks ZeroGPU for (`kvlab.ui.shared.zerogpu.estimate_s`, columns × tokens).
-- `run_cost`: what a Run costs before it is queued (`kvlab.ui.shared.costs.compare_cost`).
+- `run_gpu_s`: the GPU seconds a Run asks ZeroGPU for (`kvlab.ui.hosting.zerogpu.estimate_s`, columns × tokens).
+- `run_cost`: what a Run costs before it is queued (`kvlab.ui.hosting.costs.compare_cost`).
 - `CompareApi`: the headless `compare` API (a preset run, returning its JSON record), its cost and its GPU seconds.
 
 Each takes what it needs (a `CompareUpdater`, the loader, the preset files); none reads the tab itself.
@@ -25,8 +25,8 @@ from kvlab.generation import MAX_NEW_TOKENS_CAP
 from kvlab.presets import PresetError, load_preset
 from kvlab.sharing.cost import RunCost
 
-from ..shared import zerogpu
-from ..shared.costs import compare_cost, whole
+from ..hosting import zerogpu
+from ..hosting.costs import compare_cost, whole
 from .replay import form_values, replay_code, view_from_record
 from .updates import CompareUpdater
 from ..shared.knobs import NO_STRATEGY

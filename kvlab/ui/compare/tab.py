@@ -9,7 +9,7 @@ plots; the matplotlib PNG only on request) and `kvlab.ui.compare.extras` (replay
 API, ZeroGPU sizing); running is `kvlab.compare.runner`'s job. Per-session state lives
 in `gr.State`; the one shared object is the `ModelPool` of loaded weights
 (through a `BackgroundLoader`). Model-bound events (Run, the `compare` API) take their turn in kvlab's
-scheduler (`kvlab.ui.shared.turns`): a waiting Run shows its position and wait in the status line.
+scheduler (`kvlab.ui.hosting.turns`): a waiting Run shows its position and wait in the status line.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from kvlab.models.loading import DEVICES, DTYPES, ModelLoadError, ModelSpec
 from kvlab.presets import Preset, PresetError, list_presets, load_preset
 from kvlab.measure.record_json import cap_text
 
-from ..shared import turns, zerogpu
+from ..hosting import turns, zerogpu
 from ..shared.cards import StrategyCard, build_card
 from .extras import CompareApi, open_shared, replay, run_cost, run_gpu_s
 from .records import page_preset

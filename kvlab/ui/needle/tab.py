@@ -27,7 +27,7 @@ from kvlab.presets import PresetError
 from kvlab.protocol import RunDone
 from kvlab.sharing.cost import RunCost
 
-from ..shared.costs import needle_cost
+from ..hosting.costs import needle_cost
 from ..shared.live_plots import plot_update, roster_colors
 from ..shared.exports import fresh_export_folder
 from ..shared.markup import md_text

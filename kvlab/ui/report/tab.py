@@ -29,8 +29,8 @@ from kvlab.measure.record_json import cap_text
 from kvlab.sharing.cost import RunCost
 from kvlab.strategies import StrategyError
 
-from ..shared import zerogpu
-from ..shared.costs import stream_cost
+from ..hosting import zerogpu
+from ..hosting.costs import stream_cost
 from ..shared.exports import fresh_export_folder
 from ..shared.live_plots import plot_update, roster_colors
 from ..shared.markup import md_text

@@ -9,8 +9,8 @@ text, and `str()` of a dict is not JSON). Bad input raises `gr.Error` with one l
 client sees it as the tool's error result), before any model loads where it can be checked without one.
 
 The model-bound tools are held to their own schema (TOOL_MAX_NEW_TOKENS, MAX_COLUMNS, the needle grid's and
-diverge's caps) and to the same caps as the page: each is costed (`kvlab.ui.shared.costs`) and admitted by
-kvlab's scheduler before it is queued, or refused in one line naming the setting (`kvlab.ui.shared.turns`).
+diverge's caps) and to the same caps as the page: each is costed (`kvlab.ui.hosting.costs`) and admitted by
+kvlab's scheduler before it is queued, or refused in one line naming the setting (`kvlab.ui.hosting.turns`).
 They run as async functions outside gradio's queue, inside the agent's own request, so an agent that
 disconnects stops its run and frees its place within a step.
 
@@ -288,7 +288,7 @@ class AgentTools:
 
 def register_tools(pool) -> AgentTools:
     """Add compare_strategies, plan, needle and diverge as API endpoints of the Blocks being built (call inside
-    `with gr.Blocks()`); the model-bound ones take their turn in kvlab's scheduler (`kvlab.ui.shared.turns`)
+    `with gr.Blocks()`); the model-bound ones take their turn in kvlab's scheduler (`kvlab.ui.hosting.turns`)
     and run outside gradio's queue, in the MCP request that calls them."""
     tools = AgentTools(pool)
     outside_queue = {"queue": False, "concurrency_limit": None}
