@@ -7,6 +7,8 @@
 - No import circle between files, and none between rooms (a top module, a wing's folder, a tab's package),
   so no import runs back up; `measure/` imports nothing but itself.
 - Only `kvlab/ui/` (and app.py, outside the package) imports gradio.
+- No module in `kvlab/ui/` imports the CLI (`kvlab/cli/`): what a tab or an agent tool shares with a subcommand
+  lives in the wing both call.
 - No file in `kvlab/` imports playwright (the bench's browser driver belongs outside the installed package).
 - Weight-free modules (the planner wing, the preset schema, the columns) import neither the runner nor the
   modules that run a model.
@@ -155,6 +157,11 @@ def test_the_rules_see_the_package():
 
 def test_only_the_ui_imports_gradio():
     assert offenders([name for name in SOURCES if not starts_with(name, ("kvlab.ui",))], ("gradio",)) == {}
+
+
+def test_the_ui_does_not_import_the_cli():
+    assert offenders(["kvlab.cli.diverge"], ("kvlab.inspect",))
+    assert offenders([name for name in SOURCES if starts_with(name, ("kvlab.ui",))], ("kvlab.cli",)) == {}
 
 
 def test_no_module_imports_playwright():

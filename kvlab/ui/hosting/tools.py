@@ -261,29 +261,14 @@ class AgentTools:
         Returns:
             the record, as JSON text, that `python -m kvlab diverge --json` writes.
         """
-        from kvlab.cli.diverge import document, parse_strategy
-        from kvlab.compute import compute_iter
-        from kvlab.generation import GenerationSettings, encode_prompt
-        from kvlab.inspect.diverge import DivergeSession
+        from kvlab.inspect.diverge_run import DivergeRequest, run_diverge
 
-        _diverge_steps(steps)
+        request = DivergeRequest(strategy=strategy, prompt=prompt, steps=_diverge_steps(steps), reference=reference)
         try:
-            if not (prompt or "").strip():
-                raise ValueError("the prompt is empty: type something to generate from")
-            chosen, dense = parse_strategy(strategy), parse_strategy(reference)
-            if dense.lossy or not dense.use_cache:
-                raise ValueError(f"reference must be an exact cache (dynamic, static), got {dense.describe()}")
-            settings = GenerationSettings(max_new_tokens=int(steps), fidelity=False)
-            settings.check()
+            request.check()
         except ValueError as err:
             raise _refuse(err) from None
-        loaded = self._load(model)
-        prompt_ids = encode_prompt(loaded.tokenizer, prompt, "", True)
-        session = DivergeSession(loaded, chosen, prompt_ids, settings, dense)
-        for _ in compute_iter(session.steps(int(steps))):
-            if stop is not None and stop.is_set():
-                break
-        return json.dumps(document(session, {"text": prompt, "system": "", "chat": True}, loaded.info()))
+        return json.dumps(run_diverge(self._load(model), request, stop))
 
 
 def register_tools(pool) -> AgentTools:
