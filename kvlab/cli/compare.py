@@ -70,7 +70,7 @@ def resolve_compare(args) -> dict:
     """
     from ..columns import Column
     from ..models.loading import ModelSpec
-    from ..presets import parse_preset
+    from ..compare.preset import parse_preset
 
     preset = _base_preset(args)
     data = preset.model_dump()
@@ -87,7 +87,7 @@ def resolve_compare(args) -> dict:
 
 
 def _base_preset(args):
-    from ..presets import load_preset, parse_preset
+    from ..compare.preset import load_preset, parse_preset
 
     if args.strategies is not None and not split_strategy_list(args.strategies):
         raise ValueError("--strategies is empty: name at least one, e.g. dynamic,static")

@@ -1,6 +1,7 @@
 """The package's layout rules, read from the source's import statements (no module is imported).
 
-- At the top of `kvlab/` only the core every wing reads (CORE); everything else lives in a wing's folder.
+- At the top of `kvlab/` only the core every wing reads (CORE); everything else lives in a wing's folder. The core
+  imports no tab's wing and no front (TAB_WINGS_AND_FRONTS).
 - `kvlab/ui/` is one package per tab (TABS) plus `shared` (what tabs share) and `hosting` (how the app is served:
   agent tools, run costs and turns, queue, shutdown, ZeroGPU); a tab imports `shared` and `hosting`, never another
   tab; `shared` imports no tab, `hosting` neither a tab nor `shared`.
@@ -29,7 +30,7 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[2] / "kvlab"
-WEIGHT_FREE = ("kvlab.plan", "kvlab.presets", "kvlab.columns", "kvlab.compare.columns", "kvlab.quality.stats",
+WEIGHT_FREE = ("kvlab.plan", "kvlab.presets", "kvlab.compare.preset", "kvlab.columns", "kvlab.compare.columns", "kvlab.quality.stats",
                "kvlab.quality.record", "kvlab.quality.table", "kvlab.quality.defaults")
 RUNTIME_MODULES = ("kvlab.compare.runner", "kvlab.engine", "kvlab.compare.timing", "kvlab.compare.quiet",
                    "kvlab.measure.warmup", "kvlab.compare.memory", "kvlab.compare.fidelity", "kvlab.compare.summary")
@@ -132,6 +133,17 @@ def test_only_the_core_stands_at_the_top_of_the_package():
     assert flat == CORE
 
 
+TAB_WINGS_AND_FRONTS = ("kvlab.compare", "kvlab.needle", "kvlab.quality", "kvlab.chat", "kvlab.inspect", "kvlab.plan",
+                        "kvlab.cli", "kvlab.ui", "kvlab.bench")
+"""The wings behind a tab and the fronts: the core reads none of them (the machinery they share, strategies,
+caches, models, measure, it may)."""
+
+
+def test_the_core_imports_no_tab_wing_and_no_front():
+    """A wing's own schema (Compare's presets, say) lives in its wing, not in the core every wing reads."""
+    assert offenders([f"kvlab.{name}" for name in CORE], TAB_WINGS_AND_FRONTS) == {}
+
+
 def test_the_ui_is_one_package_per_tab_and_tabs_import_only_shared_and_hosting():
     ui = PACKAGE / "ui"
     assert [path.name for path in ui.glob("*.py")] == ["__init__.py"]
@@ -170,7 +182,7 @@ def test_no_module_imports_playwright():
 
 def test_weight_free_modules_do_not_import_the_runtime():
     weight_free = [name for name in SOURCES if starts_with(name, WEIGHT_FREE)]
-    assert "kvlab.plan.planner" in weight_free and "kvlab.presets" in weight_free
+    assert "kvlab.plan.planner" in weight_free and "kvlab.compare.preset" in weight_free
     assert offenders(weight_free, RUNTIME_MODULES) == {}
 
 

@@ -22,7 +22,7 @@ import gradio as gr
 from kvlab.compare.replay import RecordError, load_record
 from kvlab.models.loading import ModelLoadError
 from kvlab.generation import MAX_NEW_TOKENS_CAP
-from kvlab.presets import PresetError, load_preset
+from kvlab.compare.preset import PresetError, load_preset
 from kvlab.sharing.cost import RunCost
 
 from ..hosting import zerogpu
@@ -115,7 +115,7 @@ def open_shared(updater: CompareUpdater, session: dict, request: gr.Request | No
 
 class CompareApi:
     """The headless `compare` API: `loader` (a `kvlab.ui.shared.loader.BackgroundLoader`) and `presets` (name -> file,
-    `kvlab.presets.list_presets`)."""
+    `kvlab.compare.preset.list_presets`)."""
 
     def __init__(self, loader, presets: dict):
         self.loader = loader

@@ -24,7 +24,7 @@ from kvlab.compare.columns import MODES
 from kvlab.generation import GenerationSettings
 from kvlab.measure import DEFAULT_POLICY
 from kvlab.models.loading import ModelSpec
-from kvlab.presets import Preset, PromptSpec, load_preset
+from kvlab.compare.preset import Preset, PromptSpec, load_preset
 from kvlab.strategies import Strategy, StrategyError
 
 from ..shared.knobs import NO_STRATEGY, column_budget, plan_columns

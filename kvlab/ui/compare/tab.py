@@ -26,7 +26,7 @@ from kvlab.compare.runner import run_compare
 from kvlab.generation import MAX_NEW_TOKENS_CAP, encode_prompt
 from kvlab.measure import POLICIES
 from kvlab.models.loading import DEVICES, DTYPES, ModelLoadError, ModelSpec
-from kvlab.presets import Preset, PresetError, list_presets, load_preset
+from kvlab.compare.preset import Preset, PresetError, list_presets, load_preset
 from kvlab.measure.record_json import cap_text
 
 from ..hosting import turns, zerogpu
@@ -56,7 +56,7 @@ PRIVATE = {"concurrency_limit": None, "api_visibility": "private"}
 class CompareTab:
     """The Compare tab's components and handlers (build it with `build_compare_tab`).
 
-    presets: name -> preset file (default: `kvlab.presets.list_presets()`).
+    presets: name -> preset file (default: `kvlab.compare.preset.list_presets()`).
     """
 
     def __init__(self, pool, preload: bool = True, loader: BackgroundLoader | None = None,

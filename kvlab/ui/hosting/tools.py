@@ -137,7 +137,7 @@ class AgentTools:
         """
         from kvlab.columns import Column
         from kvlab.compare.runner import run_preset
-        from kvlab.presets import PresetError, parse_preset
+        from kvlab.compare.preset import PresetError, parse_preset
         from kvlab.protocol import collect
 
         self.compare_cost(strategies, prompt, max_new_tokens, model, fidelity)  # the schema holds for every caller
