@@ -122,3 +122,32 @@ def _is_other_input(path: Path) -> bool:
     except yaml.YAMLError:
         return False
     return isinstance(data, list) or (isinstance(data, dict) and "task" in data)
+
+
+def strategies_preset(prompt: str, items: list[str], name: str, model: dict | None = None,
+                      generation: dict | None = None) -> Preset:
+    """The preset of a run asked for as a prompt and a list of strategies in compare syntax (the command line's
+    `--prompt/--strategies`, the `compare_strategies` agent tool): each item's strategy name a column, its knobs
+    left to `strategy_columns`; `model` and `generation` are the preset's sections (defaults when None).
+
+    Raises:
+        ValueError: an empty prompt; PresetError: a section that fails the schema.
+    """
+    if not (prompt or "").strip():
+        raise ValueError("the prompt is empty: type something to generate from")
+    data = {"name": name, "prompt": {"text": prompt}, "columns": [{"strategy": item.split(":")[0]} for item in items]}
+    data.update({key: section for key, section in (("model", model), ("generation", generation)) if section})
+    return parse_preset(data, name, lenient_columns=True)
+
+
+def strategy_columns(items: list[str], fallback: str | None = None) -> list[Column]:
+    """One `Column` per item in compare syntax; a bad item is a rejected column that reports in its own place
+    (`Column.from_text`; `fallback` as there).
+
+    Raises:
+        ValueError: every item is bad, so nothing could run; the message gives each column's reason.
+    """
+    columns = [Column.from_text(item, fallback) for item in items]
+    if all(column.strategy is None for column in columns):
+        raise ValueError("; ".join(f"{column.title}: {column.rejected}" for column in columns))
+    return columns

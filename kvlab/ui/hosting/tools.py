@@ -135,23 +135,16 @@ class AgentTools:
         Returns:
             the run record, as JSON text, that `python -m kvlab compare --json` writes.
         """
-        from kvlab.columns import Column
+        from kvlab.compare.preset import PresetError, strategies_preset, strategy_columns
         from kvlab.compare.runner import run_preset
-        from kvlab.compare.preset import PresetError, parse_preset
         from kvlab.protocol import collect
 
         self.compare_cost(strategies, prompt, max_new_tokens, model, fidelity)  # the schema holds for every caller
         items = split_strategy_list(strategies)
         try:
-            if not (prompt or "").strip():
-                raise ValueError("the prompt is empty: type something to generate from")
-            preset = parse_preset({"name": "mcp", "prompt": {"text": prompt}, "model": {"source": model},
-                                   "generation": {"max_new_tokens": int(max_new_tokens), "fidelity": bool(fidelity)},
-                                   "columns": [{"strategy": item.split(":")[0]} for item in items]},
-                                  "mcp", lenient_columns=True)
-            columns = [Column.from_text(item) for item in items]
-            if all(column.strategy is None for column in columns):
-                raise ValueError("; ".join(f"{column.title}: {column.rejected}" for column in columns))
+            preset = strategies_preset(prompt, items, "mcp", model={"source": model},
+                                       generation={"max_new_tokens": int(max_new_tokens), "fidelity": bool(fidelity)})
+            columns = strategy_columns(items)
             preset.settings().check()
         except (PresetError, ValueError) as err:
             raise _refuse(err) from None
