@@ -89,7 +89,7 @@ class RunRequest:
         )
 
     def model_spec(self) -> ModelSpec:
-        return ModelSpec((self.model_source or "").strip() or "bundled", self.dtype, self.device)
+        return ModelSpec.from_field(self.model_source, self.dtype, self.device)
 
 
 @dataclass

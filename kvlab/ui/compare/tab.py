@@ -188,7 +188,7 @@ class CompareTab:
 
     def _loaded_for(self, source, dtype, device):
         try:
-            return self.loader.pool.loaded(ModelSpec((source or "").strip() or "bundled", dtype, device))
+            return self.loader.pool.loaded(ModelSpec.from_field(source, dtype, device))
         except ValueError:
             return None
 
@@ -289,7 +289,7 @@ class CompareTab:
     def tick(self, source, dtype, device):
         """Timer: refresh the model status line; stop ticking once the load has ended (ready or failed)."""
         try:
-            spec = ModelSpec((source or "").strip() or "bundled", dtype, device)
+            spec = ModelSpec.from_field(source, dtype, device)
         except ValueError as err:
             return line_html(f"✖ {err}", "error"), gr.Timer(active=False), *[gr.skip()] * (MAX_COLUMNS + 1)
         status = self.loader.status(spec)
@@ -302,7 +302,7 @@ class CompareTab:
     def load(self, source, dtype, device):
         """Load button: start loading in the background; the timer reports progress."""
         try:
-            spec = ModelSpec((source or "").strip() or "bundled", dtype, device)
+            spec = ModelSpec.from_field(source, dtype, device)
         except ValueError as err:
             return line_html(f"✖ {err}", "error"), gr.Timer(active=False)
         status = self.loader.start(spec)

@@ -139,7 +139,7 @@ class PerplexityTab:
         # 1. Load the model and plan the run; anything that cannot start is a status message.
         yield {self.status: "loading the model…"}
         try:
-            loaded = self.pool.get(ModelSpec(source=(request.source or "").strip() or "bundled"))
+            loaded = self.pool.get(ModelSpec.from_field(request.source))
             plan = plan_perplexity(request, loaded)
         except (ValueError, ModelLoadError, StrategyError) as err:
             yield {self.status: f"⚠️ {md_text(err)}"}

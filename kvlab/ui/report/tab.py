@@ -166,7 +166,7 @@ class ReportTab:
         session = session if session is not None else {}
         yield {self.status: "loading the model…"}
         try:
-            loaded = self.pool.get(ModelSpec(source=(request.source or "").strip() or "bundled"))
+            loaded = self.pool.get(ModelSpec.from_field(request.source))
             plan = plan_report(request, loaded)
         except (ValueError, ModelLoadError, StrategyError) as err:
             yield {self.status: f"⚠️ {md_text(err)}"}
