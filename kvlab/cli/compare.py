@@ -207,7 +207,7 @@ def cmd_compare(args) -> int:
     from ..compare.runner import run_preset
     from ..models.loading import ModelLoadError, load_model
     from ..protocol import collect
-    from .outputs import OutputError, StopOnInterrupt, check_writable, write_text
+    from .outputs import StopOnInterrupt, check_writable, write_outputs
 
     if args.replay:
         return cmd_replay(args)
@@ -242,13 +242,9 @@ def cmd_compare(args) -> int:
             print(f"kvlab compare: column {result.index + 1} ({result.name}): {result.warning}", file=sys.stderr)
         if result.status == "error":
             print(f"kvlab compare: column {result.index + 1} ({result.name}): {result.message}", file=sys.stderr)
-    if args.json:
-        try:
-            write_text(args.json, json.dumps(record, indent=1))
-        except OutputError as err:
-            print(f"kvlab compare: {err}", file=sys.stderr)
-            return 2
-        print(f"wrote {args.json}" + (" (stopped: a partial record)" if done.stopped else ""), file=sys.stderr)
+    if write_outputs("kvlab compare", [(args.json, "--json", lambda: json.dumps(record, indent=1))],
+                     " (stopped: a partial record)" if done.stopped else ""):
+        return 2
     if done.stopped:
         return 130
     return 0 if any(result.status == "ok" for result in done.results) else 1
