@@ -228,7 +228,7 @@ def run_compare(loaded, prompt_ids: torch.Tensor, columns: list, settings: Gener
         mode: one of MODES.
         stop: set it to end every column within a token.
         baseline: index of the fidelity baseline column (default: first `dynamic`, else the first ok column).
-        preset: the `kvlab.presets.Preset` the run is made from, whose name, prompt and mode the record says
+        preset: the `kvlab.compare.preset.Preset` the run is made from, whose name, prompt and mode the record says
             (None: the record leaves them null).
 
     Raises:
@@ -395,7 +395,7 @@ def _drain_into(stream, events: queue.Queue) -> None:
 
 def run_preset(loaded, preset, stop: threading.Event | None = None, columns: list | None = None
                ) -> Iterator[Event]:
-    """Compare's `request -> events -> record`: run `preset` (a `kvlab.presets.Preset`: prompt, settings, mode,
+    """Compare's `request -> events -> record`: run `preset` (a `kvlab.compare.preset.Preset`: prompt, settings, mode,
     baseline) on `loaded`, its prompt encoded now, over `columns` (default: the preset's own); the events of
     `run_compare`, the record in the last one.
 

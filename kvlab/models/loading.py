@@ -81,6 +81,12 @@ class ModelSpec:
     dtype: str = "float32"
     device: str = "auto"
 
+    @classmethod
+    def from_field(cls, source: str | None, dtype: str = "float32", device: str = "auto") -> "ModelSpec":
+        """The spec a model field asks for: its text stripped, an empty (or None) field meaning the bundled model.
+        Raises ValueError as the constructor does."""
+        return cls((source or "").strip() or BUNDLED, dtype, device)
+
     def __post_init__(self):
         if not self.source or not self.source.strip():
             raise ValueError("model source is empty: give 'bundled', a hub id, a local folder or a .gguf file")

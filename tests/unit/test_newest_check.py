@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from kvlab.ui.shared.tools import TOOL_NAMES
+from kvlab.ui.hosting.tools import TOOL_NAMES
 
 pytestmark = pytest.mark.unit
 SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"

@@ -20,7 +20,7 @@ from kvlab.compare.runner import run_compare
 from kvlab.protocol import collect
 from kvlab.generation import GenerationSettings
 from kvlab.needle.record import load_record as load_needle
-from kvlab.presets import parse_preset
+from kvlab.compare.preset import parse_preset
 from kvlab.quality.record import REPORT, load_record, rows_from_record
 from kvlab.record import RecordError, check_record
 

@@ -5,8 +5,8 @@
   `replayed: measured on <machine> at <time>`; a file that cannot be replayed says why there.
 - `open_shared`: the result a share link names (`?run=<id>`), shown as `replay` shows it; an id not of the exact
   form kvlab makes (`kvlab.ui.compare.records.valid_share_id`) is refused in one line before any file is touched.
-- `run_gpu_s`: the GPU seconds a Run asks ZeroGPU for (`kvlab.ui.shared.zerogpu.estimate_s`, columns × tokens).
-- `run_cost`: what a Run costs before it is queued (`kvlab.ui.shared.costs.compare_cost`).
+- `run_gpu_s`: the GPU seconds a Run asks ZeroGPU for (`kvlab.ui.hosting.zerogpu.estimate_s`, columns × tokens).
+- `run_cost`: what a Run costs before it is queued (`kvlab.ui.hosting.costs.compare_cost`).
 - `wait_for_model`: start or join a model's load, yielding its progress into the status lines.
 - `CompareApi`: the headless `compare` API (a preset run, returning its JSON record), its cost and its GPU seconds.
 
@@ -24,11 +24,11 @@ import gradio as gr
 from kvlab.compare.replay import RecordError, load_record
 from kvlab.models.loading import ModelLoadError, ModelSpec
 from kvlab.generation import MAX_NEW_TOKENS_CAP
-from kvlab.presets import PresetError, load_preset
+from kvlab.compare.preset import PresetError, load_preset
 from kvlab.sharing.cost import RunCost
 
-from ..shared import zerogpu
-from ..shared.costs import compare_cost, whole
+from ..hosting import zerogpu
+from ..hosting.costs import compare_cost, whole
 from .replay import form_values, replay_code, view_from_record
 from .updates import CompareUpdater
 from ..shared.knobs import NO_STRATEGY
@@ -139,7 +139,7 @@ def open_shared(updater: CompareUpdater, session: dict, request: gr.Request | No
 
 class CompareApi:
     """The headless `compare` API: `loader` (a `kvlab.ui.shared.loader.BackgroundLoader`) and `presets` (name -> file,
-    `kvlab.presets.list_presets`)."""
+    `kvlab.compare.preset.list_presets`)."""
 
     def __init__(self, loader, presets: dict):
         self.loader = loader

@@ -9,7 +9,7 @@ plots; the matplotlib PNG only on request) and `kvlab.ui.compare.extras` (replay
 API, ZeroGPU sizing); running is `kvlab.compare.runner`'s job. Per-session state lives
 in `gr.State`; the one shared object is the `ModelPool` of loaded weights
 (through a `BackgroundLoader`). Model-bound events (Run, the `compare` API) take their turn in kvlab's
-scheduler (`kvlab.ui.shared.turns`): a waiting Run shows its position and wait in the status line.
+scheduler (`kvlab.ui.hosting.turns`): a waiting Run shows its position and wait in the status line.
 """
 
 from __future__ import annotations
@@ -25,12 +25,12 @@ from kvlab.compare.runner import run_compare
 from kvlab.generation import MAX_NEW_TOKENS_CAP, encode_prompt
 from kvlab.measure import POLICIES
 from kvlab.models.loading import DEVICES, DTYPES, ModelLoadError, ModelSpec
-from kvlab.presets import Preset, PresetError, list_presets, load_preset
+from kvlab.compare.preset import Preset, PresetError, list_presets, load_preset
 from kvlab.measure.record_json import cap_text
 from kvlab.speech.clips import get_clip
 from kvlab.speech.runner import run_speech
 
-from ..shared import turns, zerogpu
+from ..hosting import turns, zerogpu
 from ..shared.cards import StrategyCard, build_card
 from .extras import CompareApi, open_shared, replay, run_cost, run_gpu_s, wait_for_model
 from .recurrent import recurrent_choices, recurrent_run
@@ -58,7 +58,7 @@ PRIVATE = {"concurrency_limit": None, "api_visibility": "private"}
 class CompareTab:
     """The Compare tab's components and handlers (build it with `build_compare_tab`).
 
-    presets: name -> preset file (default: `kvlab.presets.list_presets()`).
+    presets: name -> preset file (default: `kvlab.compare.preset.list_presets()`).
     """
 
     def __init__(self, pool, preload: bool = True, loader: BackgroundLoader | None = None,
@@ -191,7 +191,7 @@ class CompareTab:
 
     def _loaded_for(self, source, dtype, device):
         try:
-            return self.loader.pool.loaded(ModelSpec((source or "").strip() or "bundled", dtype, device))
+            return self.loader.pool.loaded(ModelSpec.from_field(source, dtype, device))
         except ValueError:
             return None
 
@@ -294,7 +294,7 @@ class CompareTab:
     def tick(self, source, dtype, device):
         """Timer: refresh the model status line; stop ticking once the load has ended (ready or failed)."""
         try:
-            spec = ModelSpec((source or "").strip() or "bundled", dtype, device)
+            spec = ModelSpec.from_field(source, dtype, device)
         except ValueError as err:
             return line_html(f"✖ {err}", "error"), gr.Timer(active=False), *[gr.skip()] * (MAX_COLUMNS + 1)
         status = self.loader.status(spec)
@@ -307,7 +307,7 @@ class CompareTab:
     def load(self, source, dtype, device):
         """Load button: start loading in the background; the timer reports progress."""
         try:
-            spec = ModelSpec((source or "").strip() or "bundled", dtype, device)
+            spec = ModelSpec.from_field(source, dtype, device)
         except ValueError as err:
             return line_html(f"✖ {err}", "error"), gr.Timer(active=False)
         status = self.loader.start(spec)

@@ -26,7 +26,7 @@ from kvlab.strategies.base import names_with
 
 from .markup import md_text
 from .theme import status_html
-from .zerogpu import hidden_knobs
+from ..hosting.zerogpu import hidden_knobs
 
 NO_STRATEGY = "(none)"
 BUDGET_PLACEHOLDER = "none"
