@@ -1,7 +1,7 @@
 """kvlab's turn wrappers around model-bound handlers (`kvlab.ui.hosting.turns`), with stand-in requests and
 handlers, no model.
 
-- Who asks: a page by its session; an API caller by its address (X-Forwarded-For's first hop only behind a
+- Who asks: a page and an API caller by their address (X-Forwarded-For's first hop only behind a
   proxy); a request to the MCP server is an agent.
 - A page run over a cap gets one refusal line in its status and never runs; a waiting one yields its position
   and wait, leaves the line when Stop is pressed, and frees its place when gradio closes it (its page went).
@@ -56,7 +56,8 @@ def test_who_asks(monkeypatch):
     monkeypatch.delenv("SPACE_ID", raising=False)
     monkeypatch.delenv(turns.BEHIND_PROXY_ENV, raising=False)
     forged = request(forwarded="1.2.3.4, 10.0.0.1")
-    assert turns.visitor_of(forged) == Client("visitor", "s1")
+    assert turns.visitor_of(forged) == Client("visitor", "10.0.0.9")  # its address, not its made-up session
+    assert turns.visitor_of(request(session="s2")) == turns.visitor_of(forged)
     assert turns.api_client_of(forged) == Client("api", "10.0.0.9")  # not behind a proxy: the header is ignored
     assert turns.api_client_of(request(path="/gradio_api/mcp/")).kind == "mcp"
     monkeypatch.setenv("SPACE_ID", "user/kvlab")

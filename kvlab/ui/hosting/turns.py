@@ -4,7 +4,8 @@ gradio lets every model-bound event start at once (`MODEL_BOUND`: no concurrency
 wrapped here, asks the process's one `Scheduler` for a turn before it touches the model, so the fair order,
 the caps and the wait estimates are kvlab's:
 
-- `page_turn` (a tab's run, a generator): the client is the browser page (its session). A refused run says so
+- `page_turn` (a tab's run, a generator): the client is the browser page's address, as for an API caller (not
+  its gradio session: any client can make up a new session id per run, so a session is no one). A refused run says so
   in the tab's status line; a waiting one yields "waiting: position N, about M s" every WAIT_UPDATE_S; Stop
   while waiting leaves the line; a page that closes leaves it too (gradio stops iterating a generator whose
   client went and closes it).
@@ -80,8 +81,9 @@ def client_address(request) -> str:
 
 
 def visitor_of(request) -> Client:
-    """A browser page: its gradio session."""
-    return Client("visitor", getattr(request, "session_hash", None) or client_address(request))
+    """A browser page: its address (`client_address`), not its gradio session, which the client makes up itself.
+    Two visitors behind one address (a NAT, an office proxy) share its caps and its place in the fair order."""
+    return Client("visitor", client_address(request))
 
 
 def api_client_of(request) -> Client:
