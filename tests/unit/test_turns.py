@@ -74,6 +74,16 @@ def test_a_page_run_over_a_cap_is_refused_in_one_status_line(fresh):
     assert fresh.counts() == (0, 0)
 
 
+def test_a_page_run_is_told_the_address_it_was_admitted_for(fresh, monkeypatch):
+    monkeypatch.delenv("SPACE_ID", raising=False)
+    monkeypatch.delenv(turns.BEHIND_PROXY_ENV, raising=False)
+    told = []
+    run = turns.page_turn(page_run, lambda session: SMALL, "status", line, admitted=lambda c, s: told.append((c, s)))
+    session = {}
+    assert list(run(session, request(session="s7"))) == [{"status": "running"}, {"status": "finished"}]
+    assert told == [(Client("visitor", "10.0.0.9"), session)]
+
+
 def test_a_waiting_page_run_shows_its_place_and_leaves_on_stop_or_when_closed(fresh, monkeypatch):
     monkeypatch.setattr(turns, "WAIT_UPDATE_S", 0.01)
     holder = fresh.admit(Client("api", "x"), RunCost(1, 30))

@@ -117,10 +117,11 @@ def _sample(ticket: Ticket, ended_well: bool) -> bool:
     return ended_well and ticket.started_at is not None and _SCHEDULER.clock() - ticket.started_at >= MIN_SAMPLE_S
 
 
-def page_turn(fn, cost, status, line, stop=None):
+def page_turn(fn, cost, status, line, stop=None, admitted=None):
     """`fn` (a tab's run generator, or a handler returning one update) behind a turn, as a generator. cost(*args) -> RunCost (never raises: bad input gets a small
     cost, and `fn` says what is wrong); status: the component for the waiting line; line(text, kind) -> its
-    value (kind: busy, info, error); stop(*args) -> the run's stop event (Stop pressed), or None."""
+    value (kind: busy, info, error); stop(*args) -> the run's stop event (Stop pressed), or None;
+    admitted(client, *args): told who the run was admitted for (`visitor_of`), before it waits."""
 
     def turn(*args):
         *args, request = args
@@ -131,6 +132,8 @@ def page_turn(fn, cost, status, line, stop=None):
             return
         ended_well = False
         try:
+            if admitted is not None:
+                admitted(ticket.client, *args)
             started = yield from _wait_in_line(ticket, status, line, stop(*args) if stop else None)
             if started:
                 result = fn(*args)
