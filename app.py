@@ -185,8 +185,10 @@ COMPARE_TAB = "compare"
 """The Compare tab's id: the Plan tab's "measure it for real" switches to it."""
 INSPECT_TAB = "inspect"
 """The Inspect tab's id: a link from Compare's "first divergence" cell opens it."""
-CACHE_CLEANUP = (3600, 3600)
-"""Every hour, delete gradio's cached copies of served files (exports) older than an hour."""
+CACHE_CLEANUP = (300, 900)
+"""Every 5 minutes, delete the files gradio stored for this app (uploads, its copies of served exports) older
+than 15 minutes: an upload is read when it arrives, so one is kept at most 20 minutes (gradio's `delete_cache`;
+an hour and an hour kept a visitor's uploads up to two hours)."""
 def on_space() -> bool:
     """Whether the app runs on a Hugging Face Space (Spaces set SYSTEM=spaces and SPACE_ID)."""
     return os.environ.get("SYSTEM") == "spaces" and bool(os.environ.get("SPACE_ID"))
