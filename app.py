@@ -73,6 +73,31 @@ def queue_max_size() -> int | None:
     return size or None
 
 
+STATE_SESSIONS_ENV = "KVLAB_STATE_SESSIONS"
+DEFAULT_STATE_SESSIONS = 1000
+"""Sessions whose state gradio keeps in memory (`launch(state_session_capacity=…)`, the oldest dropped first).
+About 1.25 MiB each was measured on this app; gradio's own default, 10,000, would be about 12 GiB, and any
+anonymous client can open sessions by the second."""
+
+
+def state_sessions() -> int:
+    """gradio's `state_session_capacity` from KVLAB_STATE_SESSIONS (default DEFAULT_STATE_SESSIONS).
+
+    Raises:
+        ValueError: the setting is not a whole number >= 1; the message names it and its value.
+    """
+    text = os.environ.get(STATE_SESSIONS_ENV, "").strip()
+    if not text:
+        return DEFAULT_STATE_SESSIONS
+    try:
+        sessions = int(text)
+    except ValueError:
+        sessions = 0
+    if sessions < 1:
+        raise ValueError(f"{STATE_SESSIONS_ENV} must be a whole number >= 1, got {text!r}")
+    return sessions
+
+
 DEFAULT_PORT = 7860
 
 
@@ -110,6 +135,7 @@ if __name__ == "__main__":
 
     try:
         queue_max_size()  # bad settings are said before anything loads
+        state_sessions()
         Limits.from_env()
         max_record_bytes()
         check_kept_runs()
@@ -159,8 +185,10 @@ COMPARE_TAB = "compare"
 """The Compare tab's id: the Plan tab's "measure it for real" switches to it."""
 INSPECT_TAB = "inspect"
 """The Inspect tab's id: a link from Compare's "first divergence" cell opens it."""
-CACHE_CLEANUP = (3600, 3600)
-"""Every hour, delete gradio's cached copies of served files (exports) older than an hour."""
+CACHE_CLEANUP = (300, 900)
+"""Every 5 minutes, delete the files gradio stored for this app (uploads, its copies of served exports) older
+than 15 minutes: an upload is read when it arrives, so one is kept at most 20 minutes (gradio's `delete_cache`;
+an hour and an hour kept a visitor's uploads up to two hours)."""
 def on_space() -> bool:
     """Whether the app runs on a Hugging Face Space (Spaces set SYSTEM=spaces and SPACE_ID)."""
     return os.environ.get("SYSTEM") == "spaces" and bool(os.environ.get("SPACE_ID"))
@@ -217,8 +245,9 @@ def mcp_flag(argv: list[str]) -> bool | None:
 
 
 def launch() -> None:
-    """Serve the app; a port that cannot be opened, or a bad KVLAB_QUEUE_MAX_SIZE, KVLAB_MAX_RECORD_MB or
-    KVLAB_MCP, is reported in one line naming the setting to change. Uploads larger than a record may be
+    """Serve the app; a port that cannot be opened, or a bad KVLAB_QUEUE_MAX_SIZE, KVLAB_MAX_RECORD_MB,
+    KVLAB_STATE_SESSIONS or KVLAB_MCP, is reported in one line naming the setting to change. gradio keeps the
+    state of at most `state_sessions()` sessions, dropping the oldest. Uploads larger than a record may be
     (`kvlab.measure.record_json.max_record_bytes`) are refused by gradio before they are stored. With the MCP
     switch on (`--mcp`, KVLAB_MCP=1, or on a Space), gradio's MCP server answers at /gradio_api/mcp/ (streamable
     HTTP) and /gradio_api/mcp/sse (docs/mcp.md). However it ends (Ctrl-C, SIGTERM's SystemExit from
@@ -228,6 +257,7 @@ def launch() -> None:
     try:
         mcp = mcp_enabled(mcp_flag(sys.argv[1:]))
         max_upload = max_record_bytes()
+        sessions = state_sessions()
         demo = create_app(loader=EARLY_LOADER)
     except ValueError as err:
         sys.exit(f"kvlab: {err}")
@@ -236,7 +266,7 @@ def launch() -> None:
         # quote a visitor's or a record's text; the tabs say what went wrong in their own status lines (gr.Error,
         # the MCP tools' refusals, is shown either way)
         demo.launch(server_name="0.0.0.0", server_port=port, css=CSS, show_error=False, mcp_server=mcp,
-                    max_file_size=max_upload)
+                    max_file_size=max_upload, state_session_capacity=sessions)
     except OSError as err:
         sys.exit(f"kvlab: cannot serve on port {port} ({str(err).splitlines()[0]}): set GRADIO_SERVER_PORT "
                  "(or PORT) to a free port")

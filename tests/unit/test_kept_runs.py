@@ -1,11 +1,13 @@
 """Shared Compare results are kept where a restart finds them (`kvlab.ui.compare.kept_runs`): the folder (a
 setting, a Space's persistent storage, the user cache), a 7-day expiry and a size cap the page states where
-the link is shown, and one line for a link whose result expired or was evicted. Files and clocks only (the
-clock moved by hand); no model, no browser."""
+the link is shown, one line for a link whose result expired or was evicted, and a share per client (an
+address) past which that client's own oldest go, so one client cannot evict every other's results. Files and
+clocks only (the clock moved by hand); no model, no browser."""
 
 import json
 import os
 import time
+import types
 from pathlib import Path
 
 import gradio as gr
@@ -29,11 +31,12 @@ def runs(monkeypatch, tmp_path):
     monkeypatch.setenv("KVLAB_RUNS_DIR", str(folder))
     monkeypatch.delenv("KVLAB_RUNS_KEEP_DAYS", raising=False)
     monkeypatch.delenv("KVLAB_RUNS_MAX_MB", raising=False)
+    monkeypatch.delenv("KVLAB_RUNS_CLIENT_MB", raising=False)
     return folder
 
 
-def write(size_bytes: int = 100) -> list[str]:
-    return write_exports({"format": "kvlab.compare", "padding": "x" * size_bytes}, [])
+def write(size_bytes: int = 100, owner: str | None = None) -> list[str]:
+    return write_exports({"format": "kvlab.compare", "padding": "x" * size_bytes}, [], owner)
 
 
 def age(paths: list[str], days: float) -> None:
@@ -63,7 +66,8 @@ def test_the_folder_is_the_setting_else_a_spaces_persistent_storage_else_the_use
 
 
 @pytest.mark.parametrize("env,value", [("KVLAB_RUNS_KEEP_DAYS", "0"), ("KVLAB_RUNS_KEEP_DAYS", "a week"),
-                                       ("KVLAB_RUNS_MAX_MB", "-5"), ("KVLAB_RUNS_MAX_MB", "1.5")])
+                                       ("KVLAB_RUNS_MAX_MB", "-5"), ("KVLAB_RUNS_MAX_MB", "1.5"),
+                                       ("KVLAB_RUNS_CLIENT_MB", "0"), ("KVLAB_RUNS_CLIENT_MB", "lots")])
 def test_a_bad_setting_is_one_line_naming_it(runs, monkeypatch, env, value):
     monkeypatch.setenv(env, value)
     with pytest.raises(ValueError, match=f"^{env} must be a whole number >= 1, got '{value}'$"):
@@ -125,3 +129,32 @@ def test_an_expired_or_evicted_link_gets_one_line_with_the_rule(runs):
     assert "this shared result is not kept on this server any more" in status
     assert "kept on this server for 7 days; past 512 MiB of kept runs, the oldest go first" in status
     assert status.count("\n") == 0 and share_id(paths) not in status
+
+
+def test_one_client_past_its_share_loses_its_own_oldest_never_another_clients(runs, monkeypatch):
+    monkeypatch.setenv("KVLAB_RUNS_MAX_MB", "2")
+    monkeypatch.setenv("KVLAB_RUNS_CLIENT_MB", "1")
+    theirs = write(300_000, owner="10.0.0.1")
+    age(theirs, 1)  # the oldest of all: the first to go if one client's flood could evict it
+    mine = []
+    for n in range(12):  # 3.6 MB from one address: past its 1 MiB share and the 2 MiB cap of all
+        mine.append(write(300_000, owner="10.0.0.9"))
+        age(mine[-1], (12 - n) / 1000)
+    assert shared_exports(share_id(theirs)) == theirs
+    kept = [share_id(p) for p in mine if shared_exports(share_id(p))]
+    assert kept == [share_id(p) for p in mine[-3:]]  # 0.9 MB: its newest, within its share
+    tags = {(Path(p[0]).parent / kept_runs.OWNER_FILE).read_text() for p in (theirs, mine[-1])}
+    assert tags == {kept_runs.owner_tag("10.0.0.1"), kept_runs.owner_tag("10.0.0.9")}
+    assert not any("10.0.0" in path.read_text(errors="replace") for path in runs.rglob(kept_runs.OWNER_FILE))
+
+
+def test_a_replayed_upload_is_kept_for_the_uploaders_address(runs, monkeypatch):
+    monkeypatch.delenv("SPACE_ID", raising=False)
+    monkeypatch.delenv("KVLAB_BEHIND_PROXY", raising=False)
+    with gr.Blocks():
+        tab = CompareTab(ModelPool(), preload=False).build()
+    record = Path(__file__).parent.parent / "fixtures" / "record_v3_compare.json"
+    request = types.SimpleNamespace(headers={}, client=types.SimpleNamespace(host="10.0.0.9"), session_hash="s1")
+    exports = tab.replay(str(record), {}, request)[tab.exports]
+    owner = Path(exports[0]).parent / kept_runs.OWNER_FILE
+    assert owner.read_text() == kept_runs.owner_tag("10.0.0.9")

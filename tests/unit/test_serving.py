@@ -27,6 +27,12 @@ def test_a_plain_gradio_queue_polls_every_millisecond_here_and_create_app_calms_
     assert demo._queue.progress_update_sleep_when_free == PROGRESS_POLL_S
 
 
+def test_gradio_deletes_uploads_within_minutes_not_hours():
+    demo = app.create_app(preload=False)
+    frequency_s, age_s = demo.delete_cache
+    assert frequency_s + age_s <= 30 * 60  # the longest an upload stays (two hours before)
+
+
 def test_a_queue_without_the_intervals_is_left_alone_with_a_warning(caplog):
     demo = types.SimpleNamespace(_queue=types.SimpleNamespace(sleep_when_free=0.001))
     with caplog.at_level(logging.WARNING, logger="kvlab.ui.hosting.server"):

@@ -1,7 +1,7 @@
 """kvlab's turn wrappers around model-bound handlers (`kvlab.ui.hosting.turns`), with stand-in requests and
 handlers, no model.
 
-- Who asks: a page by its session; an API caller by its address (X-Forwarded-For's first hop only behind a
+- Who asks: a page and an API caller by their address (X-Forwarded-For's first hop only behind a
   proxy); a request to the MCP server is an agent.
 - A page run over a cap gets one refusal line in its status and never runs; a waiting one yields its position
   and wait, leaves the line when Stop is pressed, and frees its place when gradio closes it (its page went).
@@ -56,7 +56,8 @@ def test_who_asks(monkeypatch):
     monkeypatch.delenv("SPACE_ID", raising=False)
     monkeypatch.delenv(turns.BEHIND_PROXY_ENV, raising=False)
     forged = request(forwarded="1.2.3.4, 10.0.0.1")
-    assert turns.visitor_of(forged) == Client("visitor", "s1")
+    assert turns.visitor_of(forged) == Client("visitor", "10.0.0.9")  # its address, not its made-up session
+    assert turns.visitor_of(request(session="s2")) == turns.visitor_of(forged)
     assert turns.api_client_of(forged) == Client("api", "10.0.0.9")  # not behind a proxy: the header is ignored
     assert turns.api_client_of(request(path="/gradio_api/mcp/")).kind == "mcp"
     monkeypatch.setenv("SPACE_ID", "user/kvlab")
@@ -71,6 +72,16 @@ def test_a_page_run_over_a_cap_is_refused_in_one_status_line(fresh):
     assert len(updates) == 1 and updates[0]["status"].startswith("error: ✖ refused: this run costs")
     assert "KVLAB_MAX_RUN_STEPS" in updates[0]["status"] and "\n" not in updates[0]["status"]
     assert fresh.counts() == (0, 0)
+
+
+def test_a_page_run_is_told_the_address_it_was_admitted_for(fresh, monkeypatch):
+    monkeypatch.delenv("SPACE_ID", raising=False)
+    monkeypatch.delenv(turns.BEHIND_PROXY_ENV, raising=False)
+    told = []
+    run = turns.page_turn(page_run, lambda session: SMALL, "status", line, admitted=lambda c, s: told.append((c, s)))
+    session = {}
+    assert list(run(session, request(session="s7"))) == [{"status": "running"}, {"status": "finished"}]
+    assert told == [(Client("visitor", "10.0.0.9"), session)]
 
 
 def test_a_waiting_page_run_shows_its_place_and_leaves_on_stop_or_when_closed(fresh, monkeypatch):

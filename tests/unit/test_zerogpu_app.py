@@ -106,6 +106,17 @@ def test_queue_max_size_comes_from_the_environment(monkeypatch):
             app.queue_max_size()
 
 
+def test_the_sessions_gradio_keeps_come_from_the_environment(monkeypatch):
+    monkeypatch.delenv("KVLAB_STATE_SESSIONS", raising=False)
+    assert app.state_sessions() == app.DEFAULT_STATE_SESSIONS == 1000
+    monkeypatch.setenv("KVLAB_STATE_SESSIONS", "200")
+    assert app.state_sessions() == 200
+    for bad in ("0", "lots", "2.5"):
+        monkeypatch.setenv("KVLAB_STATE_SESSIONS", bad)
+        with pytest.raises(ValueError, match=f"KVLAB_STATE_SESSIONS must be a whole number >= 1.*{bad!r}"):
+            app.state_sessions()
+
+
 def test_the_duplicate_button_shows_only_on_a_space(monkeypatch):
     monkeypatch.delenv("SYSTEM", raising=False)
     assert not app.on_space()

@@ -90,12 +90,13 @@ def takes(component, value) -> bool:
     return True
 
 
-def replay(updater: CompareUpdater, path: str | None, session: dict, exports: list[str] | None = None) -> dict:
+def replay(updater: CompareUpdater, path: str | None, session: dict, exports: list[str] | None = None,
+           owner: str | None = None) -> dict:
     """A record uploaded: its columns, plots, summary and code as measured, and the form it was made with (prompt,
     settings, model; refused cards with their reasons), labelled `replayed: measured on <machine> at <time>`; a
     file that is not a replayable record, or holds a field of the wrong type, says why in the status line, in one
     line. `exports`: the result's files when they are already kept here (a share link), else they are written
-    from the record as read (its known fields only). The replayed view is kept in `session["view"]` (for the PNG
+    from the record as read (its known fields only), kept for the client at address `owner`. The replayed view is kept in `session["view"]` (for the PNG
     export)."""
     if not path:
         return {updater.run_status: gr.skip()}
@@ -108,7 +109,7 @@ def replay(updater: CompareUpdater, path: str | None, session: dict, exports: li
         form = {updater.form[name]: value for name, value in form_values(replayed.record).items()
                 if name in updater.form and takes(updater.form[name], value)}
         updates = {**form, **updater.plots.cleared(), **updater.columns(view, set(range(len(view.columns)))),
-                   **updater.plots.updates(view), **updater.summary_updates(view, replayed.record, exports),
+                   **updater.plots.updates(view), **updater.summary_updates(view, replayed.record, exports, owner),
                    updater.code: replay_code(replayed.record), updater.run_status: line_html(replayed.label, "ok")}
         updates = {**updater.recorded_cards(view, replayed.record), **updates}
     except Exception:  # a record of the right types whose values no run makes: the page says so and keeps serving

@@ -11,7 +11,10 @@ by the share id (`run-` and 32 hex digits from `secrets`, readable by the app's 
   the app's restarts (on a Space without persistent storage, its disk does not survive a restart).
 
 A result is kept `KVLAB_RUNS_KEEP_DAYS` days (default 7) after it was written; when the kept results take
-more than `KVLAB_RUNS_MAX_MB` MiB (default 512), the oldest go first (the newest is always kept). Expired
+more than `KVLAB_RUNS_MAX_MB` MiB (default 512), the oldest go first (the newest is always kept). One client
+(an address, `kvlab.ui.hosting.turns.client_address`) may keep `KVLAB_RUNS_CLIENT_MB` MiB (default 64): past it
+that client's own oldest go first, so one client replaying big records cannot evict every other's results (a
+folder names its client by a hash of the address, `owner_tag`, never the address itself). Expired
 and evicted folders are removed each time a result is written, and an expired one a link asks for is
 removed then. `policy_text` words both limits for the page, where the link is shown and where a link finds
 nothing. A share id is checked against its exact form (`kvlab.ui.compare.records.valid_share_id`) before
@@ -20,6 +23,7 @@ anything here touches a path. No gradio.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import secrets
@@ -39,6 +43,11 @@ DEFAULT_KEEP_DAYS = 7
 MAX_MB_ENV = "KVLAB_RUNS_MAX_MB"
 DEFAULT_MAX_MB = 512
 """MiB the kept results may take before the oldest go (a record is at most `KVLAB_MAX_RECORD_MB`)."""
+CLIENT_MAX_MB_ENV = "KVLAB_RUNS_CLIENT_MB"
+DEFAULT_CLIENT_MAX_MB = 64
+"""MiB one client's kept results may take before that client's own oldest go (four of the largest records)."""
+OWNER_FILE = ".owner"
+"""The file in a kept folder that holds its client's `owner_tag` (absent: no client known, such as the CLI's)."""
 SPACE_STORAGE = Path("/data")
 """Where a Hugging Face Space's persistent storage is mounted (at run time only, when it is turned on)."""
 DAY_S = 24 * 3600
@@ -77,6 +86,27 @@ def max_bytes() -> int:
     return _whole(MAX_MB_ENV, DEFAULT_MAX_MB) * MIB
 
 
+def client_max_bytes() -> int:
+    """Bytes one client's kept results may take (`KVLAB_RUNS_CLIENT_MB` MiB, default 64).
+
+    Raises:
+        ValueError: the setting is not a whole number >= 1; the message names it and its value.
+    """
+    return _whole(CLIENT_MAX_MB_ENV, DEFAULT_CLIENT_MAX_MB) * MIB
+
+
+def owner_tag(address: str) -> str:
+    """What a kept folder stores of its client's address: the first 32 hex digits of its SHA-256."""
+    return hashlib.sha256(address.encode("utf-8", "replace")).hexdigest()[:32]
+
+
+def _owner(folder: Path) -> str | None:
+    try:
+        return (folder / OWNER_FILE).read_text(encoding="ascii").strip() or None
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
 def _on_space() -> bool:
     return bool(os.environ.get("SPACE_ID"))
 
@@ -103,7 +133,7 @@ def fallback_runs_dir() -> Path:
 
 
 def check_settings() -> None:
-    """Check the three settings before the app serves: the numbers, and that a `KVLAB_RUNS_DIR` that is set can
+    """Check the four settings before the app serves: the numbers, and that a `KVLAB_RUNS_DIR` that is set can
     be created and written.
 
     Raises:
@@ -111,6 +141,7 @@ def check_settings() -> None:
     """
     keep_days()
     max_bytes()
+    client_max_bytes()
     chosen = os.environ.get(RUNS_DIR_ENV, "").strip()
     if chosen:
         try:
@@ -130,9 +161,10 @@ def policy_text() -> str:
             "kept runs, the oldest go first")
 
 
-def new_run_folder(prefix: str) -> Path:
+def new_run_folder(prefix: str, owner: str | None = None) -> Path:
     """A new folder `<prefix><token>` under `runs_dir()` (the token: EXPORT_TOKEN_BYTES from `secrets` in hex;
     readable by this user only); the fallback folder, said in the log, when the default cannot be written.
+    `owner`: the address of the client it is kept for (only its `owner_tag` is written, in OWNER_FILE).
 
     Raises:
         OSError: `KVLAB_RUNS_DIR` is set and the folder cannot be made there.
@@ -149,6 +181,8 @@ def new_run_folder(prefix: str) -> Path:
         root.mkdir(parents=True, exist_ok=True, mode=0o700)
     folder = root / f"{prefix}{secrets.token_hex(EXPORT_TOKEN_BYTES)}"
     folder.mkdir(mode=0o700)
+    if owner:
+        (folder / OWNER_FILE).write_text(owner_tag(owner), encoding="ascii")
     return folder
 
 
@@ -161,8 +195,9 @@ def _expired(folder: Path, now: float) -> bool:
 
 
 def prune(prefix: str, keep: Path | None = None, now: float | None = None) -> list[str]:
-    """Remove the kept `<prefix>` folders that expired, then the oldest others while all of them take more than
-    `max_bytes()`; `keep` (the result just written) is never removed. Returns the names removed."""
+    """Remove the kept `<prefix>` folders that expired, then the oldest of `keep`'s client's while they take more
+    than `client_max_bytes()`, then the oldest others while all of them take more than `max_bytes()`; `keep`
+    (the result just written) is never removed. Returns the names removed."""
     now = time.time() if now is None else now
     removed = []
     with _lock:
@@ -176,8 +211,12 @@ def prune(prefix: str, keep: Path | None = None, now: float | None = None) -> li
                 removed.append(folder.name)
             else:
                 alive.append((folder.stat().st_mtime, folder, _size(folder)))
+        alive.sort(key=lambda item: item[0])
+        owner = _owner(keep) if keep is not None else None
+        if owner is not None:
+            alive = _prune_client(alive, owner, keep, removed)
         total = sum(size for _, _, size in alive)
-        for _, folder, size in sorted(alive, key=lambda item: item[0]):
+        for _, folder, size in alive:
             if total <= max_bytes():
                 break
             if folder != keep:
@@ -187,6 +226,22 @@ def prune(prefix: str, keep: Path | None = None, now: float | None = None) -> li
     if removed:
         logger.info("removed %d kept run(s) past the keeping rule (%s)", len(removed), policy_text())
     return removed
+
+
+def _prune_client(alive: list, owner: str, keep: Path, removed: list[str]) -> list:
+    """`alive` (oldest first) less `owner`'s oldest folders while its folders take more than `client_max_bytes()`
+    (never `keep`); the names removed are added to `removed`."""
+    mine = sum(size for _, folder, size in alive if _owner(folder) == owner)
+    left = []
+    for item in alive:
+        _, folder, size = item
+        if mine > client_max_bytes() and folder != keep and _owner(folder) == owner:
+            shutil.rmtree(folder, ignore_errors=True)
+            removed.append(folder.name)
+            mine -= size
+        else:
+            left.append(item)
+    return left
 
 
 def kept_folder(run_id: str, now: float | None = None) -> Path | None:

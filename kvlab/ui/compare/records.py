@@ -74,16 +74,17 @@ def record_for(plan: RunPlan, done: RunDone, view: RunView | None = None) -> dic
     return record
 
 
-def write_exports(record: dict, rows: list[dict]) -> list[str]:
-    """JSON record and summary CSV in a fresh kept folder (`kvlab.ui.compare.kept_runs.new_run_folder`);
-    returns their paths.
+def write_exports(record: dict, rows: list[dict], owner: str | None = None) -> list[str]:
+    """JSON record and summary CSV in a fresh kept folder (`kvlab.ui.compare.kept_runs.new_run_folder`), kept for
+    the client at address `owner` (None: no client known); returns their paths.
 
-    Then the kept results past the keeping rule are removed (`kept_runs.prune`; this one stays). gradio serves
+    Then the kept results past the keeping rule are removed (`kept_runs.prune`: the owner's own oldest past its
+    share, then the oldest of all past the cap; this one stays). gradio serves
     its own copies of the files. Each file is written whole (`kvlab.models.atomic.write_atomic`) and a share
     link needs both, so a process killed while writing leaves no share link to half a record; its folder goes
     when it expires.
     """
-    folder = new_run_folder(SHARE_PREFIX)
+    folder = new_run_folder(SHARE_PREFIX, owner)
     write_atomic(folder / EXPORT_NAMES[0], json.dumps(record, indent=1))
     write_atomic(folder / EXPORT_NAMES[1], rows_to_csv(rows))
     prune(SHARE_PREFIX, keep=folder)

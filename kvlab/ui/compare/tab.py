@@ -242,7 +242,7 @@ class CompareTab:
             **PRIVATE,
         ).then(
             turns.page_turn(zerogpu.gpu(self.run, self.run_gpu_s), self.run_cost, self.run_status, line_html,
-                            lambda data: data[self.session].get("stop")),
+                            lambda data: data[self.session].get("stop"), self.admitted),
             self.run_inputs, self.run_outputs, show_progress="full", show_progress_on=[self.run_status],
             api_visibility="private", **turns.MODEL_BOUND,
         ).then(
@@ -272,13 +272,17 @@ class CompareTab:
 
     # ----- replay, share link, ZeroGPU sizing (`kvlab.ui.compare.extras`) -----
 
-    def replay(self, path: str | None, session: dict, exports: list[str] | None = None) -> dict:
-        """A run record uploaded: shown as measured (`compare_extras.replay`)."""
-        return replay(self.updater, path, session, exports)
+    def replay(self, path: str | None, session: dict, request: gr.Request = None) -> dict:
+        """A run record uploaded: shown as measured (`compare_extras.replay`), kept for the uploader's address."""
+        return replay(self.updater, path, session, owner=turns.client_address(request) if request else None)
 
     def open_shared(self, session: dict, request: gr.Request) -> dict:
         """Page load: the result a share link names, if any (`compare_extras.open_shared`)."""
         return open_shared(self.updater, session, request)
+
+    def admitted(self, client, data: dict) -> None:
+        """A Run admitted for `client` (`turns.page_turn`): its result is kept for that address."""
+        data[self.session]["client"] = client.key
 
     def run_gpu_s(self, data: dict) -> int:
         """ZeroGPU seconds a Run asks for (`compare_extras.run_gpu_s`), from the Run event's inputs."""
@@ -381,7 +385,7 @@ class CompareTab:
 
     def run(self, data: dict):
         """Run (queued, model-bound): stream the run into the page. A failure is shown, never raised."""
-        session = data[self.session]
+        session = data[self.session]  # its "client": the address the run was admitted for (`admitted`)
         stop = session.get("stop") or threading.Event()
         try:
             yield from self.stream(self.request_from(data), stop, session)
@@ -429,7 +433,7 @@ class CompareTab:
             events.close()
         if view.done is not None:
             view.divergence_links, view.divergence_reasons = divergence_links(request, plan, view.done.results)
-        yield self.updater.final(plan, view)
+        yield self.updater.final(plan, view, (session or {}).get("client"))
         yield self.plots.settle(view)
 
 

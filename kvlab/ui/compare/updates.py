@@ -122,14 +122,15 @@ class CompareUpdater:
             if plotted:
                 plot_due = last_text + max(PLOT_EVERY_S, PLOT_COST_FACTOR * (last_text - now))
 
-    def final(self, plan: RunPlan, view: RunView) -> dict:
-        """Every column, the plots, the summary with its exports and code, and the closing status line."""
+    def final(self, plan: RunPlan, view: RunView, owner: str | None = None) -> dict:
+        """Every column, the plots, the summary with its exports (kept for the client at address `owner`) and
+        code, and the closing status line."""
         updates = self.columns(view, set(range(len(view.columns))))
         updates.update(self.plots.updates(view))
         if view.done is None:
             updates[self.run_status] = line_html("the run ended without a result", "error")
             return updates
-        updates.update(self.summary_updates(view, record_for(plan, view.done, view)))
+        updates.update(self.summary_updates(view, record_for(plan, view.done, view), owner=owner))
         updates[self.code] = code_text(plan, view)
         errors = [f"column {s + 1}: {m}" for s, m in plan.slot_errors.items()]
         status = view.progress_text() + (" — not run: " + "; ".join(errors) if errors else "")
@@ -143,12 +144,13 @@ class CompareUpdater:
         return {self.summary: gr.update(value=table, headers=headers), self.results: gr.update(visible=True),
                 self.summary_notes: view.summary_notes()}
 
-    def summary_updates(self, view: RunView, record: dict, exports: list[str] | None = None) -> dict:
+    def summary_updates(self, view: RunView, record: dict, exports: list[str] | None = None,
+                        owner: str | None = None) -> dict:
         """The summary table shown, the record and CSV offered for download (`exports`: files already written
-        for this result, else written now) and the link that opens this result again (`share_html`)."""
+        for this result, else written now, kept for the client at address `owner`) and the link that opens this result again (`share_html`)."""
         headers, table = view.summary_table()
         rows, _ = view.summary()
-        exports = exports or write_exports(record, rows)
+        exports = exports or write_exports(record, rows, owner)
         return {self.summary: gr.update(value=table, headers=headers), self.results: gr.update(visible=True),
                 self.exports: exports, self.share: share_html(share_id(exports), policy_text()),
                 self.summary_notes: view.summary_notes()}

@@ -4,7 +4,8 @@ gradio lets every model-bound event start at once (`MODEL_BOUND`: no concurrency
 wrapped here, asks the process's one `Scheduler` for a turn before it touches the model, so the fair order,
 the caps and the wait estimates are kvlab's:
 
-- `page_turn` (a tab's run, a generator): the client is the browser page (its session). A refused run says so
+- `page_turn` (a tab's run, a generator): the client is the browser page's address, as for an API caller (not
+  its gradio session: any client can make up a new session id per run, so a session is no one). A refused run says so
   in the tab's status line; a waiting one yields "waiting: position N, about M s" every WAIT_UPDATE_S; Stop
   while waiting leaves the line; a page that closes leaves it too (gradio stops iterating a generator whose
   client went and closes it).
@@ -80,8 +81,9 @@ def client_address(request) -> str:
 
 
 def visitor_of(request) -> Client:
-    """A browser page: its gradio session."""
-    return Client("visitor", getattr(request, "session_hash", None) or client_address(request))
+    """A browser page: its address (`client_address`), not its gradio session, which the client makes up itself.
+    Two visitors behind one address (a NAT, an office proxy) share its caps and its place in the fair order."""
+    return Client("visitor", client_address(request))
 
 
 def api_client_of(request) -> Client:
@@ -115,10 +117,11 @@ def _sample(ticket: Ticket, ended_well: bool) -> bool:
     return ended_well and ticket.started_at is not None and _SCHEDULER.clock() - ticket.started_at >= MIN_SAMPLE_S
 
 
-def page_turn(fn, cost, status, line, stop=None):
+def page_turn(fn, cost, status, line, stop=None, admitted=None):
     """`fn` (a tab's run generator, or a handler returning one update) behind a turn, as a generator. cost(*args) -> RunCost (never raises: bad input gets a small
     cost, and `fn` says what is wrong); status: the component for the waiting line; line(text, kind) -> its
-    value (kind: busy, info, error); stop(*args) -> the run's stop event (Stop pressed), or None."""
+    value (kind: busy, info, error); stop(*args) -> the run's stop event (Stop pressed), or None;
+    admitted(client, *args): told who the run was admitted for (`visitor_of`), before it waits."""
 
     def turn(*args):
         *args, request = args
@@ -129,6 +132,8 @@ def page_turn(fn, cost, status, line, stop=None):
             return
         ended_well = False
         try:
+            if admitted is not None:
+                admitted(ticket.client, *args)
             started = yield from _wait_in_line(ticket, status, line, stop(*args) if stop else None)
             if started:
                 result = fn(*args)
