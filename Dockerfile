@@ -8,9 +8,11 @@ ARG KVLAB_TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
 
 # g++ builds optimum-quanto's CPU kernel once at image build (scripts/setup.sh
 # runs `python -m kvlab.caches.backends`, which runs the ninja that pip puts in
-# .venv/bin), so no compiler runs while the app serves.
+# .venv/bin), so no compiler runs while the app serves. g++ and cmake also build
+# llama-cpp-python (source only on PyPI) in the dependency layer (12-20 minutes
+# on 2 cores; scripts/setup.sh gives its CMAKE_ARGS).
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends make g++ \
+    && apt-get install -y --no-install-recommends make g++ cmake \
     && rm -rf /var/lib/apt/lists/*
 
 # Hugging Face Spaces run the container as uid 1000. The app folder is made
@@ -34,7 +36,8 @@ RUN KVLAB_TORCH_INDEX_URL="$KVLAB_TORCH_INDEX_URL" PIP_NO_CACHE_DIR=1 bash scrip
 
 COPY --chown=user . .
 RUN PIP_NO_CACHE_DIR=1 bash scripts/setup.sh \
-    && .venv/bin/python -c "from kvlab.models import prepare_bundled_model; prepare_bundled_model()"
+    && .venv/bin/python -c "from kvlab.models import prepare_bundled_model; prepare_bundled_model()" \
+    && .venv/bin/python -c "from kvlab.models.whisper import prepare_speech; prepare_speech()"
 
 EXPOSE 7860
 HEALTHCHECK --interval=30s --timeout=10s --start-period=120s --retries=3 \

@@ -11,15 +11,15 @@ of the columns the Compare page opens with (`kvlab.ui.compare.warm`) and of the
 planner (`kvlab.ui.plan.warm`), so the first Run times like the second. gradio's queue holds at most
 `KVLAB_QUEUE_MAX_SIZE` waiting events (default 16; 0 = no limit); model-bound
 events start at once and take their turns for the model in kvlab's scheduler,
-under the caps of `kvlab.sharing.limits` (`kvlab.ui.shared.turns`). Gradio itself
+under the caps of `kvlab.sharing.limits` (`kvlab.ui.hosting.turns`). Gradio itself
 refuses an upload larger than a record may be (`KVLAB_MAX_RECORD_MB`, default 16
 MiB; `kvlab.measure.record_json`) before storing it. On a Hugging Face Space a
 "Duplicate Space" button shows in the header; on ZeroGPU the GPU-bound handlers
-are wrapped by `kvlab.ui.shared.zerogpu`.
+are wrapped by `kvlab.ui.hosting.zerogpu`.
 
 Started as a script, the app also handles SIGTERM from its first moment (what a
 Space restart sends): it stops kvlab's work, closes the server and exits with
-status 143 within a few seconds (`kvlab.ui.shared.shutdown`), and it empties the
+status 143 within a few seconds (`kvlab.ui.hosting.shutdown`), and it empties the
 ready file (`KVLAB_READY_FILE`) before its model starts loading.
 """
 
@@ -29,7 +29,7 @@ import sys
 
 from kvlab import SETUP_HINT
 from kvlab.sharing.limits import Limits
-from kvlab.ui.shared.shutdown import SigtermExit
+from kvlab.ui.hosting.shutdown import SigtermExit
 
 EARLY_LOADER = None
 """The `BackgroundLoader` whose load of the bundled model started before gradio was imported (script only)."""
@@ -147,10 +147,10 @@ try:
     from kvlab.ui.perplexity.tab import build_perplexity_tab
     from kvlab.ui.plan.tab import build_plan_tab
     from kvlab.ui.report.tab import build_report_tab
-    from kvlab.ui.shared.serving import calm_queue_polling, close_promptly
+    from kvlab.ui.hosting.server import calm_queue_polling, close_promptly
     from kvlab.ui.shared.theme import CSS
-    from kvlab.ui.shared.tools import mcp_enabled, register_tools
-    from kvlab.ui.shared.turns import configure as configure_turns
+    from kvlab.ui.hosting.tools import mcp_enabled, register_tools
+    from kvlab.ui.hosting.turns import configure as configure_turns
 except ImportError as missing:
     sys.exit(f"kvlab: the package {(missing.name or str(missing)).split('.')[0]} is not installed here: {SETUP_HINT}")
 
@@ -205,13 +205,13 @@ def create_app(pool: ModelPool | None = None, preload: bool = True, loader=None)
         demo.unload(inspect.unload)
     # Every event starts at once; model-bound ones then wait for their turn in kvlab's scheduler (turns.py).
     demo.queue(default_concurrency_limit=None, max_size=max_size)
-    calm_queue_polling(demo)  # gradio polls its queue every 1 ms: that slowed every timed step (kvlab.ui.shared.serving)
+    calm_queue_polling(demo)  # gradio polls its queue every 1 ms: that slowed every timed step (kvlab.ui.hosting.server)
     return demo
 
 
 def mcp_flag(argv: list[str]) -> bool | None:
     """`--mcp` / `--no-mcp` on the command line (the last one wins), else None (KVLAB_MCP or the Space default
-    decides, `kvlab.ui.shared.tools.mcp_enabled`)."""
+    decides, `kvlab.ui.hosting.tools.mcp_enabled`)."""
     flags = [arg for arg in argv if arg in ("--mcp", "--no-mcp")]
     return None if not flags else flags[-1] == "--mcp"
 

@@ -1,11 +1,9 @@
-"""Presets: short YAML files describing one comparison, validated by one schema.
+"""Preset files: where the short YAML files describing a run live, how one is read, and what every wing's
+preset shares (`ModelSection`, `PresetError`).
 
-A preset names the model, the prompt, the generation settings, the mode and the
-columns (each `strategy:` plus its knobs, and optionally per-column
-`generation:` overrides and a cache budget: `budget_mib:` and `fallback:`, see
-`kvlab.budget`). Validation errors name the field and the allowed
-values. This module finds, parses and validates presets; running them is
-`kvlab.compare.runner`'s job.
+Each wing owns its preset kind's schema: Compare's (`kvlab.compare.preset`: model, prompt, generation settings,
+mode and columns) and the Needle's (`kvlab.needle.preset`). This module finds and reads the files; it validates
+no run and imports no wing.
 
 The preset folder is `KVLAB_PRESETS_DIR` when set, else the repository's
 `presets/` beside the package (a source checkout or an editable install), else
@@ -14,19 +12,13 @@ the copy a regular install puts under `<sys.prefix>/share/kvlab/presets`.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import sys
 from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
-
-from .columns import MAX_COLUMNS, Column
-from .compare.columns import MODES
-from .generation import GenerationSettings
-from .strategies import STRATEGIES, StrategyError
+from pydantic import BaseModel, ConfigDict
 
 PRESETS_DIR_ENV = "KVLAB_PRESETS_DIR"
 SOURCE_ROOT = Path(__file__).resolve().parent.parent
@@ -60,84 +52,11 @@ class PresetError(ValueError):
     """A preset file is missing, not YAML, or fails the schema; the message says which field and why."""
 
 
-class PromptSpec(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    text: str = Field(min_length=1)
-    system: str = ""
-    chat: bool = True
-
-
 class ModelSection(BaseModel):
     model_config = ConfigDict(extra="forbid")
     source: str = "bundled"
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     device: Literal["auto", "cpu", "cuda", "mps"] = "auto"
-
-
-class Preset(BaseModel):
-    """The schema of `presets/*.yaml`."""
-
-    model_config = ConfigDict(extra="forbid")
-    name: str
-    description: str = ""
-    model: ModelSection = ModelSection()
-    prompt: PromptSpec
-    generation: GenerationSettings = GenerationSettings()
-    mode: Literal[MODES] = "fair"  # type: ignore[valid-type]
-    baseline: int | None = None
-    columns: list[dict] = Field(min_length=1, max_length=MAX_COLUMNS)
-
-    @field_validator("generation")
-    @classmethod
-    def _generation_valid(cls, settings: GenerationSettings) -> GenerationSettings:
-        settings.check()
-        return settings
-
-    @field_validator("columns")
-    @classmethod
-    def _columns_valid(cls, columns: list[dict], info: ValidationInfo) -> list[dict]:
-        if (info.context or {}).get("lenient_columns"):
-            return columns
-        for i, spec in enumerate(columns):
-            if not isinstance(spec, dict) or "strategy" not in spec:
-                raise ValueError(f"column {i + 1} needs a `strategy:` (one of {', '.join(STRATEGIES)})")
-            overrides = spec.get("generation") or {}
-            try:
-                Column.from_spec(spec)
-                GenerationSettings().with_overrides(overrides)
-            except (StrategyError, ValueError) as err:
-                raise ValueError(f"column {i + 1}: {err}") from err
-        return columns
-
-    @model_validator(mode="after")
-    def _baseline_in_range(self):
-        if self.baseline is not None and not 0 <= self.baseline < len(self.columns):
-            raise ValueError(f"baseline must be a column index 0..{len(self.columns) - 1}, got {self.baseline}")
-        return self
-
-    def settings(self) -> GenerationSettings:
-        return dataclasses.replace(self.generation)
-
-    def build_columns(self) -> list[Column]:
-        return [Column.from_spec(spec) for spec in self.columns]
-
-
-def parse_preset(data: dict, source: str = "preset", lenient_columns: bool = False) -> Preset:
-    """Validate a preset mapping. Raises PresetError naming the field and the problem.
-
-    lenient_columns: accept columns whose knobs are invalid (the caller reports each in its own row, see
-    `kvlab.columns.Column.or_rejected`); the rest is checked as usual.
-    """
-    if not isinstance(data, dict):
-        raise PresetError(f"{source}: expected a YAML mapping at the top level")
-    try:
-        return Preset.model_validate(data, context={"lenient_columns": lenient_columns})
-    except ValidationError as err:
-        problems = []
-        for item in err.errors():
-            where = ".".join(str(p) for p in item["loc"]) or "(top level)"
-            problems.append(f"{where}: {item['msg'].removeprefix('Value error, ')}")
-        raise PresetError(f"{source}: " + "; ".join(problems)) from None
 
 
 def read_preset_yaml(path: str | Path) -> tuple[Path, object]:
@@ -156,28 +75,3 @@ def read_preset_yaml(path: str | Path) -> tuple[Path, object]:
         return path, yaml.safe_load(path.read_text())
     except yaml.YAMLError as err:
         raise PresetError(f"{path.name}: not valid YAML: {err}") from None
-
-
-def load_preset(path: str | Path) -> Preset:
-    """Read and validate one preset file (a name like `quickstart` looks in `presets_dir()`)."""
-    path, data = read_preset_yaml(path)
-    return parse_preset(data, path.name)
-
-
-def list_presets() -> dict[str, Path]:
-    """Preset name (file stem) -> path, for every `*.yaml` in `presets_dir()` except plain YAML lists and
-    presets of another task.
-
-    A file holding a YAML list is an input of another command (`chat --turns`,
-    `prefix --prompts`), not a comparison preset; a mapping with a `task:` key (e.g. `task: needle`,
-    `kvlab.needle.preset`) is another tab's preset.
-    """
-    return {p.stem: p for p in sorted(presets_dir().glob("*.yaml")) if not _is_other_input(p)}
-
-
-def _is_other_input(path: Path) -> bool:
-    try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError:
-        return False
-    return isinstance(data, list) or (isinstance(data, dict) and "task" in data)

@@ -22,7 +22,7 @@ import sys
 from importlib.metadata import version
 
 EXPECTED_TOOLS = ("compare_strategies", "plan", "needle", "diverge")
-"""kvlab's MCP tools (`kvlab.ui.shared.tools.TOOL_NAMES`; a unit test keeps the two equal)."""
+"""kvlab's MCP tools (`kvlab.ui.hosting.tools.TOOL_NAMES`; a unit test keeps the two equal)."""
 PLAN_ARGS = {"model": "meta-llama/Llama-3.1-8B-Instruct", "contexts": "1k,32k",
              "strategies": "dynamic,quantized:backend=quanto:nbits=4"}
 PLAN_DENSE_32K_BYTES = 32768 * 32 * 8 * 128 * 2 * 2

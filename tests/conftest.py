@@ -15,7 +15,8 @@ check of its tier, with that tier's fixtures, which `make test` and CI leave out
 Fixtures: `tiny` is a 2-layer random Llama with a byte-level BPE tokenizer
 trained here in-process (`tiny_tokenizer`), for tests that need many model calls
 and no real weights. `bundled` is the real bundled model, loaded once per
-session, and `gemma` the bundled Gemma 3 270M (a hybrid sliding-window model); unit
+session, `gemma` the bundled Gemma 3 270M (a hybrid sliding-window model) and `whisper` the bundled Whisper
+tiny.en (an encoder-decoder speech model, converted from CTranslate2's format once); unit
 tests may not request them, their `pool` or the `tokenizer`, and run
 with an empty model cache folder that they must leave empty, so the unit tier
 never converts the bundled GGUF.
@@ -33,7 +34,7 @@ TIER_FILES = {"test_setup_script.py": "slow_install"}
 MARKED_FOLDERS = ("faults",)
 """Folders whose test files name their own tier (`pytestmark`): the fault catalogue mixes unit and
 integration cases."""
-BUNDLED_MODEL_FIXTURES = frozenset({"pool", "bundled", "tokenizer", "gemma"})
+BUNDLED_MODEL_FIXTURES = frozenset({"pool", "bundled", "tokenizer", "gemma", "whisper"})
 CALIBRATION_FOLDER = "triattention"
 """`kvlab.eviction.calibration.FOLDER`, spelled out: this file is also run where kvlab cannot be imported
 (tests/unit/test_tiers.py); tests/unit/test_triattention_calibration.py checks the two agree."""
@@ -268,3 +269,11 @@ def tokenizer():
     from kvlab.models.loading import prepare_bundled_model
 
     return AutoTokenizer.from_pretrained(prepare_bundled_model())
+
+
+@pytest.fixture(scope="session")
+def whisper(pool):
+    """The real bundled Whisper tiny.en, fp32 on CPU, loaded once (converted once into the cache folder)."""
+    from kvlab.models.loading import ModelSpec
+
+    return pool.get(ModelSpec("bundled:whisper-tiny.en", device="cpu"))

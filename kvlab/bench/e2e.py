@@ -51,7 +51,8 @@ def _preset_run(ctx: Context):
     """(prompt ids (1, seq), runnable column specs with their token counts, settings, mode)."""
     from ..columns import Column
     from ..generation import encode_prompt
-    from ..presets import load_preset, presets_dir
+    from ..presets import presets_dir
+    from ..compare.preset import load_preset
 
     preset = load_preset(presets_dir() / f"{PRESET}.yaml")
     ids = encode_prompt(ctx.loaded.tokenizer, preset.prompt.text, preset.prompt.system, preset.prompt.chat)

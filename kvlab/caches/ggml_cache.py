@@ -23,10 +23,11 @@ from __future__ import annotations
 import torch
 from transformers.cache_utils import BaseQuantizedLayer, Cache
 
+from ..engines.settings import LLAMA_KV_TYPES
 from .ggml_blocks import BLOCK, PLAIN_TYPES, TYPES, Blocks, dequantize, quantize, rotate, rotation_size
 from .hybrid import quantize_full_layers
 
-KV_TYPES = (*TYPES, *PLAIN_TYPES)
+KV_TYPES = LLAMA_KV_TYPES
 """The `type_k`/`type_v` values the layers take: llama.cpp's cache type names."""
 SLIDING_CHOICES = ("quantize", "keep")
 """What `GGMLQuantizedCache` does with sliding-window layers: store them in the same types (llama.cpp), or keep
@@ -203,7 +204,7 @@ class GGMLQuantizedCache(Cache):
 
     Args:
         config: the model's config (its layer types are read).
-        type_k, type_v: llama.cpp's cache types (KV_TYPES: q8_0, q4_0, q4_1, iq4_nl, q5_0, q5_1, f32, f16, bf16).
+        type_k, type_v: llama.cpp's cache types (KV_TYPES: f32, f16, bf16, q8_0, q4_0, q4_1, iq4_nl, q5_0, q5_1).
         attn_rot: rotate as llama.cpp does (False: as `LLAMA_ATTN_ROT_DISABLE=1`).
         residual_length: newest decoded tokens kept in full precision (0, llama.cpp's: none).
         sliding: `quantize` (sliding-window layers stored the same way, as llama.cpp does) or `keep`

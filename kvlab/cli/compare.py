@@ -68,18 +68,15 @@ def resolve_compare(args) -> dict:
 
     Raises PresetError / ValueError with the reason (the caller prints it).
     """
-    from ..columns import Column
+    from ..compare.preset import parse_preset, strategy_columns
     from ..models.loading import ModelSpec
-    from ..presets import parse_preset
 
     preset = _base_preset(args)
     data = preset.model_dump()
     _apply_flags(data, args)
     preset = parse_preset(data, preset.name, lenient_columns=bool(args.strategies))
-    if args.strategies:
-        columns = [Column.from_text(item, args.fallback) for item in split_strategy_list(args.strategies)]
-        if all(column.strategy is None for column in columns):  # nothing could run: say so before the model loads
-            raise ValueError("; ".join(f"{column.title}: {column.rejected}" for column in columns))
+    if args.strategies:  # when nothing could run, say so before the model loads
+        columns = strategy_columns(split_strategy_list(args.strategies), args.fallback)
     else:
         columns = preset.build_columns()
     return {"preset": preset, "model": ModelSpec(**preset.model.model_dump()), "settings": preset.settings(),
@@ -87,7 +84,7 @@ def resolve_compare(args) -> dict:
 
 
 def _base_preset(args):
-    from ..presets import load_preset, parse_preset
+    from ..compare.preset import load_preset, strategies_preset
 
     if args.strategies is not None and not split_strategy_list(args.strategies):
         raise ValueError("--strategies is empty: name at least one, e.g. dynamic,static")
@@ -95,11 +92,7 @@ def _base_preset(args):
         return load_preset(args.preset)
     if args.prompt is None or args.strategies is None:
         raise ValueError("give --preset FILE, or both --prompt and --strategies")
-    if not args.prompt.strip():
-        raise ValueError("the prompt is empty: type something to generate from")
-    items = [{"strategy": item.split(":")[0]} for item in split_strategy_list(args.strategies)]
-    return parse_preset({"name": "command line", "prompt": {"text": args.prompt}, "columns": items},
-                        "command line", lenient_columns=True)
+    return strategies_preset(args.prompt, split_strategy_list(args.strategies), "command line")
 
 
 def _apply_flags(data: dict, args) -> None:
@@ -214,7 +207,8 @@ def cmd_compare(args) -> int:
     from ..compare.runner import run_preset
     from ..models.loading import ModelLoadError, load_model
     from ..protocol import collect
-    from .outputs import OutputError, StopOnInterrupt, check_writable, write_text
+    from ..recurrent.runner import run_recurrent_preset
+    from .outputs import StopOnInterrupt, check_writable, write_outputs
 
     if args.replay:
         return cmd_replay(args)
@@ -227,7 +221,8 @@ def cmd_compare(args) -> int:
     preset, stop = plan["preset"], threading.Event()
     try:
         loaded = load_model(plan["model"], progress=lambda f, m: print(f"[model] {m}", file=sys.stderr))
-        events = run_preset(loaded, preset, stop, plan["columns"])
+        runner = run_recurrent_preset if loaded.is_recurrent else run_preset  # a recurrent model's own runner
+        events = runner(loaded, preset, stop, plan["columns"])
         with StopOnInterrupt(stop, "kvlab compare"):
             done = collect(summary_first(progress(events)))
     except (ModelLoadError, ValueError) as err:
@@ -249,13 +244,9 @@ def cmd_compare(args) -> int:
             print(f"kvlab compare: column {result.index + 1} ({result.name}): {result.warning}", file=sys.stderr)
         if result.status == "error":
             print(f"kvlab compare: column {result.index + 1} ({result.name}): {result.message}", file=sys.stderr)
-    if args.json:
-        try:
-            write_text(args.json, json.dumps(record, indent=1))
-        except OutputError as err:
-            print(f"kvlab compare: {err}", file=sys.stderr)
-            return 2
-        print(f"wrote {args.json}" + (" (stopped: a partial record)" if done.stopped else ""), file=sys.stderr)
+    if write_outputs("kvlab compare", [(args.json, "--json", lambda: json.dumps(record, indent=1))],
+                     " (stopped: a partial record)" if done.stopped else ""):
+        return 2
     if done.stopped:
         return 130
     return 0 if any(result.status == "ok" for result in done.results) else 1

@@ -1,5 +1,6 @@
 """`python -m kvlab diverge`: step a lossy strategy (or a decode-loop mistake) beside a dense reference and record,
-per step and per layer, where the two runs part (`kvlab.inspect.diverge.DivergeSession`).
+per step and per layer, where the two runs part (`kvlab.inspect.diverge_run.DivergeRequest`, the path the `diverge`
+agent tool takes too).
 
 `diverge --strategy quantized:backend=quanto:nbits=2 --reference dynamic --prompt "..." --steps 20 --json OUT`
 prints one line per step (token, reference's top-1, KL, first layers with KV error / attention lost / drift,
@@ -13,10 +14,9 @@ from __future__ import annotations
 import sys
 
 from ..inspect.diverge import MAX_DIVERGE_STEPS, first_layer_with
+from ..inspect.diverge_run import DEFAULT_STEPS, DivergeRequest, diverge_record
 from .common import WEIGHTS_DEFAULTS, model_defaults
 from .stepped import open_session, print_steps, write_record
-
-DEFAULT_STEPS = 16
 
 
 def add_parser(subparsers, parents) -> None:
@@ -39,26 +39,6 @@ def add_parser(subparsers, parents) -> None:
     p.set_defaults(func=run)
 
 
-def parse_strategy(text: str):
-    """A registered strategy or a loop variant from its command-line spelling. Raises ValueError (StrategyError)."""
-    from ..strategies import make_strategy
-    from ..strategies.base import parse_strategy_item
-    from ..inspect.loops import LOOP_VARIANTS
-
-    from ..strategies import StrategyError
-
-    text = text.strip()
-    if text in LOOP_VARIANTS:
-        return LOOP_VARIANTS[text]()
-    loop = next((name for name in LOOP_VARIANTS if text.startswith(name + ":")), None)
-    if loop is not None:
-        raise StrategyError(f"{loop} takes no knobs (got {text[len(loop) + 1:]!r}): a loop mistake always runs on "
-                            f"a dynamic cache; write {loop} alone")
-    if text.startswith("loop:"):
-        raise StrategyError(f"unknown loop mistake {text!r}: choose {' or '.join(LOOP_VARIANTS)}")
-    return make_strategy(parse_strategy_item(text))
-
-
 def step_line(record) -> str:
     """One printed line per step."""
     def first(name):
@@ -72,35 +52,23 @@ def step_line(record) -> str:
             f"  cache {record.cache_length}/{record.seen_tokens} tokens{mark}")
 
 
-def document(session, prompt: dict, model_info: dict) -> dict:
-    """The JSON the command writes: settings, tokens, first divergence, every step's record."""
-    return {"model": model_info, "strategy": session.strategy.describe(), "reference": session.reference.describe(),
-            "explanation": getattr(session.strategy, "explanation", ""), "prompt": prompt,
-            "prompt_tokens": session.prompt_ids.shape[1], "token_ids": session.token_ids,
-            "first_divergence": session.first_divergence, "steps": [r.to_json() for r in session.records]}
+def request(args) -> DivergeRequest:
+    """The diverge request the flags spell."""
+    return DivergeRequest(strategy=args.strategy, prompt=args.prompt, steps=args.steps, reference=args.reference,
+                          system=args.system, chat=not args.plain, stop_at_eos=not args.ignore_eos, flag_prefix="--")
 
 
 def _session(args):
     """(loaded model, DivergeSession). Raises ValueError (StrategyError, InspectError) or ModelLoadError."""
-    from ..generation import GenerationSettings, encode_prompt
     from ..models.loading import ModelSpec, load_model
-    from ..inspect.diverge import DivergeSession
     from .outputs import check_writable
 
-    if not args.prompt.strip():
-        raise ValueError("the prompt is empty: type something to generate from")
-    if not 1 <= args.steps <= MAX_DIVERGE_STEPS:
-        raise ValueError(f"--steps must be from 1 to {MAX_DIVERGE_STEPS}, got {args.steps}")
-    strategy, reference = parse_strategy(args.strategy), parse_strategy(args.reference)
-    if reference.lossy or not reference.use_cache:
-        raise ValueError(f"--reference must be an exact cache (dynamic, static), got {reference.describe()}")
-    settings = GenerationSettings(max_new_tokens=args.steps, stop_at_eos=not args.ignore_eos, fidelity=False)
-    settings.check()
+    asked = request(args)
+    asked.check()
     check_writable(args.json)
     loaded = load_model(ModelSpec(args.model, args.dtype, args.device),
                         progress=lambda f, m: print(f"[model] {m}", file=sys.stderr))
-    prompt_ids = encode_prompt(loaded.tokenizer, args.prompt, args.system, not args.plain)
-    return loaded, DivergeSession(loaded, strategy, prompt_ids, settings, reference)
+    return loaded, asked.session(loaded)
 
 
 def run(args) -> int:
@@ -116,5 +84,5 @@ def run(args) -> int:
     first = session.first_divergence
     print(f"{len(session.records)} steps; {session.strategy.describe()} vs {session.reference.describe()}: "
           f"first divergence {'none' if first is None else f'at step {first}'}")
-    prompt = {"text": args.prompt, "system": args.system, "chat": not args.plain}
-    return write_record("kvlab diverge", args.json, document(session, prompt, loaded.info()) if args.json else {})
+    record = diverge_record(session, request(args).prompt_json(), loaded.info()) if args.json else {}
+    return write_record("kvlab diverge", args.json, record)

@@ -98,7 +98,7 @@ def run(args) -> int:
     from ..needle.runner import max_positions, run_needle
     from ..presets import PresetError
     from ..protocol import collect
-    from .outputs import OutputError, StopOnInterrupt, check_writable, write_text
+    from .outputs import StopOnInterrupt, check_writable, write_outputs
 
     stop = threading.Event()
     try:
@@ -126,14 +126,8 @@ def run(args) -> int:
     print(format_summary(done.record["summary"]))
     print(f"wall time {done.wall_s:.1f} s for {len(grid.cells)} cells x {len(specs)} columns"
           + (" (stopped: the finished cells are kept)" if done.stopped else ""), file=sys.stderr)
-    try:
-        for path, flag, text in ((args.json, "--json", lambda: json.dumps(done.record, indent=1)),
-                                 (args.csv, "--csv", lambda: records_to_csv(done.results))):
-            if path:
-                write_text(path, text(), flag)
-                print(f"wrote {path}", file=sys.stderr)
-    except OutputError as err:
-        print(f"{PROG}: {err}", file=sys.stderr)
+    if write_outputs(PROG, [(args.json, "--json", lambda: json.dumps(done.record, indent=1)),
+                            (args.csv, "--csv", lambda: records_to_csv(done.results))]):
         return 2
     if done.stopped:
         return 130

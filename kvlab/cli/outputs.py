@@ -5,7 +5,8 @@ that could never save its record is refused at once (exit 2, one line) instead
 of failing after the work; `write_text` writes through a temporary file beside
 the target, so an interrupt never leaves half a file. Neither decides what a
 record holds. `StopOnInterrupt` turns a first Ctrl-C into a stop request, so
-a run ends within a step and its partial record is still written.
+a run ends within a step and its partial record is still written. `write_outputs` is every subcommand's
+one way of writing its files and saying so (or saying in one line why not).
 """
 
 from __future__ import annotations
@@ -64,6 +65,25 @@ def write_text(path: str, text: str, flag: str = "--json") -> None:
     except OSError as err:
         partial.unlink(missing_ok=True)
         raise OutputError(f"{flag} {path}: cannot be written ({_reason(err)})") from None
+
+
+EXIT_USAGE = 2
+"""The exit status of bad input, or of a file that cannot be written."""
+
+
+def write_outputs(prog: str, outputs, note: str = "") -> int:
+    """Write each `(path, flag, text)` of `outputs` whose path is set (`text`: a callable giving the file's text,
+    called only then) and say `wrote PATH{note}` on stderr for each. Returns 0, or EXIT_USAGE after one line
+    on stderr (`prog: --flag PATH: cannot be written (...)`) at the first file that cannot be written."""
+    try:
+        for path, flag, text in outputs:
+            if path:
+                write_text(path, text(), flag)
+                print(f"wrote {path}{note}", file=sys.stderr)
+    except OutputError as err:
+        print(f"{prog}: {err}", file=sys.stderr)
+        return EXIT_USAGE
+    return 0
 
 
 class StopOnInterrupt:

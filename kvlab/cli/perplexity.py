@@ -71,7 +71,7 @@ def cmd_perplexity(args) -> int:
     from ..models.loading import ModelLoadError
     from ..protocol import collect
     from ..quality.perplexity import run_perplexity
-    from .outputs import OutputError, StopOnInterrupt, write_text
+    from .outputs import StopOnInterrupt, write_outputs
 
     try:
         loaded, ids, columns, segment = _prepare(args)
@@ -85,15 +85,10 @@ def cmd_perplexity(args) -> int:
     with StopOnInterrupt(stop, "kvlab perplexity"):
         collect(run_perplexity(loaded, ids, columns, stop), lambda event: _follow(event, results, stop, failed))
     _print_results(results, ids.shape[1], segment, args.window)
-    if args.json:
-        record = {"model": loaded.info(), "tokens": ids.shape[1], "window": args.window, "sinks": args.sinks,
-                  "segment": segment, "strategies": results, "stopped": stop.is_set()}
-        try:
-            write_text(args.json, json.dumps(record))
-        except OutputError as err:
-            print(f"kvlab perplexity: {err}", file=sys.stderr)
-            return 2
-        print(f"wrote {args.json}", file=sys.stderr)
+    record = {"model": loaded.info(), "tokens": ids.shape[1], "window": args.window, "sinks": args.sinks,
+              "segment": segment, "strategies": results, "stopped": stop.is_set()}
+    if write_outputs("kvlab perplexity", [(args.json, "--json", lambda: json.dumps(record))]):
+        return 2
     if failed:
         return 1
     if stop.is_set():

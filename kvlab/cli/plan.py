@@ -122,7 +122,7 @@ def _table(rows: list[dict]) -> str:
 def cmd_plan(args) -> int:
     from ..plan.catalog import ConfigError, known_models
     from ..plan.planner import PlanError, plan
-    from .outputs import OutputError, check_writable, write_text
+    from .outputs import check_writable, write_outputs
 
     if args.list_models:
         try:
@@ -138,11 +138,4 @@ def cmd_plan(args) -> int:
         print(f"kvlab plan: {err}", file=sys.stderr)
         return 2
     print(format_plan(result))
-    if args.json:
-        try:
-            write_text(args.json, json.dumps(result.to_json(), indent=1))
-        except OutputError as err:
-            print(f"kvlab plan: {err}", file=sys.stderr)
-            return 2
-        print(f"wrote {args.json}", file=sys.stderr)
-    return 0
+    return write_outputs("kvlab plan", [(args.json, "--json", lambda: json.dumps(result.to_json(), indent=1))])

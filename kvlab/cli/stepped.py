@@ -48,14 +48,6 @@ def print_steps(prog: str, session, steps: int, line: Callable) -> list:
 
 def write_record(prog: str, path: str | None, document: dict) -> int:
     """Write `document` as JSON to `path` (nothing when None); 0, or EXIT_USAGE after one line on stderr."""
-    from .outputs import OutputError, write_text
+    from .outputs import write_outputs
 
-    if not path:
-        return 0
-    try:
-        write_text(path, json.dumps(document, indent=1))
-    except OutputError as err:
-        print(f"{prog}: {err}", file=sys.stderr)
-        return EXIT_USAGE
-    print(f"wrote {path}", file=sys.stderr)
-    return 0
+    return write_outputs(prog, [(path, "--json", lambda: json.dumps(document, indent=1))])

@@ -1,6 +1,6 @@
 """How a comparison's columns share the machine: the run modes (see `kvlab.compare.runner`).
 
-Weight-free: the preset schema (`kvlab.presets`) and the Compare tab read it. A column itself is the core's
+Weight-free: the preset schema (`kvlab.compare.preset`) and the Compare tab read it. A column itself is the core's
 `kvlab.columns.Column`.
 """
 

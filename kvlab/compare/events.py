@@ -40,8 +40,14 @@ class ColumnResult:
 
     warning: a one-line warning about the column's settings on this prompt (`Strategy.warning_on`), '' none.
 
+    engine: an engine column's own figures (`kvlab.engines.EngineRun.figures`: the engine, its settings, a
+    server's `/metrics` readings); {} for a strategy's column.
+
     status: `ok` (finished or stopped), `error` (bad settings or a failure while
     running) or `unavailable` (cannot run here; `message` says why).
+
+    wer: a speech column's word error rate against its clip's text (a fraction; None for a text column,
+    `kvlab.speech`).
 
     fidelity_status: whether the teacher-forced figures (top1_agreement, mean_kl over fidelity_tokens) were
     filled: `scored`, `not scored: <why>` (fidelity off, stopped, no baseline, a failure) or '' (a column that did
@@ -87,8 +93,10 @@ class ColumnResult:
     fidelity_status: str = ""
     is_baseline: bool = False
     budget_bytes: int | None = None
+    wer: float | None = None
     fallbacks: list[dict] = field(default_factory=list)
     timing: ColumnTiming = field(default_factory=ColumnTiming)
+    engine: dict = field(default_factory=dict)
 
     def to_json(self) -> dict:
         """The JSON record: every field, plus `prefill_s` (the same value as `ttft_s`, kept for records read by
@@ -160,7 +168,8 @@ class StepMetrics:
     """Measured right after step `step` (0 = prefill + first token).
 
     per_token_s: this step's forward + token choice, seconds (its turn only, in fair mode).
-    cache_bytes: exact bytes the cache holds now; predicted_cache_bytes: the dense
+    cache_bytes: exact bytes the cache holds now (None for an engine column that reports none: a server);
+    predicted_cache_bytes: the dense
     formula for the tokens it holds; seen_tokens: prompt + generated so far;
     cache_bytes_by_layer_type / predicted_cache_bytes_by_layer_type: both per layer type.
     """
@@ -168,7 +177,7 @@ class StepMetrics:
     column: int
     step: int
     per_token_s: float
-    cache_bytes: int
+    cache_bytes: int | None
     predicted_cache_bytes: int
     seen_tokens: int
     cache_bytes_by_layer_type: dict[str, int] = field(default_factory=dict)

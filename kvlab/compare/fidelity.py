@@ -7,7 +7,9 @@ Two views, because a lossy cache can keep the text and still change the model:
 - teacher-forced: the baseline's continuation is fed through the column's own
   cache token by token (one full forward for exact caches), and at every position the column's next-token
   distribution is compared with the baseline's (computed the same way under the
-  baseline's cache): top-1 agreement and mean KL(baseline || column) in nats.
+  baseline's cache): top-1 agreement and mean KL(baseline || column) in nats. An engine column's
+  distributions are its engine's (llama.cpp's logits over the same ids); a server's are not read, so it is
+  not scored.
 
 Scoring covers at most FIDELITY_MAX_TOKENS continuation tokens. A budgeted
 column that fell back to smaller caches is scored with the same switches at the
@@ -25,7 +27,7 @@ from collections.abc import Iterator
 import torch
 
 from ..engine import RunStopped, score_continuation
-from ..strategies import make_strategy
+from ..strategies import StrategyError, make_strategy
 from .events import ColumnResult, FidelityScored
 
 FIDELITY_MAX_TOKENS = 256
@@ -91,6 +93,15 @@ def mark_unscored(results: list[ColumnResult], order: list[int], why: str) -> No
             results[i].fidelity_status = f"not scored: {why}"
 
 
+def _score(loaded, strategy, prompt_ids, continuation: list[int], stop, result: ColumnResult) -> torch.Tensor:
+    """The column's log-probabilities for the baseline's continuation: kvlab's engine under its strategy, or an
+    engine column's own engine (`EngineColumn.score_continuation`), which may raise StrategyError (a server)."""
+    if strategy.engine_name:
+        return strategy.score_continuation(loaded, prompt_ids[0].tolist(), list(continuation), stop,
+                                           torch.get_num_threads())
+    return score_continuation(loaded, strategy, prompt_ids, continuation, stop, switches_of(result))
+
+
 def score_fidelity(loaded, prompt_ids, columns, results: list[ColumnResult], order: list[int],
                    stop: threading.Event) -> Iterator[FidelityScored]:
     """Fill top1_agreement, mean_kl and fidelity_tokens on each column of `order` (from `prepare_fidelity`, the
@@ -105,12 +116,12 @@ def score_fidelity(loaded, prompt_ids, columns, results: list[ColumnResult], ord
     for done, i in enumerate(order, 1):
         result = results[i]
         try:
-            scored = score_continuation(loaded, columns[i].strategy, prompt_ids, continuation, stop,
-                                        switches_of(result))
+            scored = _score(loaded, columns[i].strategy, prompt_ids, continuation, stop, result)
         except RunStopped:
             return
         except Exception as err:  # noqa: BLE001 - scoring failure is reported in the column, the run goes on
-            result.message = (result.message + "; " if result.message else "") + f"fidelity not scored: {err}"
+            if not (columns[i].strategy.engine_name and isinstance(err, StrategyError)):  # not an engine's "none"
+                result.message = (result.message + "; " if result.message else "") + f"fidelity not scored: {err}"
             result.fidelity_status = f"not scored: {err}"
             yield FidelityScored(i, result, done, len(order))
             if i == base_index:

@@ -116,8 +116,9 @@ def quiet_runs(columns: list, results: list, prompt_ids, settings) -> list[_Quie
     token they happened)."""
     runs = []
     for column, result in zip(columns, results):
-        if column.strategy is None or result is None or result.status != "ok" or not result.token_ids:
-            continue
+        if column.strategy is None or column.strategy.engine_name or result is None or result.status != "ok" \
+                or not result.token_ids:
+            continue  # an engine column keeps its live figures
         run_settings = settings.with_overrides(column.overrides)
         forced = list(result.token_ids[:RETIME_MAX_TOKENS])
         switches = {f["at_token"]: f["to_spec"] for f in result.fallbacks if f.get("to_spec")}

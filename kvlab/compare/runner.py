@@ -60,6 +60,7 @@ from ..measure.noise import sample_load
 from ..protocol import ColumnFailed, RunDone, RunStarted
 from ..strategies import Strategy, StrategyError
 from .columns import MODES
+from .engine_steps import decode_engine
 from .events import (
     ColumnDone,
     ColumnResult,
@@ -128,7 +129,8 @@ def run_column(
     result.keeps, result.keeps_everything = strategy.keeps_on(loaded), strategy.keeps_everything_on(loaded)
     result.warning = strategy.warning_on(loaded, prompt_tokens)
     reason = strategy.unavailable_reason(loaded)
-    usable = usable_chain(loaded, strategy, column.budget) if column.budget is not None and not reason else None
+    usable = usable_chain(loaded, strategy, column.budget) if column.budget is not None and not reason \
+        and not strategy.engine_name else None
     emit(ColumnStarted(index, result.name, prompt_tokens, result.keeps, "; ".join(usable[1]) if usable else ""))
     if reason:
         result.status, result.message = "unavailable", reason
@@ -158,6 +160,8 @@ def _decode(loaded, index, column, prompt_ids, settings, emit, turns, stop, resu
     """Build the column's cache, then stream the engine's steps (and any fallback switches) into `result` and
     events. `usable`: the budgeted column's `usable_chain`, read once when it started."""
     strategy = column.strategy
+    if strategy.engine_name:
+        return decode_engine(loaded, index, column, prompt_ids, settings, emit, turns, stop, result)
     max_total = prompt_ids.shape[1] + settings.max_new_tokens
     cache = turns.run(lambda: strategy.build_cache(loaded, max_total))
     result.message = strategy.runtime_note()
@@ -224,7 +228,7 @@ def run_compare(loaded, prompt_ids: torch.Tensor, columns: list, settings: Gener
         mode: one of MODES.
         stop: set it to end every column within a token.
         baseline: index of the fidelity baseline column (default: first `dynamic`, else the first ok column).
-        preset: the `kvlab.presets.Preset` the run is made from, whose name, prompt and mode the record says
+        preset: the `kvlab.compare.preset.Preset` the run is made from, whose name, prompt and mode the record says
             (None: the record leaves them null).
 
     Raises:
@@ -391,7 +395,7 @@ def _drain_into(stream, events: queue.Queue) -> None:
 
 def run_preset(loaded, preset, stop: threading.Event | None = None, columns: list | None = None
                ) -> Iterator[Event]:
-    """Compare's `request -> events -> record`: run `preset` (a `kvlab.presets.Preset`: prompt, settings, mode,
+    """Compare's `request -> events -> record`: run `preset` (a `kvlab.compare.preset.Preset`: prompt, settings, mode,
     baseline) on `loaded`, its prompt encoded now, over `columns` (default: the preset's own); the events of
     `run_compare`, the record in the last one.
 

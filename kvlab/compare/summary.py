@@ -54,7 +54,8 @@ def _note(r: ColumnResult) -> str:
     if r.is_baseline:
         return ("baseline; " + note) if note else "baseline"
     if r.lossy and r.status == "ok":
-        return ("approximate (lossy cache); " + note) if note else "approximate (lossy cache)"
+        kind = f"another engine: {r.engine['engine']}" if r.engine.get("engine") else "approximate (lossy cache)"
+        return f"{kind}; {note}" if note else kind
     return note
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from .settings import (LLAMA_ARGS, LLAMA_VERSION, SGLANG_MEMORY_ARGS, SGLANG_MODEL_ARGS, SGLANG_SCHEDULE_ARGS,
+from .settings import (LLAMA_ARGS, LLAMA_KV_TYPES, LLAMA_VERSION, SGLANG_MEMORY_ARGS, SGLANG_MODEL_ARGS, SGLANG_SCHEDULE_ARGS,
                        SGLANG_VERSION, TRT_KV_CONFIG, TRT_QUANT, TRT_TRIATTENTION, TRT_TRIATTENTION_VERSION,
                        TRT_VERSION, VLLM_ARGS, VLLM_CACHE, VLLM_VERSION, ServingSetting)
 
@@ -45,8 +45,9 @@ plain str there); an unreleased `turboquant4` seen in its main branch's tests is
 TRT_EVICTION_MODES = ("union", "per_head", "per_layer_perhead")
 """`TriAttentionKvCacheCompressionConfig.eviction_mode`'s Literal in TensorRT-LLM 1.3.0rc27."""
 
-LLAMA_KV_CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
-"""`kv_cache_types` in common/arg.cpp of the llama.cpp llama-cpp-python 0.3.36 vendors (`-ctk`, `-ctv`)."""
+LLAMA_KV_CACHE_TYPES = LLAMA_KV_TYPES
+"""`kv_cache_types` in common/arg.cpp of the llama.cpp llama-cpp-python 0.3.36 vendors (`-ctk`, `-ctv`): the one
+list, `kvlab.engines.settings.LLAMA_KV_TYPES`."""
 
 CHOICES = (
     Choices("vLLM", "--kv-cache-dtype", VLLM_VERSION, VLLM_CACHE, VLLM_KV_CACHE_DTYPES),

@@ -52,6 +52,15 @@ MEASURED_LLAMACPP = ("kvlab's q4_0 layers 0.0427 against llama.cpp's own 0.0527 
 MEASURED_VLLM = ("kvlab's PPL ratio per preset on both bundled models beside vLLM's own figure, in the table "
                  "below and docs/strategies.md#vllm_kv_cache-vllms---kv-cache-dtype-one-to-one")
 
+LLAMA_KV_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
+"""llama.cpp's KV-cache types, the one list (`-ctk`/`-ctv`: common/arg.cpp's kv_cache_types at the commit
+llama-cpp-python 0.3.36 vendors, in its order): `engine:llamacpp` takes them as `type_k`/`type_v`, and kvlab's
+`llamacpp_quantized` stores them (`kvlab.caches.ggml_blocks` holds the block types' layouts)."""
+LLAMA_FLOAT_TYPES = LLAMA_KV_TYPES[:3]
+"""The types llama.cpp stores as plain floats (no blocks, no rotation)."""
+LLAMA_QUANTIZED_TYPES = LLAMA_KV_TYPES[3:]
+"""The block types: 32 values per block with a float16 scale (and a float16 minimum for the _1 types)."""
+
 
 @dataclass(frozen=True)
 class ServingSetting:

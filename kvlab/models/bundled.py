@@ -29,6 +29,8 @@ from .atomic import StagingFolder, staging_folder
 from .gguf_cache import CONVERTED_FORMAT_VERSION, ModelLoadError, ProgressFn, convert_gguf, converted_folder
 from .gguf_cache import disk_full_reason, refusal, remove_stale_conversions, writable_cache_dir
 from .sources import safe_line
+from .recurrent import RECURRENT_MODELS
+from .whisper import SPEECH_MODELS
 
 BUNDLED = "bundled"
 GEMMA_TERMS_URL = "https://ai.google.dev/gemma/terms"
@@ -103,16 +105,19 @@ MODELS: dict[str, BundledModel] = {
 
 
 def bundled_model(source: str) -> BundledModel | None:
-    """The bundled model a source names (`bundled`, `bundled:<name>`), or None for any other source.
+    """The bundled text model a source names (`bundled`, `bundled:<name>`), or None for any other source (a
+    bundled speech or recurrent model too: `kvlab.models.whisper.speech_model`,
+    `kvlab.models.recurrent.recurrent_model`).
 
     Raises:
         ModelLoadError: `bundled:<name>` with an unknown name; the message lists the bundled models.
     """
     key = (source or "").strip()
-    if key != BUNDLED and not key.startswith(BUNDLED + ":"):
-        return None
+    if key != BUNDLED and not key.startswith(BUNDLED + ":") or key in SPEECH_MODELS or key in RECURRENT_MODELS:
+        return None  # not bundled, or a bundled speech or recurrent model (`kvlab.models.whisper`, `.recurrent`)
     if key not in MODELS:
-        raise ModelLoadError(f"unknown bundled model {key!r}; bundled: {', '.join(MODELS)}")
+        raise ModelLoadError(f"unknown bundled model {key!r}; bundled: "
+                             f"{', '.join([*MODELS, *SPEECH_MODELS, *RECURRENT_MODELS])}")
     return MODELS[key]
 
 

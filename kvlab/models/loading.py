@@ -34,6 +34,8 @@ from .sources import (  # noqa: F401 - allow_hub, allow_local_folders, public_mo
     safe_line,
 )
 from ..compute import compute
+from .recurrent import STRUCTURE_ONLY, load_recurrent_model, recurrent_model
+from .whisper import load_speech_model, prepare_speech, speech_model
 from .gguf_cache import (  # noqa: F401 - re-exported: callers import the cache folder helpers from here
     CONVERTED_FORMAT_VERSION,
     ModelLoadError,
@@ -79,6 +81,12 @@ class ModelSpec:
     dtype: str = "float32"
     device: str = "auto"
 
+    @classmethod
+    def from_field(cls, source: str | None, dtype: str = "float32", device: str = "auto") -> "ModelSpec":
+        """The spec a model field asks for: its text stripped, an empty (or None) field meaning the bundled model.
+        Raises ValueError as the constructor does."""
+        return cls((source or "").strip() or BUNDLED, dtype, device)
+
     def __post_init__(self):
         if not self.source or not self.source.strip():
             raise ValueError("model source is empty: give 'bundled', a hub id, a local folder or a .gguf file")
@@ -92,7 +100,8 @@ class ModelSpec:
 class LoadedModel:
     """A model shared by every column of a run, with its tokenizer and device.
 
-    `info()` is a JSON-ready description; `load_s` the seconds the load took.
+    `info()` is a JSON-ready description; `load_s` the seconds the load took. features: a speech model's
+    feature extractor (audio -> log-mel input features; `kvlab.models.whisper`), None for a text model.
     """
 
     spec: ModelSpec
@@ -101,6 +110,18 @@ class LoadedModel:
     device: torch.device
     load_s: float
     name: str
+    features: object = None
+
+    @property
+    def is_speech(self) -> bool:
+        """Whether the model transcribes audio (an encoder-decoder speech model) rather than continuing text."""
+        return self.features is not None
+
+    @property
+    def is_recurrent(self) -> bool:
+        """Whether the model is a bundled recurrent model (`kvlab.models.recurrent`), run by Compare's recurrent
+        runner."""
+        return recurrent_model(self.spec.source) is not None
 
     @property
     def config(self):
@@ -119,13 +140,14 @@ class LoadedModel:
             "dtype": self.spec.dtype,
             "device": str(self.device),
             "num_hidden_layers": cfg.num_hidden_layers,
-            "num_key_value_heads": getattr(cfg, "num_key_value_heads", cfg.num_attention_heads),
+            "num_key_value_heads": getattr(cfg, "num_key_value_heads", getattr(cfg, "num_attention_heads", None)),
             "head_dim": head_dim(cfg),
             "layer_types": sorted(set(getattr(cfg, "layer_types", None) or ["full_attention"])),
             "sliding_window": getattr(cfg, "sliding_window", None),
             "chat_template": self.has_chat_template,
-            "license": getattr(bundled_model(self.spec.source) if self.spec.source.startswith(BUNDLED) else None,
-                               "license", None),
+            "license": getattr(speech_model(self.spec.source) or recurrent_model(self.spec.source) or (
+                               bundled_model(self.spec.source) if
+                               self.spec.source.startswith(BUNDLED) else None), "license", None),
             "load_s": round(self.load_s, 3),
         }
 
@@ -296,6 +318,10 @@ def _load(spec: ModelSpec, progress: ProgressFn | None) -> LoadedModel:
     if device.type == "cpu" and spec.dtype != "float32":
         raise ModelLoadError(f"dtype {spec.dtype} is offered on CUDA only; use float32 on CPU")
     source = spec.source.strip()
+    if speech_model(source) is not None:
+        return _load_speech(spec, device, notify, started)
+    if recurrent_model(source) is not None:
+        return _load_recurrent(spec, device, notify, started)
     folder, name = resolve_source(source, notify)
     notify(0.8, f"loading {name} ({spec.dtype}) on {device}")
     kwargs = {"dtype": DTYPES[spec.dtype]}
@@ -316,6 +342,29 @@ def _load(spec: ModelSpec, progress: ProgressFn | None) -> LoadedModel:
     compute(warm_up, model, device)
     notify(1.0, f"{name} ready")
     return LoadedModel(spec, model, tokenizer, device, time.perf_counter() - started, name)
+
+
+def _load_speech(spec: ModelSpec, device: torch.device, notify: ProgressFn, started: float) -> LoadedModel:
+    """A bundled speech model, converted once (`kvlab.models.whisper`). Raises ModelLoadError."""
+    model_info = speech_model(spec.source)
+    folder = prepare_speech(model_info.key, notify)
+    notify(0.8, f"loading {model_info.name} ({spec.dtype}) on {device}")
+    try:
+        model, tokenizer, features = load_speech_model(folder, DTYPES[spec.dtype])
+    except (OSError, ValueError) as err:
+        raise ModelLoadError(f"could not load {spec.source!r}: {type(err).__name__}: {safe_line(str(err))}") from err
+    model.to(device)
+    notify(1.0, f"{model_info.name} ready")
+    return LoadedModel(spec, model, tokenizer, device, time.perf_counter() - started, model_info.name, features)
+
+
+def _load_recurrent(spec: ModelSpec, device: torch.device, notify: ProgressFn, started: float) -> LoadedModel:
+    """A bundled recurrent model, built from its config with seeded random weights (`kvlab.models.recurrent`)."""
+    info = recurrent_model(spec.source)
+    model, tokenizer = load_recurrent_model(info.key)
+    model.to(device=device, dtype=DTYPES[spec.dtype])
+    notify(1.0, f"{info.name} ready ({STRUCTURE_ONLY})")
+    return LoadedModel(spec, model, tokenizer, device, time.perf_counter() - started, info.name)
 
 
 def warm_up(model, device: torch.device) -> None:

@@ -1,7 +1,7 @@
 """The schema of needle presets (`presets/needle_*.yaml`): a model, a grid and the columns.
 
-A needle preset carries `task: needle`, which keeps it out of Compare's preset list (`kvlab.presets.list_presets`
-lists comparison presets only). Columns are checked as Compare's are (`kvlab.presets.Preset`): each needs a
+A needle preset carries `task: needle`, which keeps it out of Compare's preset list
+(`kvlab.compare.preset.list_presets` lists comparison presets only). Columns are checked as Compare's are (`kvlab.compare.preset.Preset`): each needs a
 `strategy:` and valid knobs. The grid's values are checked against the model when a run starts
 (`kvlab.needle.grid.parse_grid`). This module validates; it does not run anything.
 """

@@ -8,5 +8,5 @@
   is queued), the fair order for the model slot (least service in a recent window first) and each waiting
   run's position and wait.
 
-No gradio and no model here: the web app's glue is `kvlab.ui.shared.turns`.
+No gradio and no model here: the web app's glue is `kvlab.ui.hosting.turns`.
 """

@@ -16,14 +16,19 @@ import it in `kvlab/strategies/__init__.py`, add it to the test matrix in
 from __future__ import annotations
 
 import contextlib
-
 import dataclasses
+import re
 from dataclasses import dataclass
 from typing import ClassVar
 
 from ..accounting import layer_windows
 
 STRATEGIES: dict[str, type["Strategy"]] = {}
+ENGINE_COLUMNS: dict[str, type["Strategy"]] = {}
+"""The engine columns (`kvlab.strategies.engine_column`), by name: Compare columns that run a serving engine
+instead of a transformers cache. Apart from `STRATEGIES`, so no other tab lists them."""
+ENGINE_PREFIX = "engine:"
+"""An engine column's name starts with it (`engine:llamacpp`, `engine:openai`)."""
 WARM_UP_INPUT_TOKENS = 8
 WARM_UP_NEW_TOKENS = 4
 """The short decode `Strategy.warm_up` runs: ids fed at prefill, then tokens chosen."""
@@ -36,6 +41,12 @@ class StrategyError(ValueError):
 def register(cls: type["Strategy"]) -> type["Strategy"]:
     """Class decorator adding a strategy to `STRATEGIES` under its `name`."""
     STRATEGIES[cls.name] = cls
+    return cls
+
+
+def register_engine(cls: type["Strategy"]) -> type["Strategy"]:
+    """Class decorator adding an engine column to `ENGINE_COLUMNS` under its `name` (`engine:<engine>`)."""
+    ENGINE_COLUMNS[cls.name] = cls
     return cls
 
 
@@ -67,6 +78,9 @@ class Strategy:
     is_streaming: ClassVar[bool] = False
     is_sliding: ClassVar[bool] = False
     is_evicting: ClassVar[bool] = False
+    engine_name: ClassVar[str] = ""
+    """The serving engine an engine column runs in (`llama.cpp`, an OpenAI-compatible server); '' for a strategy,
+    which runs inside transformers on kvlab's own decode loop."""
     title_knobs: ClassVar[tuple[str, ...]] = ()
     label: str = ""
 
@@ -300,9 +314,10 @@ def make_strategy(spec: dict | Strategy) -> Strategy:
         return spec
     spec = dict(spec)
     name = spec.pop("strategy", None) or spec.pop("name", None)
-    if name not in STRATEGIES:
-        raise StrategyError(f"unknown strategy {name!r}; allowed: {', '.join(STRATEGIES)}")
-    cls = STRATEGIES[name]
+    cls = STRATEGIES.get(name) or ENGINE_COLUMNS.get(name) if isinstance(name, str) else None
+    if cls is None:
+        engines = f"; engine columns (Compare): {', '.join(ENGINE_COLUMNS)}" if ENGINE_COLUMNS else ""
+        raise StrategyError(f"unknown strategy {name!r}; allowed: {', '.join(STRATEGIES)}{engines}")
     allowed = [f.name for f in dataclasses.fields(cls)]
     unknown = sorted(set(spec) - set(allowed))
     if unknown:
@@ -368,14 +383,20 @@ def split_strategy_list(text: str) -> list[str]:
 
 
 def parse_strategy_item(item: str) -> dict:
-    """One column spec from `name:knob=value:...`.
+    """One column spec from `name:knob=value:...`. An engine column's name is two parts
+    (`engine:openai:base_url=http://127.0.0.1:8080/v1:model=m`) and its knobs split only at a colon that starts
+    the next `key=`, so a URL's colons stay in its value.
 
     Raises:
         ValueError: a knob not written as key=value, or with nothing after `=`.
     """
     import yaml
 
-    name, *pairs = item.split(":")
+    if item.startswith(ENGINE_PREFIX):
+        engine, _, rest = item[len(ENGINE_PREFIX):].partition(":")
+        name, pairs = ENGINE_PREFIX + engine, re.split(r":(?=[A-Za-z_]\w*=)", rest) if rest else []
+    else:
+        name, *pairs = item.split(":")
     spec: dict = {"strategy": name}
     for pair in pairs:
         key, equals, value = pair.partition("=")

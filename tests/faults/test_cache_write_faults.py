@@ -181,7 +181,7 @@ def test_a_new_start_replaces_an_earlier_starts_ready_lines(tmp_path, monkeypatc
 
 
 def test_sigterm_stops_kvlabs_work_and_exits_143_once(monkeypatch):
-    from kvlab.ui.shared import shutdown
+    from kvlab.ui.hosting import shutdown
 
     closed = []
     monkeypatch.setattr(shutdown, "close_compute", lambda: closed.append(True))

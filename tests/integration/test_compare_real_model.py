@@ -12,7 +12,7 @@ from kvlab.protocol import RunDone
 from kvlab.compare.runner import run_compare
 from kvlab.protocol import collect
 from kvlab.generation import GenerationSettings, encode_prompt
-from kvlab.presets import load_preset
+from kvlab.compare.preset import load_preset
 from kvlab.strategies import make_strategy
 
 

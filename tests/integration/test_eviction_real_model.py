@@ -11,7 +11,7 @@ from kvlab.accounting import bytes_per_token
 from kvlab.compare.runner import run_compare
 from kvlab.protocol import collect
 from kvlab.generation import GenerationSettings, encode_prompt
-from kvlab.presets import load_preset
+from kvlab.compare.preset import load_preset
 
 NEW_TOKENS = 4
 

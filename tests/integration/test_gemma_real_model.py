@@ -14,7 +14,7 @@ import torch
 from kvlab.compare.runner import run_compare
 from kvlab.protocol import collect
 from kvlab.generation import GenerationSettings
-from kvlab.presets import load_preset
+from kvlab.compare.preset import load_preset
 
 pytestmark = pytest.mark.gemma
 

@@ -16,8 +16,8 @@ import pytest
 
 from app import create_app
 from kvlab.models.loading import ModelSpec
-from kvlab.ui.shared import turns
-from kvlab.ui.shared.tools import TOOL_NAMES
+from kvlab.ui.hosting import turns
+from kvlab.ui.hosting.tools import TOOL_NAMES
 
 
 def free_port() -> int:

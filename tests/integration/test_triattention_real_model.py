@@ -12,7 +12,7 @@ from kvlab.protocol import collect
 from kvlab.eviction import calibration
 from kvlab.eviction.decoding import held_after
 from kvlab.generation import GenerationSettings, encode_prompt
-from kvlab.presets import load_preset
+from kvlab.compare.preset import load_preset
 from kvlab.strategies import make_strategy
 
 CALIBRATION_TOKENS = 512

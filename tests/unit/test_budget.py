@@ -14,7 +14,7 @@ from kvlab.compare.events import FallbackSwitched, TokenEvent
 from kvlab.compare.runner import run_compare
 from kvlab.protocol import collect
 from kvlab.generation import GenerationSettings
-from kvlab.presets import parse_preset
+from kvlab.compare.preset import parse_preset
 from kvlab.strategies import StrategyError, make_strategy
 from kvlab.strategies.dynamic import Dynamic
 from kvlab.strategies.sink import Sink

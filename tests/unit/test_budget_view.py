@@ -3,7 +3,7 @@ stay in their own column), switches reach the column's message and the plot's ma
 budget. No model, no gradio."""
 
 from kvlab.compare.events import ColumnStarted, FallbackSwitched, StepMetrics, TokenEvent
-from kvlab.presets import parse_preset
+from kvlab.compare.preset import parse_preset
 from kvlab.ui.compare.form import RunRequest, plan_run, slot_specs
 from kvlab.ui.compare.view import RunView
 from kvlab.ui.shared.figures import render_figure

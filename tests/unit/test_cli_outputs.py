@@ -94,3 +94,17 @@ def test_compare_with_no_column_that_can_run_is_refused_before_the_model_loads(s
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("kvlab compare: ")
     assert all(item.split(":")[0] in err[0] for item in strategies.split(","))
+
+
+def test_every_subcommand_writes_its_files_through_one_adapter(tmp_path, capsys):
+    from kvlab.cli.outputs import write_outputs
+
+    never = []
+    good = tmp_path / "run.json"
+    assert write_outputs("kvlab x", [(str(good), "--json", lambda: "{}"), (None, "--csv", lambda: never.append(1))],
+                         " (stopped)") == 0
+    assert good.read_text() == "{}" and not never and capsys.readouterr().err == f"wrote {good} (stopped)\n"
+    bad = tmp_path / "missing" / "run.csv"
+    assert write_outputs("kvlab x", [(str(bad), "--csv", lambda: "a")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"kvlab x: --csv {bad}: cannot be written") and err.count("\n") == 1

@@ -361,7 +361,7 @@ def test_column_result_fields_the_view_reads_exist():
 def test_a_preset_columns_own_generation_settings_reach_its_slot_until_the_user_changes_it():
     """hybrid_sliding gives its no_cache column 8 tokens whatever the run's max; a slot changed by hand runs with
     the run's settings."""
-    from kvlab.presets import list_presets, load_preset
+    from kvlab.compare.preset import list_presets, load_preset
     from kvlab.ui.compare.form import RunRequest, carried_overrides, plan_run, slot_specs
 
     preset = load_preset(list_presets()["hybrid_sliding"])

@@ -165,11 +165,12 @@ def test_the_diverge_command_refuses_bad_input_before_loading_a_model(argv, mess
 def test_the_diverge_document_has_per_step_per_layer_records(tiny):
     import json
 
-    from kvlab.cli.diverge import document, parse_strategy, step_line
+    from kvlab.cli.diverge import step_line
+    from kvlab.inspect.diverge_run import diverge_record, parse_strategy
 
     session, records = lockstep(tiny, parse_strategy("loop:full_sequence"),
                                 settings=GenerationSettings(max_new_tokens=3, stop_at_eos=False))
-    data = json.loads(json.dumps(document(session, {"text": "x"}, {"name": "tiny"})))
+    data = json.loads(json.dumps(diverge_record(session, {"text": "x"}, {"name": "tiny"})))
     assert len(data["steps"]) == 3 and len(data["steps"][1]["layers"]) == 2
     assert data["steps"][1]["layers"][0]["kv_error"] is None and data["steps"][1]["layers"][0]["reasons"]
     assert data["explanation"] and data["reference"] == "dynamic"

@@ -18,7 +18,7 @@ from kvlab.compare.runner import run_compare
 from kvlab.protocol import collect
 from kvlab.generation import GenerationSettings
 from kvlab.models.loading import ModelPool
-from kvlab.presets import parse_preset
+from kvlab.compare.preset import parse_preset
 from kvlab.ui.compare.tab import CompareTab
 from kvlab.ui.report.tab import ReportTab
 from kvlab.ui.report.view import rows_from_files

@@ -1,10 +1,15 @@
 """The package's layout rules, read from the source's import statements (no module is imported).
 
-- At the top of `kvlab/` only the core every wing reads (CORE); everything else lives in a wing's folder.
-- `kvlab/ui/` is one package per tab (TABS) plus `shared`; a tab imports `shared`, never another tab.
+- At the top of `kvlab/` only the core every wing reads (CORE); everything else lives in a wing's folder. The core
+  imports no tab's wing and no front (TAB_WINGS_AND_FRONTS).
+- `kvlab/ui/` is one package per tab (TABS) plus `shared` (what tabs share) and `hosting` (how the app is served:
+  agent tools, run costs and turns, queue, shutdown, ZeroGPU); a tab imports `shared` and `hosting`, never another
+  tab; `shared` imports no tab, `hosting` neither a tab nor `shared`.
 - No import circle between files, and none between rooms (a top module, a wing's folder, a tab's package),
   so no import runs back up; `measure/` imports nothing but itself.
 - Only `kvlab/ui/` (and app.py, outside the package) imports gradio.
+- No module in `kvlab/ui/` imports the CLI (`kvlab/cli/`): what a tab or an agent tool shares with a subcommand
+  lives in the wing both call.
 - No file in `kvlab/` imports playwright (the bench's browser driver belongs outside the installed package).
 - Weight-free modules (the planner wing, the preset schema, the columns) import neither the runner nor the
   modules that run a model.
@@ -25,7 +30,7 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[2] / "kvlab"
-WEIGHT_FREE = ("kvlab.plan", "kvlab.presets", "kvlab.columns", "kvlab.compare.columns", "kvlab.quality.stats",
+WEIGHT_FREE = ("kvlab.plan", "kvlab.presets", "kvlab.compare.preset", "kvlab.columns", "kvlab.compare.columns", "kvlab.quality.stats",
                "kvlab.quality.record", "kvlab.quality.table", "kvlab.quality.defaults")
 RUNTIME_MODULES = ("kvlab.compare.runner", "kvlab.engine", "kvlab.compare.timing", "kvlab.compare.quiet",
                    "kvlab.measure.warmup", "kvlab.compare.memory", "kvlab.compare.fidelity", "kvlab.compare.summary")
@@ -71,7 +76,8 @@ CORE = {"engine", "generation", "accounting", "compute", "budget", "presets", "c
 columns and the one check of them, `kvlab.columns.parse_columns`; `record`: the one record envelope and its
 reader; `protocol`: the events every wing's run streams)."""
 TABS = {"compare", "chat", "perplexity", "plan", "inspect", "needle", "report"}
-"""kvlab/ui/'s tab packages; `shared` is the one package beside them."""
+"""kvlab/ui/'s tab packages; `shared` and `hosting` are the packages beside them."""
+BESIDE_TABS = {"shared", "hosting"}
 
 
 def owner(name: str) -> str | None:
@@ -127,14 +133,27 @@ def test_only_the_core_stands_at_the_top_of_the_package():
     assert flat == CORE
 
 
-def test_the_ui_is_one_package_per_tab_and_tabs_import_only_shared():
+TAB_WINGS_AND_FRONTS = ("kvlab.compare", "kvlab.needle", "kvlab.quality", "kvlab.chat", "kvlab.inspect", "kvlab.plan",
+                        "kvlab.cli", "kvlab.ui", "kvlab.bench")
+"""The wings behind a tab and the fronts: the core reads none of them (the machinery they share, strategies,
+caches, models, measure, it may)."""
+
+
+def test_the_core_imports_no_tab_wing_and_no_front():
+    """A wing's own schema (Compare's presets, say) lives in its wing, not in the core every wing reads."""
+    assert offenders([f"kvlab.{name}" for name in CORE], TAB_WINGS_AND_FRONTS) == {}
+
+
+def test_the_ui_is_one_package_per_tab_and_tabs_import_only_shared_and_hosting():
     ui = PACKAGE / "ui"
     assert [path.name for path in ui.glob("*.py")] == ["__init__.py"]
-    assert {path.parent.name for path in ui.glob("*/__init__.py")} == TABS | {"shared"}
+    assert {path.parent.name for path in ui.glob("*/__init__.py")} == TABS | BESIDE_TABS
     tabs = {f"kvlab.ui.{tab}" for tab in TABS}
+    beside = {f"kvlab.ui.{name}" for name in BESIDE_TABS}
     crossing = {source: sorted(targets & (tabs - {source}))
-                for source, targets in room_arrows().items() if source in tabs | {"kvlab.ui.shared"}}
+                for source, targets in room_arrows().items() if source in tabs | beside}
     assert {source: targets for source, targets in crossing.items() if targets} == {}
+    assert room_arrows()["kvlab.ui.hosting"].isdisjoint(tabs | {"kvlab.ui.shared"})
 
 
 def test_measure_imports_nothing_but_itself():
@@ -152,13 +171,18 @@ def test_only_the_ui_imports_gradio():
     assert offenders([name for name in SOURCES if not starts_with(name, ("kvlab.ui",))], ("gradio",)) == {}
 
 
+def test_the_ui_does_not_import_the_cli():
+    assert offenders(["kvlab.cli.diverge"], ("kvlab.inspect",))
+    assert offenders([name for name in SOURCES if starts_with(name, ("kvlab.ui",))], ("kvlab.cli",)) == {}
+
+
 def test_no_module_imports_playwright():
     assert offenders(list(SOURCES), ("playwright",)) == {}
 
 
 def test_weight_free_modules_do_not_import_the_runtime():
     weight_free = [name for name in SOURCES if starts_with(name, WEIGHT_FREE)]
-    assert "kvlab.plan.planner" in weight_free and "kvlab.presets" in weight_free
+    assert "kvlab.plan.planner" in weight_free and "kvlab.compare.preset" in weight_free
     assert offenders(weight_free, RUNTIME_MODULES) == {}
 
 

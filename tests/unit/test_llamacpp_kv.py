@@ -213,8 +213,8 @@ def test_a_hybrid_models_sliding_layers_are_stored_the_same_way_unless_kept(tiny
 
 
 def test_knob_messages_name_the_allowed_values():
-    for knobs, message in (({"type_k": "q3_k"}, r"type_k must be one of llama.cpp's cache types \['q8_0', 'q4_0', "
-                                                r"'q4_1', 'iq4_nl', 'q5_0', 'q5_1', 'f32', 'f16', 'bf16'\], got 'q3_k'"),
+    for knobs, message in (({"type_k": "q3_k"}, r"type_k must be one of llama.cpp's cache types \['f32', 'f16', "
+                                                r"'bf16', 'q8_0', 'q4_0', 'q4_1', 'iq4_nl', 'q5_0', 'q5_1'\], got 'q3_k'"),
                            ({"type_v": "int4"}, "type_v must be one of"),
                            ({"attn_rot": "off"}, "attn_rot must be true or false, got 'off'"),
                            ({"residual_length": -1}, "residual_length must be an integer >= 0, got -1"),
@@ -276,3 +276,19 @@ def test_the_snippet_builds_the_same_cache(tiny):
     compile(code, "<snippet>", "exec")
     built = GGMLQuantizedCache(tiny.config, type_k="q8_0", type_v="q4_0", attn_rot=False)
     assert [type(layer) for layer in built.layers] == [GGMLQuantizedLayer] * 2
+
+
+def test_one_list_of_llama_cpp_cache_types_serves_the_engine_column_and_the_strategy():
+    from kvlab.caches import ggml_blocks
+    from kvlab.engines.settings import LLAMA_FLOAT_TYPES, LLAMA_KV_TYPES, LLAMA_QUANTIZED_TYPES
+
+    assert set(LLAMA_QUANTIZED_TYPES) == set(ggml_blocks.TYPES) and set(LLAMA_FLOAT_TYPES) == set(ggml_blocks.PLAIN_TYPES)
+    for name in ("engine:llamacpp", "llamacpp_quantized"):
+        taken = []
+        for kind in (*LLAMA_KV_TYPES, "q3_k", "int4"):
+            try:
+                make_strategy({"strategy": name, "type_k": kind, "type_v": "f16"})
+                taken.append(kind)
+            except StrategyError:
+                pass
+        assert tuple(taken) == LLAMA_KV_TYPES, name

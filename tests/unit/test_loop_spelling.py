@@ -2,7 +2,7 @@
 
 import pytest
 
-from kvlab.cli.diverge import parse_strategy
+from kvlab.inspect.diverge_run import parse_strategy
 from kvlab.strategies import StrategyError
 
 pytestmark = pytest.mark.unit

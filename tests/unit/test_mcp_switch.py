@@ -5,7 +5,7 @@ import gradio as gr
 import pytest
 
 from app import mcp_flag
-from kvlab.ui.shared.tools import AgentTools, mcp_enabled
+from kvlab.ui.hosting.tools import AgentTools, mcp_enabled
 
 pytestmark = pytest.mark.unit
 

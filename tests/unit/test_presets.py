@@ -8,7 +8,8 @@ import pytest
 import yaml
 
 from kvlab import presets
-from kvlab.presets import PRESETS_DIR_ENV, PresetError, list_presets, load_preset, parse_preset, presets_dir
+from kvlab.presets import PRESETS_DIR_ENV, presets_dir
+from kvlab.compare.preset import PresetError, list_presets, load_preset, parse_preset
 
 MINIMAL = {"name": "t", "prompt": {"text": "hi"}, "columns": [{"strategy": "dynamic"}]}
 

@@ -13,7 +13,7 @@ import yaml
 from kvlab.protocol import RunDone
 from kvlab.compare.runner import run_compare
 from kvlab.generation import encode_prompt
-from kvlab.presets import load_preset
+from kvlab.compare.preset import load_preset
 
 PRESETS_DIR = Path(__file__).resolve().parents[2] / "presets"
 PRESET_FILES = [path for path in sorted(PRESETS_DIR.glob("*.yaml"))

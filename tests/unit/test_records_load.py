@@ -20,7 +20,7 @@ from kvlab.compare.runner import run_compare
 from kvlab.protocol import collect
 from kvlab.generation import GenerationSettings
 from kvlab.needle.record import load_record as load_needle
-from kvlab.presets import parse_preset
+from kvlab.compare.preset import parse_preset
 from kvlab.quality.record import REPORT, load_record, rows_from_record
 from kvlab.record import RecordError, check_record
 
@@ -88,7 +88,7 @@ def test_a_share_links_files_replay(written, monkeypatch, tmp_path):
     from kvlab.ui.shared import exports
 
     monkeypatch.setattr(exports, "EXPORTS_DIR", tmp_path)
-    monkeypatch.setattr(records, "EXPORTS_DIR", tmp_path)
+    monkeypatch.setenv("KVLAB_RUNS_DIR", str(tmp_path / "runs"))
     page = {**written, "slots": [3], "memory": {"elapsed_s": [0.5], "rss_bytes": [1], "cuda_allocated_bytes": [0]}}
     paths = records.write_exports(page, [])
     shared = records.shared_exports(records.share_id(paths))

@@ -15,7 +15,7 @@ from kvlab.compare.record import VERSION
 from kvlab.compare.summary import SUMMARY_COLUMNS, rows_to_csv, summary_rows
 from kvlab.generation import GenerationSettings
 from kvlab.measure import ColumnTiming
-from kvlab.presets import parse_preset
+from kvlab.compare.preset import parse_preset
 
 FIXTURES = Path(__file__).parent.parent / "fixtures"
 

@@ -10,7 +10,7 @@ import pytest
 gr = pytest.importorskip("gradio")
 
 import app  # noqa: E402
-from kvlab.ui.shared.serving import EVENT_POLL_S, PROGRESS_POLL_S, calm_queue_polling  # noqa: E402
+from kvlab.ui.hosting.server import EVENT_POLL_S, PROGRESS_POLL_S, calm_queue_polling  # noqa: E402
 
 pytestmark = pytest.mark.unit
 
@@ -29,7 +29,7 @@ def test_a_plain_gradio_queue_polls_every_millisecond_here_and_create_app_calms_
 
 def test_a_queue_without_the_intervals_is_left_alone_with_a_warning(caplog):
     demo = types.SimpleNamespace(_queue=types.SimpleNamespace(sleep_when_free=0.001))
-    with caplog.at_level(logging.WARNING, logger="kvlab.ui.shared.serving"):
+    with caplog.at_level(logging.WARNING, logger="kvlab.ui.hosting.server"):
         assert calm_queue_polling(demo) is False
     assert demo._queue.sleep_when_free == 0.001
     assert "progress_update_sleep_when_free" in caplog.text

@@ -1,4 +1,4 @@
-"""kvlab's turn wrappers around model-bound handlers (`kvlab.ui.shared.turns`), with stand-in requests and
+"""kvlab's turn wrappers around model-bound handlers (`kvlab.ui.hosting.turns`), with stand-in requests and
 handlers, no model.
 
 - Who asks: a page by its session; an API caller by its address (X-Forwarded-For's first hop only behind a
@@ -22,7 +22,7 @@ import pytest
 from kvlab.sharing.cost import RunCost, Throughput
 from kvlab.sharing.limits import Limits
 from kvlab.sharing.scheduler import Client, Scheduler
-from kvlab.ui.shared import turns
+from kvlab.ui.hosting import turns
 
 pytestmark = pytest.mark.unit
 SMALL = RunCost(1, 4)

@@ -2,7 +2,7 @@
 (Compare's Run and its `compare` API, the chat turn, regenerate and prefix reuse, the perplexity run, the
 Inspect steps) with `spaces.GPU(duration=...)`, each duration sized from columns × tokens; without `spaces`
 the handlers are the tabs' own methods, unwrapped. The model-bound ones are seen through kvlab's turn wrapper
-(`kvlab.ui.shared.turns`), which stands outside the GPU one: a run waits for its turn before it asks for a GPU.
+(`kvlab.ui.hosting.turns`), which stands outside the GPU one: a run waits for its turn before it asks for a GPU.
 Also the queue's max_size setting and the Duplicate button."""
 
 import functools
@@ -15,7 +15,7 @@ import pytest
 gr = pytest.importorskip("gradio")
 
 import app  # noqa: E402
-from kvlab.ui.shared import zerogpu  # noqa: E402
+from kvlab.ui.hosting import zerogpu  # noqa: E402
 
 pytestmark = pytest.mark.unit
 GPU_BOUND = {"run", "compare", "_on_send", "_on_regenerate", "_on_prefix", "_on_run", "on_step", "on_step10",

@@ -17,17 +17,17 @@ from dataclasses import dataclass
 
 from ...engines import ServingSetting
 from ...engines.kv_types import engine_settings
-from ...engines.settings import (LLAMA_ARGS, LLAMA_COMMIT, LLAMA_VERSION, SGLANG_MODEL_ARGS, SGLANG_VERSION, TRT_QUANT,
-                                 TRT_VERSION, VLLM_CACHE, VLLM_VERSION)
+from ...engines.settings import (LLAMA_ARGS, LLAMA_COMMIT, LLAMA_FLOAT_TYPES, LLAMA_QUANTIZED_TYPES, LLAMA_VERSION,
+                                 SGLANG_MODEL_ARGS, SGLANG_VERSION, TRT_QUANT, TRT_VERSION, VLLM_CACHE, VLLM_VERSION)
 from .base import QuantBackend
 from .registry import register_backend
 
 LLAMA_CPP_COMMIT = LLAMA_COMMIT
 """The llama.cpp commit whose KV cache the formats, the rotation and the serving note were read from (2026-10-01,
 the one llama-cpp-python 0.3.36 vendors; PR #21038 added the rotation)."""
-QUANTIZED_TYPES = ("q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
+QUANTIZED_TYPES = LLAMA_QUANTIZED_TYPES
 """ggml block types a `quantize=` value names (`kvlab.caches.ggml_blocks.TYPES`)."""
-PLAIN = ("f32", "f16", "bf16")
+PLAIN = LLAMA_FLOAT_TYPES
 AGREEMENT = "docs/strategies.md#llamacpp_quantized-llamacpps-kv-cache-types"
 MEASURED = {
     ("q4_0", "q4_0", True): f"kvlab 0.0427 against llama.cpp 0.0527 mean KL on the same 300 tokens ({AGREEMENT})",

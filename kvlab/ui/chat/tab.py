@@ -45,7 +45,7 @@ from .view import (
     turn_markdown,
     turns_frame,
 )
-from ..shared import zerogpu
+from ..hosting import zerogpu
 from ..shared.live_plots import line_plot, roster_colors, roster_update
 from ..shared.knobs import card_form, knob_index, max_knobs, strategy_choices
 from ..shared.markup import md_text

@@ -72,7 +72,7 @@ class ChatForm:
 
     def model_spec(self, base: ModelSpec) -> ModelSpec:
         """`base` (dtype, device) with this form's model source ('' means bundled)."""
-        return ModelSpec(source=(self.source or "bundled").strip() or "bundled", dtype=base.dtype, device=base.device)
+        return ModelSpec.from_field(self.source, base.dtype, base.device)
 
     def strategy(self) -> Strategy:
         """The strategy the card describes.

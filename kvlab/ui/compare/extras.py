@@ -5,8 +5,9 @@
   `replayed: measured on <machine> at <time>`; a file that cannot be replayed says why there.
 - `open_shared`: the result a share link names (`?run=<id>`), shown as `replay` shows it; an id not of the exact
   form kvlab makes (`kvlab.ui.compare.records.valid_share_id`) is refused in one line before any file is touched.
-- `run_gpu_s`: the GPU seconds a Run asks ZeroGPU for (`kvlab.ui.shared.zerogpu.estimate_s`, columns × tokens).
-- `run_cost`: what a Run costs before it is queued (`kvlab.ui.shared.costs.compare_cost`).
+- `run_gpu_s`: the GPU seconds a Run asks ZeroGPU for (`kvlab.ui.hosting.zerogpu.estimate_s`, columns × tokens).
+- `run_cost`: what a Run costs before it is queued (`kvlab.ui.hosting.costs.compare_cost`).
+- `wait_for_model`: start or join a model's load, yielding its progress into the status lines.
 - `CompareApi`: the headless `compare` API (a preset run, returning its JSON record), its cost and its GPU seconds.
 
 Each takes what it needs (a `CompareUpdater`, the loader, the preset files); none reads the tab itself.
@@ -16,17 +17,18 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 
 import gradio as gr
 
 from kvlab.compare.replay import RecordError, load_record
-from kvlab.models.loading import ModelLoadError
+from kvlab.models.loading import ModelLoadError, ModelSpec
 from kvlab.generation import MAX_NEW_TOKENS_CAP
-from kvlab.presets import PresetError, load_preset
+from kvlab.compare.preset import PresetError, load_preset
 from kvlab.sharing.cost import RunCost
 
-from ..shared import zerogpu
-from ..shared.costs import compare_cost, whole
+from ..hosting import zerogpu
+from ..hosting.costs import compare_cost, whole
 from .replay import form_values, replay_code, view_from_record
 from .updates import CompareUpdater
 from ..shared.knobs import NO_STRATEGY
@@ -35,6 +37,28 @@ from .records import SHARE_PARAM, run_preset, shared_exports, valid_share_id
 from ..shared.theme import line_html
 
 logger = logging.getLogger(__name__)
+LOAD_POLL_S = 0.5
+
+
+def wait_for_model(loader, spec: ModelSpec, run_status, model_status):
+    """Generator: start or join the load of `spec` on `loader`, yielding {component: update} progress for the
+    `run_status` and `model_status` lines; returns the loaded model.
+
+    Raises:
+        ModelLoadError: the load failed (its message).
+    """
+    from .form import model_line
+
+    status = loader.start(spec)
+    while status.state == "loading":
+        yield {run_status: line_html(f"{status.message} ({100 * status.fraction:.0f}%)", "busy"),
+               model_status: model_line(status, spec)}
+        time.sleep(LOAD_POLL_S)
+        status = loader.status(spec)
+    if status.state != "ready":
+        raise ModelLoadError(status.message or f"could not load {spec.source!r}")
+    yield {model_status: model_line(status, spec)}
+    return status.loaded
 
 
 def run_gpu_s(strategies: list[str | None], max_new_tokens) -> int:
@@ -115,7 +139,7 @@ def open_shared(updater: CompareUpdater, session: dict, request: gr.Request | No
 
 class CompareApi:
     """The headless `compare` API: `loader` (a `kvlab.ui.shared.loader.BackgroundLoader`) and `presets` (name -> file,
-    `kvlab.presets.list_presets`)."""
+    `kvlab.compare.preset.list_presets`)."""
 
     def __init__(self, loader, presets: dict):
         self.loader = loader

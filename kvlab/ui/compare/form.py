@@ -24,7 +24,7 @@ from kvlab.compare.columns import MODES
 from kvlab.generation import GenerationSettings
 from kvlab.measure import DEFAULT_POLICY
 from kvlab.models.loading import ModelSpec
-from kvlab.presets import Preset, PromptSpec, load_preset
+from kvlab.compare.preset import Preset, PromptSpec, load_preset
 from kvlab.strategies import Strategy, StrategyError
 
 from ..shared.knobs import NO_STRATEGY, column_budget, plan_columns
@@ -49,6 +49,7 @@ class RunRequest:
     """Everything the page sends when Run is clicked (the form's values, not yet validated)."""
 
     prompt: str
+    clip: str = ""
     system: str = ""
     chat: bool = True
     max_new_tokens: float | int | None = 64
@@ -89,7 +90,7 @@ class RunRequest:
         )
 
     def model_spec(self) -> ModelSpec:
-        return ModelSpec((self.model_source or "").strip() or "bundled", self.dtype, self.device)
+        return ModelSpec.from_field(self.model_source, self.dtype, self.device)
 
 
 @dataclass

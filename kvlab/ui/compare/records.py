@@ -24,7 +24,7 @@ from kvlab.compare.summary import rows_to_csv
 from kvlab.generation import GenerationSettings
 from kvlab.models.atomic import write_atomic
 from kvlab.models.loading import ModelSpec
-from kvlab.presets import Preset, load_preset, parse_preset
+from kvlab.compare.preset import Preset, load_preset, parse_preset
 from kvlab.protocol import RunDone, collect
 
 from ..shared.code import code_snippet

@@ -9,14 +9,13 @@ plots; the matplotlib PNG only on request) and `kvlab.ui.compare.extras` (replay
 API, ZeroGPU sizing); running is `kvlab.compare.runner`'s job. Per-session state lives
 in `gr.State`; the one shared object is the `ModelPool` of loaded weights
 (through a `BackgroundLoader`). Model-bound events (Run, the `compare` API) take their turn in kvlab's
-scheduler (`kvlab.ui.shared.turns`): a waiting Run shows its position and wait in the status line.
+scheduler (`kvlab.ui.hosting.turns`): a waiting Run shows its position and wait in the status line.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-import time
 
 import gradio as gr
 
@@ -26,12 +25,16 @@ from kvlab.compare.runner import run_compare
 from kvlab.generation import MAX_NEW_TOKENS_CAP, encode_prompt
 from kvlab.measure import POLICIES
 from kvlab.models.loading import DEVICES, DTYPES, ModelLoadError, ModelSpec
-from kvlab.presets import Preset, PresetError, list_presets, load_preset
+from kvlab.compare.preset import Preset, PresetError, list_presets, load_preset
 from kvlab.measure.record_json import cap_text
+from kvlab.speech.clips import get_clip
+from kvlab.speech.runner import run_speech
 
-from ..shared import turns, zerogpu
+from ..hosting import turns, zerogpu
 from ..shared.cards import StrategyCard, build_card
-from .extras import CompareApi, open_shared, replay, run_cost, run_gpu_s
+from .extras import CompareApi, open_shared, replay, run_cost, run_gpu_s, wait_for_model
+from .recurrent import recurrent_choices, recurrent_run
+from .speech import clip_picker, for_source, speech_choices
 from .records import page_preset
 from .form import (INTRO, MODE_HELP, RunRejected, RunRequest, carried_overrides, model_line, plan_run, slot_specs,
                    start_preset)
@@ -48,7 +51,6 @@ from .timing_text import POLICY_INFO
 
 logger = logging.getLogger(__name__)
 
-LOAD_POLL_S = 0.5
 PRIVATE = {"concurrency_limit": None, "api_visibility": "private"}
 """Light events (presets, pickers, Stop, the timer) run at once and stay out of the API."""
 
@@ -56,7 +58,7 @@ PRIVATE = {"concurrency_limit": None, "api_visibility": "private"}
 class CompareTab:
     """The Compare tab's components and handlers (build it with `build_compare_tab`).
 
-    presets: name -> preset file (default: `kvlab.presets.list_presets()`).
+    presets: name -> preset file (default: `kvlab.compare.preset.list_presets()`).
     """
 
     def __init__(self, pool, preload: bool = True, loader: BackgroundLoader | None = None,
@@ -102,7 +104,7 @@ class CompareTab:
 
     def _build_model_bar(self) -> None:
         self.model_source, self.dtype, self.device, self.load_button, self.model_status = model_bar(
-            self.dtypes, self.devices)
+            self.dtypes, self.devices, speech_choices() + recurrent_choices())
 
     def _build_prompt(self, start: Preset) -> None:
         with gr.Row(equal_height=True):
@@ -110,6 +112,7 @@ class CompareTab:
                                       elem_id="kv-preset", info="fills the prompt, settings and columns")
             self.preset_about = gr.Markdown(start.description, elem_classes=["kv-small"])
         self.prompt = gr.Textbox(start.prompt.text, label="Prompt", lines=3, elem_id="kv-prompt")
+        self.clip = clip_picker()
         with gr.Row(equal_height=True):
             self.system = gr.Textbox(start.prompt.system, label="System prompt (optional)", scale=4,
                                      elem_id="kv-system")
@@ -147,7 +150,7 @@ class CompareTab:
 
     def _build_cards(self, start: Preset) -> None:
         self.cards: list[StrategyCard] = []
-        choices = strategy_choices(None)
+        choices = strategy_choices(None, engines=True)
         for row_start in range(0, MAX_COLUMNS, 4):
             with gr.Row(equal_height=False, elem_classes=["kv-cards"]):
                 for slot, (name, knobs) in enumerate(slot_specs(start.columns)[row_start:row_start + 4], row_start):
@@ -188,7 +191,7 @@ class CompareTab:
 
     def _loaded_for(self, source, dtype, device):
         try:
-            return self.loader.pool.loaded(ModelSpec((source or "").strip() or "bundled", dtype, device))
+            return self.loader.pool.loaded(ModelSpec.from_field(source, dtype, device))
         except ValueError:
             return None
 
@@ -202,6 +205,8 @@ class CompareTab:
                         show_progress="hidden", **PRIVATE)
         self.model_source.input(lambda source: gr.update(**chat_box(source, None, reset=True)), self.model_source,
                                 self.chat, show_progress="hidden", **PRIVATE)
+        self.model_source.change(for_source, self.model_source, [self.prompt, self.system, self.chat, self.clip],
+                                 show_progress="hidden", **PRIVATE)
         self.load_button.click(self.load, model_inputs, [self.model_status, self.timer], **PRIVATE)
         for slot, card in enumerate(self.cards):
             card.strategy.input(
@@ -223,7 +228,7 @@ class CompareTab:
     def _wire_run(self) -> None:
         """Run (prepare, then the queued run, then re-enable), Stop, and the `compare` API."""
         self.run_inputs = {
-            self.session, self.preset_state, self.prompt, self.system, self.chat, self.max_new_tokens, self.decoding,
+            self.session, self.preset_state, self.prompt, self.clip, self.system, self.chat, self.max_new_tokens, self.decoding,
             self.temperature, self.top_p, self.top_k, self.repetition_penalty, self.seed, self.ignore_eos, self.fidelity,
             self.timing_policy, self.mode, self.baseline, self.preset, self.model_source, self.dtype, self.device,
             *[card.strategy for card in self.cards], *[box for card in self.cards for box in card.knobs],
@@ -289,20 +294,20 @@ class CompareTab:
     def tick(self, source, dtype, device):
         """Timer: refresh the model status line; stop ticking once the load has ended (ready or failed)."""
         try:
-            spec = ModelSpec((source or "").strip() or "bundled", dtype, device)
+            spec = ModelSpec.from_field(source, dtype, device)
         except ValueError as err:
             return line_html(f"✖ {err}", "error"), gr.Timer(active=False), *[gr.skip()] * (MAX_COLUMNS + 1)
         status = self.loader.status(spec)
         if status.state == "loading":
             return model_line(status, spec), gr.Timer(active=True), *[gr.skip()] * (MAX_COLUMNS + 1)
-        choices = strategy_choices(status.loaded)
+        choices = strategy_choices(status.loaded, engines=True)
         return (model_line(status, spec), gr.Timer(active=False), gr.update(**chat_box(spec.source, status.loaded, False)),
                 *[gr.update(choices=choices) for _ in range(MAX_COLUMNS)])
 
     def load(self, source, dtype, device):
         """Load button: start loading in the background; the timer reports progress."""
         try:
-            spec = ModelSpec((source or "").strip() or "bundled", dtype, device)
+            spec = ModelSpec.from_field(source, dtype, device)
         except ValueError as err:
             return line_html(f"✖ {err}", "error"), gr.Timer(active=False)
         status = self.loader.start(spec)
@@ -371,7 +376,7 @@ class CompareTab:
             **{name: data[component] for name, component in self.updater.form.items()},
             slots=[(data[card.strategy], [data[box] for box in card.knobs]) for card in self.cards],
             budgets=[(data[card.budget], data[card.fallback]) for card in self.cards],
-            preset_overrides=data[self.preset_state] or {},
+            preset_overrides=data[self.preset_state] or {}, clip=data[self.clip] or "",
         )
 
     def run(self, data: dict):
@@ -396,19 +401,27 @@ class CompareTab:
             return
         try:
             plan = plan_run(request)
-            loaded = self.loader.ready(plan.spec) or (yield from self._wait_for_model(plan.spec))  # warm-up too
-            prompt_ids = encode_prompt(loaded.tokenizer, request.prompt, request.system or "", bool(request.chat))
+            loaded = self.loader.ready(plan.spec) or (  # the load's warm-up step too
+                yield from wait_for_model(self.loader, plan.spec, self.run_status, self.model_status))
+            clip = get_clip(request.clip) if loaded.is_speech else None  # a speech model transcribes a clip
+            prompt_ids = None if clip else encode_prompt(loaded.tokenizer, request.prompt, request.system or "",
+                                                         bool(request.chat))
         except (RunRejected, ModelLoadError, ValueError) as err:
             yield {self.run_status: line_html(f"✖ {err}", "error")}
             return
         # 2. Stream the runner's events through the view, throttled, then the final summary.
         columns = plan.run_columns()
-        view = RunView([column.describe() for column in columns], plan.slots)
+        titles, slots = [column.describe() for column in columns], plan.slots
+        if loaded.is_recurrent:  # the model's own state cache, then a KV reference in a free slot
+            events, titles, slots = recurrent_run(loaded, prompt_ids, columns, plan.slots, plan.settings, stop)
+        else:
+            events = run_speech(loaded, clip, columns, plan.settings, stop) if clip else run_compare(
+                loaded, prompt_ids, columns, plan.settings, request.mode, stop, plan.baseline_index(),
+                page_preset(plan))
+        view = RunView(titles, slots)
         if session is not None:
             session["view"] = view
         yield self.updater.start(plan, view, loaded)
-        events = run_compare(loaded, prompt_ids, columns, plan.settings, request.mode, stop, plan.baseline_index(),
-                             page_preset(plan))
         try:
             yield from self.updater.throttled(view, events, stop)
         finally:
@@ -418,19 +431,6 @@ class CompareTab:
             view.divergence_links, view.divergence_reasons = divergence_links(request, plan, view.done.results)
         yield self.updater.final(plan, view)
         yield self.plots.settle(view)
-
-    def _wait_for_model(self, spec: ModelSpec):
-        """Generator: start or join the load of `spec`, yielding progress; returns the loaded model."""
-        status = self.loader.start(spec)
-        while status.state == "loading":
-            yield {self.run_status: line_html(f"{status.message} ({100 * status.fraction:.0f}%)", "busy"),
-                   self.model_status: model_line(status, spec)}
-            time.sleep(LOAD_POLL_S)
-            status = self.loader.status(spec)
-        if status.state != "ready":
-            raise ModelLoadError(status.message or f"could not load {spec.source!r}")
-        yield {self.model_status: model_line(status, spec)}
-        return status.loaded
 
 
 def build_compare_tab(pool, preload: bool = True, loader: BackgroundLoader | None = None) -> CompareTab:

@@ -70,7 +70,7 @@ class CompareUpdater:
 
     def start(self, plan: RunPlan, view: RunView, loaded) -> dict:
         """Cleared results, every card's status, strategy choices marked for the run's (maybe new) model."""
-        choices = strategy_choices(loaded)
+        choices = strategy_choices(loaded, engines=True)
         updates = {self.run_status: line_html("starting…", "busy"), **self.plots.cleared(),
                    self.results: gr.update(visible=False), self.summary: None, self.exports: None, self.code: "",
                    self.share: "", self.summary_notes: "",

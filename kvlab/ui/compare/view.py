@@ -252,8 +252,9 @@ class RunView:
             column.text += event.text
         elif isinstance(event, StepMetrics):
             column.per_token_s.append(event.per_token_s)
-            column.cache_bytes.append(event.cache_bytes)
-            column.predicted_cache_bytes.append(event.predicted_cache_bytes)
+            if event.cache_bytes is not None:  # an engine column that reports no bytes (a server) has no series
+                column.cache_bytes.append(event.cache_bytes)
+                column.predicted_cache_bytes.append(event.predicted_cache_bytes)
             for kind, value in event.cache_bytes_by_layer_type.items():
                 column.cache_bytes_by_layer_type.setdefault(kind, []).append(value)
             for kind, value in event.predicted_cache_bytes_by_layer_type.items():

@@ -21,7 +21,7 @@ import time
 from kvlab.compute import compute
 from kvlab.generation import encode_prompt
 from kvlab.measure.warmup import needs_warm_up, warm_up_columns
-from kvlab.presets import list_presets
+from kvlab.compare.preset import list_presets
 
 from ..shared.loader import WARM_START
 from .form import start_preset
@@ -32,7 +32,7 @@ logger = logging.getLogger(__name__)
 class OpeningWarmUp:
     """`warm(loaded, progress)`: the load step that warms the opening preset's columns on `loaded`.
 
-    presets: name -> preset file, as the Compare tab has them (default: `kvlab.presets.list_presets()` when
+    presets: name -> preset file, as the Compare tab has them (default: `kvlab.compare.preset.list_presets()` when
     first called).
     """
 
@@ -53,6 +53,8 @@ class OpeningWarmUp:
         `progress(fraction, message)` before each; returns the seconds spent. Raises nothing: a failure is
         logged and leaves the run to pay (and report) it."""
         started = time.perf_counter()
+        if getattr(loaded, "is_recurrent", False):
+            return 0.0  # its columns run through the recurrent runner, which has no one-time set-up to pay
         try:
             strategies, preset = self.strategies()
             prompt = preset.prompt

@@ -25,7 +25,7 @@ from kvlab.sharing.cost import RunCost, prompt_tokens
 from kvlab.strategies import STRATEGIES, StrategyError, make_strategy
 from kvlab.strategies.base import parse_strategy_item
 
-from ..shared import turns, zerogpu
+from ..hosting import turns, zerogpu
 from ..shared.cards import build_card
 from .diverge import COMPARE_CHOICES, diverge_figure, diverge_markdown
 from ..shared.inspect_links import DEFAULT_COMPARE, parse_inspect_query
@@ -53,7 +53,7 @@ from .view import (
 from ..shared.knobs import card_form, knob_defaults, knob_text, max_knobs, strategy_choices
 from ..shared.model_picker import chat_box
 from ..shared.model_picker import model_dropdown
-from ..shared.costs import whole
+from ..hosting.costs import whole
 from ..shared.markup import md_code, md_text
 from ..shared.theme import line_html
 

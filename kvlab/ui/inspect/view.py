@@ -92,7 +92,7 @@ def plan_inspect(request: InspectRequest) -> InspectPlan:
                               f"every step), got {request.max_new_tokens!r}")
     try:
         strategy = strategy_from_card(request.strategy_name, request.knobs)
-        spec = ModelSpec((request.model_source or "").strip() or "bundled")
+        spec = ModelSpec.from_field(request.model_source)
     except (StrategyError, ValueError) as err:
         raise InspectRejected(str(err)) from None
     if strategy.is_compileable:

@@ -27,7 +27,7 @@ from kvlab.presets import PresetError
 from kvlab.protocol import RunDone
 from kvlab.sharing.cost import RunCost
 
-from ..shared.costs import needle_cost
+from ..hosting.costs import needle_cost
 from ..shared.live_plots import plot_update, roster_colors
 from ..shared.exports import fresh_export_folder
 from ..shared.markup import md_text
@@ -176,7 +176,7 @@ class NeedleTab:
         yield {self.status: "loading the model…", self.download: None}
         try:
             columns = column_specs(columns_text)
-            loaded = self.pool.get(ModelSpec(source=(source or "").strip() or "bundled"))
+            loaded = self.pool.get(ModelSpec.from_field(source))
             grid = parse_grid(lengths, depths, seeds, int(new_tokens), max_positions=max_positions(loaded),
                               min_tokens=min_context_tokens(loaded.tokenizer),
                               key_tokens=functools.partial(key_tokens, loaded.tokenizer))

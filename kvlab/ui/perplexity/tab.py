@@ -24,8 +24,8 @@ from kvlab.quality.perplexity import DEFAULT_SINKS, DEFAULT_WINDOW, run_perplexi
 from kvlab.sharing.cost import RunCost
 from kvlab.strategies import StrategyError
 
-from ..shared import zerogpu
-from ..shared.costs import stream_cost
+from ..hosting import zerogpu
+from ..hosting.costs import stream_cost
 from ..shared.live_plots import line_plot, roster_update
 from ..shared.markup import md_text
 from ..shared.model_picker import model_dropdown
@@ -139,7 +139,7 @@ class PerplexityTab:
         # 1. Load the model and plan the run; anything that cannot start is a status message.
         yield {self.status: "loading the model…"}
         try:
-            loaded = self.pool.get(ModelSpec(source=(request.source or "").strip() or "bundled"))
+            loaded = self.pool.get(ModelSpec.from_field(request.source))
             plan = plan_perplexity(request, loaded)
         except (ValueError, ModelLoadError, StrategyError) as err:
             yield {self.status: f"⚠️ {md_text(err)}"}

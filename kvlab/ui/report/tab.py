@@ -29,8 +29,8 @@ from kvlab.measure.record_json import cap_text
 from kvlab.sharing.cost import RunCost
 from kvlab.strategies import StrategyError
 
-from ..shared import zerogpu
-from ..shared.costs import stream_cost
+from ..hosting import zerogpu
+from ..hosting.costs import stream_cost
 from ..shared.exports import fresh_export_folder
 from ..shared.live_plots import plot_update, roster_colors
 from ..shared.markup import md_text
@@ -166,7 +166,7 @@ class ReportTab:
         session = session if session is not None else {}
         yield {self.status: "loading the model…"}
         try:
-            loaded = self.pool.get(ModelSpec(source=(request.source or "").strip() or "bundled"))
+            loaded = self.pool.get(ModelSpec.from_field(request.source))
             plan = plan_report(request, loaded)
         except (ValueError, ModelLoadError, StrategyError) as err:
             yield {self.status: f"⚠️ {md_text(err)}"}

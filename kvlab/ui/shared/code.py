@@ -86,6 +86,8 @@ def code_snippet(strategy, settings, prompt_text: str, system: str = "", chat: b
         prompt_text, system, chat: the prompt as the page had it.
         model_source: `bundled`, a hub id or a local folder; dtype: a `kvlab.models.loading.DTYPES` name.
     """
+    if strategy.engine_name:
+        return engine_snippet(strategy, settings, prompt_text, system, chat, model_source)
     # 1. Imports, the model and tokenizer.
     context_imports, context = strategy.generate_context_code()
     lines = _preamble(strategy, model_source, dtype, context_imports)
@@ -103,6 +105,20 @@ def code_snippet(strategy, settings, prompt_text: str, system: str = "", chat: b
         "print(tokenizer.decode(out[0, inputs[\"input_ids\"].shape[1]:], skip_special_tokens=True))",
         *serving_comment(strategy),  # 3. The nearest vLLM / SGLang / TensorRT-LLM / llama.cpp setting.
     ]
+    return "\n".join(lines) + "\n"
+
+
+def engine_snippet(strategy, settings, prompt_text: str, system: str = "", chat: bool = True,
+                   model_source: str = "bundled") -> str:
+    """The code that reproduces an engine column with its engine's own Python client: the prompt's token ids from
+    the model's tokenizer (as kvlab's columns see them), then the engine's lines (`EngineColumn.engine_code`)."""
+    imports, engine_lines = strategy.engine_code(settings, model_source)
+    model_expr, model_comment = _model_reference(model_source)
+    lines = ["from transformers import AutoTokenizer", *imports, ""]
+    lines += [model_comment] if model_comment else []
+    lines += [f"tokenizer = AutoTokenizer.from_pretrained({model_expr})", *_prompt_lines(prompt_text, system, chat)]
+    lines.append("prompt_ids = inputs[\"input_ids\"][0].tolist()")
+    lines += [f"max_new_tokens = {settings.max_new_tokens}", *engine_lines]
     return "\n".join(lines) + "\n"
 
 

@@ -43,9 +43,10 @@ def _draw_columns(view, cache_ax, latency_ax) -> bool:
         drawn = True
         color = COLORS[slot % len(COLORS)]
         steps = range(1, len(column.per_token_s) + 1)
-        cache_ax.plot(steps, [b / MIB for b in column.cache_bytes], color=color, lw=1.8, label=column.title)
+        measured = range(1, len(column.cache_bytes) + 1)  # none for an engine column that reports no bytes
+        cache_ax.plot(measured, [b / MIB for b in column.cache_bytes], color=color, lw=1.8, label=column.title)
         if any(column.predicted_cache_bytes):
-            cache_ax.plot(steps, [b / MIB for b in column.predicted_cache_bytes], color=color, lw=1.2, ls="--",
+            cache_ax.plot(measured, [b / MIB for b in column.predicted_cache_bytes], color=color, lw=1.2, ls="--",
                           alpha=0.8)
         latency_ax.plot(steps, [1000 * s for s in column.per_token_s], color=color, lw=1.2, label=column.title)
         _mark_switches(column.switches, color, cache_ax, latency_ax)

@@ -90,6 +90,8 @@ def links_for(items, *, prompt: str, system: str, chat: bool, greedy: bool, max_
             reasons[index] = "a sampled run has no single token path to step through (Inspect decodes greedily)"
         elif strategy is None:
             reasons[index] = "this kvlab cannot build the column's strategy"
+        elif strategy.engine_name:
+            reasons[index] = f"{strategy.engine_name} runs outside transformers: Inspect steps kvlab's own caches"
         elif not strategy.use_cache:
             reasons[index] = "no_cache keeps no cache to inspect"
         elif strategy.is_compileable:

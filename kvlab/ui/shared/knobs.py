@@ -21,12 +21,12 @@ import inspect
 import yaml
 
 from kvlab.budget import Budget, format_chain, parse_budget, parse_chain
-from kvlab.strategies import STRATEGIES, Strategy, StrategyError, make_strategy
+from kvlab.strategies import ENGINE_COLUMNS, STRATEGIES, Strategy, StrategyError, make_strategy
 from kvlab.strategies.base import names_with
 
 from .markup import md_text
 from .theme import status_html
-from .zerogpu import hidden_knobs
+from ..hosting.zerogpu import hidden_knobs
 
 NO_STRATEGY = "(none)"
 BUDGET_PLACEHOLDER = "none"
@@ -37,12 +37,30 @@ UNAVAILABLE_MARK = "  ⊘ unavailable here"
 """Appended to a strategy's label in a dropdown when it cannot run on the loaded model."""
 
 
+def column_class(name: str) -> type[Strategy] | None:
+    """The registered strategy or engine column (`ENGINE_COLUMNS`, Compare's only) named `name`, or None."""
+    return STRATEGIES.get(name) or ENGINE_COLUMNS.get(name)
+
+
+def compare_names() -> list[str]:
+    """What a Compare card offers: every registered strategy, then the engine columns."""
+    return [*STRATEGIES, *ENGINE_COLUMNS]
+
+
 def knob_defaults(strategy_name: str) -> dict:
-    """Knob name -> default for a registered strategy, in field order (`label` is not a knob, and knobs hidden
-    here, such as static's `compile` on ZeroGPU, are left out: the strategy then keeps their default)."""
+    """Knob name -> default for a registered strategy or engine column, in field order (`label` is not a knob,
+    and knobs hidden here, such as static's `compile` on ZeroGPU, are left out: the strategy then keeps their
+    default).
+
+    Raises:
+        KeyError: no strategy or engine column has that name.
+    """
     hidden = hidden_knobs().get(strategy_name, frozenset())
     defaults = {}
-    for f in dataclasses.fields(STRATEGIES[strategy_name]):
+    cls = column_class(strategy_name)
+    if cls is None:
+        raise KeyError(strategy_name)
+    for f in dataclasses.fields(cls):
         if f.name == "label" or f.name in hidden:
             continue
         if f.default is not dataclasses.MISSING:
@@ -55,8 +73,9 @@ def knob_defaults(strategy_name: str) -> dict:
 
 
 def max_knobs(names: list[str] | None = None) -> int:
-    """The most knobs any of `names` (default: every registered strategy) has: how many fields a card needs."""
-    return max((len(knob_defaults(name)) for name in (STRATEGIES if names is None else names)), default=0)
+    """The most knobs any of `names` (default: every registered strategy and engine column) has: how many fields a
+    card needs."""
+    return max((len(knob_defaults(name)) for name in (compare_names() if names is None else names)), default=0)
 
 
 def knob_text(value) -> str:
@@ -96,13 +115,13 @@ def strategy_from_card(name: str, knob_texts: list[str], allowed: list[str] | No
 
     Args:
         name: the picked strategy; knob_texts: its knob fields, in field order.
-        allowed: the names this card offers (default: every registered strategy).
+        allowed: the names this card offers (default: every registered strategy and engine column).
 
     Raises:
         StrategyError: nothing picked, a name not offered, or an invalid knob (the message lists allowed values).
     """
-    allowed = list(STRATEGIES) if allowed is None else allowed
-    if not name or name == NO_STRATEGY or name not in allowed or name not in STRATEGIES:
+    allowed = compare_names() if allowed is None else allowed
+    if not name or name == NO_STRATEGY or name not in allowed or column_class(name) is None:
         raise StrategyError(f"unknown strategy {name!r}; allowed: {', '.join(allowed)}")
     return make_strategy(column_spec(name, knob_texts))
 
@@ -130,7 +149,7 @@ def plan_columns(slots: list[tuple[str, list[str]]]) -> tuple[list[tuple[int, St
 def strategy_help(name: str) -> str:
     """The strategy's one-line summary (Markdown); its knob notes (class docstring), when it has some, behind an
     info toggle (`<details>`, closed) so a card shows its knobs first."""
-    cls = STRATEGIES[name]
+    cls = column_class(name)
     doc = inspect.getdoc(cls) or ""
     generated = doc.startswith(cls.__name__ + "(")
     if generated or not doc:
@@ -139,7 +158,10 @@ def strategy_help(name: str) -> str:
 
 
 def availability(loaded, names: list[str] | None = None) -> dict[str, str | None]:
-    """Strategy name -> why it cannot run on `loaded` here (None = it can), with default knobs."""
+    """Strategy name -> why it cannot run on `loaded` here (None = it can), with default knobs; a recurrent model's
+    reasons are `kvlab.recurrent.runner.recurrent_refusal`'s."""
+    from kvlab.recurrent.runner import recurrent_refusal
+
     reasons = {}
     for name in STRATEGIES if names is None else names:
         try:
@@ -147,24 +169,29 @@ def availability(loaded, names: list[str] | None = None) -> dict[str, str | None
         except StrategyError:
             reasons[name] = None  # its defaults need a knob set; the column reports the problem when it runs
             continue
-        reasons[name] = strategy.unavailable_reason(loaded)
+        recurrent = getattr(loaded, "is_recurrent", False)
+        reasons[name] = recurrent_refusal(strategy) if recurrent else strategy.unavailable_reason(loaded)
     return reasons
 
 
-def strategy_names(capability: str | None = None) -> list[str]:
-    """Registered names in registry order; with `capability`, only those whose default instance has it."""
-    return list(STRATEGIES) if capability is None else names_with(capability)
+def strategy_names(capability: str | None = None, engines: bool = False) -> list[str]:
+    """Registered names in registry order; with `capability`, only those whose default instance has it; with
+    `engines`, the engine columns after them (Compare's cards)."""
+    names = list(STRATEGIES) if capability is None else names_with(capability)
+    return names + list(ENGINE_COLUMNS) if engines else names
 
 
-def strategy_choices(loaded, capability: str | None = None, none_choice: bool = True) -> list[tuple[str, str]]:
+def strategy_choices(loaded, capability: str | None = None, none_choice: bool = True,
+                     engines: bool = False) -> list[tuple[str, str]]:
     """(label, value) pairs for a strategy dropdown; names that cannot run on `loaded` are marked.
 
     Args:
         loaded: the loaded model, or None when none is loaded yet (nothing is marked).
         capability: list only names with it (e.g. `usable_in_chat`); None lists every registered name.
         none_choice: start with NO_STRATEGY (an empty Compare column).
+        engines: list the engine columns too (Compare's cards).
     """
-    names = strategy_names(capability)
+    names = strategy_names(capability, engines)
     reasons = availability(loaded, names) if loaded is not None else {}
     choices = [(NO_STRATEGY, NO_STRATEGY)] if none_choice else []
     choices += [(name + UNAVAILABLE_MARK if reasons.get(name) else name, name) for name in names]
@@ -179,7 +206,8 @@ def card_form(name: str, knobs: dict, loaded, knob_count: int) -> dict:
         loaded: the loaded model (marks an unavailable strategy), or None.
         knob_count: how many knob fields the card has; the ones `name` does not need are hidden.
     """
-    if name == NO_STRATEGY or name not in STRATEGIES:
+    cls = column_class(name) if name != NO_STRATEGY else None
+    if cls is None:
         about = "Pick a strategy to add a column." if name == NO_STRATEGY else md_text(f"unknown strategy {name!r}")
         return {
             "about": {"value": about, "visible": True},
@@ -205,9 +233,15 @@ def card_form(name: str, knobs: dict, loaded, knob_count: int) -> dict:
         "knobs": fields,
         "status": {"value": status_html(name, "unavailable" if reason else "ready", "", reason or ""), "visible": True},
         "text": {"value": "", "visible": True},
-        "budget": {"value": knob_text(knobs.get("budget_mib")), "visible": STRATEGIES[name].use_cache},
-        "fallback": {"value": fallback_text(knobs.get("fallback")), "visible": STRATEGIES[name].use_cache},
+        "budget": {"value": knob_text(knobs.get("budget_mib")), "visible": _takes_budget(cls)},
+        "fallback": {"value": fallback_text(knobs.get("fallback")), "visible": _takes_budget(cls)},
     }
+
+
+def _takes_budget(cls: type[Strategy]) -> bool:
+    """A card offers a cache budget to a strategy that keeps a cache (not to an engine column: its engine keeps
+    its own)."""
+    return cls.use_cache and not cls.engine_name
 
 
 def fallback_text(fallback) -> str:

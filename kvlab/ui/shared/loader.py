@@ -10,7 +10,7 @@ the load reports their progress and the model counts as ready, here and in the
 ready file, once they are done. `get(spec)`
 blocks until the model is ready, reusing a load in flight. Load outcomes are
 shared by every session, like the weights themselves. (Model-bound events take
-their turns in `kvlab.ui.shared.turns`.) This module does not import gradio.
+their turns in `kvlab.ui.hosting.turns`.) This module does not import gradio.
 """
 
 from __future__ import annotations

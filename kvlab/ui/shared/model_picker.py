@@ -19,17 +19,19 @@ PUBLIC_PICKER_INFO = "a bundled model (offline), or type a Hugging Face hub id (
 """The picker's hint where local sources are off (`kvlab.models.sources.allow_local_folders`)."""
 
 
-def model_dropdown(value: str = "bundled", label: str = "Model", **kwargs) -> gr.Dropdown:
-    """A `gr.Dropdown` of the bundled models that accepts free text; its value is the model source."""
+def model_dropdown(value: str = "bundled", label: str = "Model", extra=(), **kwargs) -> gr.Dropdown:
+    """A `gr.Dropdown` of the bundled models (then the `extra` (line, source) choices) that accepts free text;
+    its value is the model source."""
     info = PICKER_INFO if allow_local_folders() else PUBLIC_PICKER_INFO
-    return gr.Dropdown(picker_choices(), value=value, label=label, allow_custom_value=True, info=info,
+    return gr.Dropdown([*picker_choices(), *extra], value=value, label=label, allow_custom_value=True, info=info,
                        filterable=True, **kwargs)
 
 
-def model_bar(dtypes: list[str], devices: list[str]):
-    """Compare's model row: (source picker, dtype, device, Load button, status line), laid out in a row."""
+def model_bar(dtypes: list[str], devices: list[str], extra=()):
+    """Compare's model row: (source picker, dtype, device, Load button, status line), laid out in a row; `extra`:
+    more (line, source) choices for the picker (Compare's speech model)."""
     with gr.Row(equal_height=False, elem_classes=["kv-modelbar"]):
-        source = model_dropdown("bundled", scale=4, elem_id="kv-model")
+        source = model_dropdown("bundled", scale=4, elem_id="kv-model", extra=extra)
         dtype = gr.Dropdown(dtypes, value="float32", label="dtype", scale=1, elem_id="kv-dtype",
                             interactive=len(dtypes) > 1,
                             info="half precision needs CUDA" if len(dtypes) == 1 else "weights and cache")

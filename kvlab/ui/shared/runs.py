@@ -2,7 +2,7 @@
 
 Each Run gives the browser session a fresh stop event in its `gr.State` dict (before the run is queued, so
 Stop works while it waits); Stop sets it; the run itself takes its turn in kvlab's scheduler
-(`kvlab.ui.shared.turns.page_turn`: a refusal, or the waiting line's position and wait, shows in the tab's
+(`kvlab.ui.hosting.turns.page_turn`: a refusal, or the waiting line's position and wait, shows in the tab's
 status). Wiring only: what a run does, and what it costs, is the tab's.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import threading
 
-from . import turns
+from ..hosting import turns
 
 PRIVATE = {"concurrency_limit": None, "api_visibility": "private"}
 """Handlers that touch no model: unqueued and not in the public API."""

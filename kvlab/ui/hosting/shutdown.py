@@ -16,7 +16,7 @@ signal handlers:
 3. starts a watchdog that ends the process with the same status EXIT_DEADLINE_S after the signal if the
    orderly exit has not finished by then (a long forward, say);
 4. raises `SystemExit(EXIT_TERMINATED)` in the main thread. That unwinds `launch()`, whose `finally` closes
-   gradio's server (`kvlab.ui.shared.serving.close_promptly`), and app.py then calls `finish()`: one more line
+   gradio's server (`kvlab.ui.hosting.server.close_promptly`), and app.py then calls `finish()`: one more line
    (`kvlab: SIGTERM: stopped`), and the process ends with `os._exit`. The interpreter's own teardown (freeing
    every module and the model's tensors, which took several seconds on a busy 2-core machine) is skipped: by
    then every file is complete, and nothing kvlab keeps needs it. A SIGTERM during start-up, before the server

@@ -25,7 +25,7 @@ these loops do not pace.
 `close_promptly` closes the server giving open connections SERVER_CLOSE_GRACE_S
 to end: uvicorn waits for them without limit by default, and a client
 listening to its event stream keeps one open, so gradio's `close()` waited
-the 5 s it allows itself (the SIGTERM path, `kvlab.ui.shared.shutdown`).
+the 5 s it allows itself (the SIGTERM path, `kvlab.ui.hosting.shutdown`).
 
 This is the one module that knows gradio's queue and server internals; it
 touches nothing in the browser.

@@ -9,8 +9,8 @@ text, and `str()` of a dict is not JSON). Bad input raises `gr.Error` with one l
 client sees it as the tool's error result), before any model loads where it can be checked without one.
 
 The model-bound tools are held to their own schema (TOOL_MAX_NEW_TOKENS, MAX_COLUMNS, the needle grid's and
-diverge's caps) and to the same caps as the page: each is costed (`kvlab.ui.shared.costs`) and admitted by
-kvlab's scheduler before it is queued, or refused in one line naming the setting (`kvlab.ui.shared.turns`).
+diverge's caps) and to the same caps as the page: each is costed (`kvlab.ui.hosting.costs`) and admitted by
+kvlab's scheduler before it is queued, or refused in one line naming the setting (`kvlab.ui.hosting.turns`).
 They run as async functions outside gradio's queue, inside the agent's own request, so an agent that
 disconnects stops its run and frees its place within a step.
 
@@ -135,28 +135,23 @@ class AgentTools:
         Returns:
             the run record, as JSON text, that `python -m kvlab compare --json` writes.
         """
-        from kvlab.columns import Column
+        from kvlab.compare.preset import PresetError, strategies_preset, strategy_columns
         from kvlab.compare.runner import run_preset
-        from kvlab.presets import PresetError, parse_preset
         from kvlab.protocol import collect
+        from kvlab.recurrent.runner import run_recurrent_preset
 
         self.compare_cost(strategies, prompt, max_new_tokens, model, fidelity)  # the schema holds for every caller
         items = split_strategy_list(strategies)
         try:
-            if not (prompt or "").strip():
-                raise ValueError("the prompt is empty: type something to generate from")
-            preset = parse_preset({"name": "mcp", "prompt": {"text": prompt}, "model": {"source": model},
-                                   "generation": {"max_new_tokens": int(max_new_tokens), "fidelity": bool(fidelity)},
-                                   "columns": [{"strategy": item.split(":")[0]} for item in items]},
-                                  "mcp", lenient_columns=True)
-            columns = [Column.from_text(item) for item in items]
-            if all(column.strategy is None for column in columns):
-                raise ValueError("; ".join(f"{column.title}: {column.rejected}" for column in columns))
+            preset = strategies_preset(prompt, items, "mcp", model={"source": model},
+                                       generation={"max_new_tokens": int(max_new_tokens), "fidelity": bool(fidelity)})
+            columns = strategy_columns(items)
             preset.settings().check()
         except (PresetError, ValueError) as err:
             raise _refuse(err) from None
         loaded = self._load(model)
-        return json.dumps(collect(run_preset(loaded, preset, stop or threading.Event(), columns)).record)
+        runner = run_recurrent_preset if loaded.is_recurrent else run_preset  # a recurrent model's own runner
+        return json.dumps(collect(runner(loaded, preset, stop or threading.Event(), columns)).record)
 
     def plan(self, model: str = "bundled", contexts: str = "1k,32k,128k", strategies: str = "dynamic",
              batch: int = 1, dtype: str = "bfloat16", budget_gib: float = 0.0) -> str:
@@ -261,34 +256,19 @@ class AgentTools:
         Returns:
             the record, as JSON text, that `python -m kvlab diverge --json` writes.
         """
-        from kvlab.cli.diverge import document, parse_strategy
-        from kvlab.compute import compute_iter
-        from kvlab.generation import GenerationSettings, encode_prompt
-        from kvlab.inspect.diverge import DivergeSession
+        from kvlab.inspect.diverge_run import DivergeRequest, run_diverge
 
-        _diverge_steps(steps)
+        request = DivergeRequest(strategy=strategy, prompt=prompt, steps=_diverge_steps(steps), reference=reference)
         try:
-            if not (prompt or "").strip():
-                raise ValueError("the prompt is empty: type something to generate from")
-            chosen, dense = parse_strategy(strategy), parse_strategy(reference)
-            if dense.lossy or not dense.use_cache:
-                raise ValueError(f"reference must be an exact cache (dynamic, static), got {dense.describe()}")
-            settings = GenerationSettings(max_new_tokens=int(steps), fidelity=False)
-            settings.check()
+            request.check()
         except ValueError as err:
             raise _refuse(err) from None
-        loaded = self._load(model)
-        prompt_ids = encode_prompt(loaded.tokenizer, prompt, "", True)
-        session = DivergeSession(loaded, chosen, prompt_ids, settings, dense)
-        for _ in compute_iter(session.steps(int(steps))):
-            if stop is not None and stop.is_set():
-                break
-        return json.dumps(document(session, {"text": prompt, "system": "", "chat": True}, loaded.info()))
+        return json.dumps(run_diverge(self._load(model), request, stop))
 
 
 def register_tools(pool) -> AgentTools:
     """Add compare_strategies, plan, needle and diverge as API endpoints of the Blocks being built (call inside
-    `with gr.Blocks()`); the model-bound ones take their turn in kvlab's scheduler (`kvlab.ui.shared.turns`)
+    `with gr.Blocks()`); the model-bound ones take their turn in kvlab's scheduler (`kvlab.ui.hosting.turns`)
     and run outside gradio's queue, in the MCP request that calls them."""
     tools = AgentTools(pool)
     outside_queue = {"queue": False, "concurrency_limit": None}
