@@ -29,8 +29,8 @@ from kvlab.sharing.limits import Limits  # noqa: E402
 from kvlab.sharing.scheduler import Scheduler  # noqa: E402
 from kvlab.strategies import make_strategy  # noqa: E402
 from kvlab.strategies.base import parse_strategy_list  # noqa: E402
-from kvlab.ui.shared import turns  # noqa: E402
-from kvlab.ui.shared.tools import AgentTools  # noqa: E402
+from kvlab.ui.hosting import turns  # noqa: E402
+from kvlab.ui.hosting.tools import AgentTools  # noqa: E402
 
 pytestmark = pytest.mark.unit
 REFUSAL_CHARS = 500
