@@ -25,6 +25,7 @@ import torch
 from .accounting import cache_bytes, cache_bytes_by_device, predicted_next_cache_bytes
 from .strategies import Strategy, StrategyError, make_strategy
 from .strategies.base import parse_strategy_item
+from .strategies.knob_yaml import shown
 
 MIB = 1 << 20
 MAX_BUDGET_MIB = 1 << 20
@@ -122,7 +123,7 @@ def parse_budget(budget_mib=None, fallback=None) -> Budget | None:
         if isinstance(budget_mib, bool) or not isinstance(budget_mib, (int, float)) or not math.isfinite(budget_mib) \
                 or not 0 < budget_mib <= MAX_BUDGET_MIB:
             raise StrategyError(f"budget_mib must be a number of MiB in (0, {MAX_BUDGET_MIB}] (e.g. 4 or 0.5), "
-                                f"got {budget_mib!r}")
+                                f"got {shown(budget_mib)}")
         budget_bytes = int(round(budget_mib * MIB))
     return Budget(budget_bytes, None if fallback is None else parse_chain(fallback))
 
@@ -149,7 +150,7 @@ def parse_chain(fallback) -> tuple[Strategy, ...]:
         items = [part.strip() for part in fallback.split(CHAIN_SEPARATOR) if part.strip()]
     if not isinstance(items, (list, tuple)) or not items:
         raise StrategyError(f"fallback must list at least one strategy (e.g. \"quantized:backend=hqq {CHAIN_SEPARATOR} "
-                            f"sink\"), or be left out for the default chain; got {fallback!r}")
+                            f"sink\"), or be left out for the default chain; got {shown(fallback)}")
     if len(items) > MAX_FALLBACKS:
         raise StrategyError(f"fallback names {len(items)} strategies; at most {MAX_FALLBACKS}")
     chain = []

@@ -1,4 +1,4 @@
-"""Generation settings, prompt encoding and next-token choice.
+"""Generation settings, prompt checks and encoding, and next-token choice.
 
 Sampling uses transformers' own logits processors (temperature, top-k, top-p,
 repetition penalty); each column draws from its own `torch.Generator` seeded
@@ -17,6 +17,38 @@ from .measure.record import DEFAULT_POLICY, POLICIES
 
 MAX_NEW_TOKENS_CAP = int(os.environ.get("KVLAB_MAX_NEW_TOKENS", "4096"))
 MAX_PROMPT_TOKENS = int(os.environ.get("KVLAB_MAX_PROMPT_TOKENS", "8192"))
+EMPTY_PROMPT = "the prompt is empty: type something to generate from"
+
+
+def surrogate_at(text: str) -> int | None:
+    """The index of the first lone surrogate in `text` (a code point that UTF-8 cannot encode), else None."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as err:
+        return err.start
+    return None
+
+
+def prompt_refusal(prompt, what: str = "the prompt") -> str | None:
+    """One line saying why `prompt` cannot run (empty, or holding a lone surrogate), or None when it can.
+
+    A JSON escape (`\\ud800`) or an API client can hand kvlab a lone surrogate: the tokenizer reads it, but no page
+    can show it (gradio cannot encode it as UTF-8 for the browser), so every front refuses it before it runs.
+    """
+    if not (prompt or "").strip():
+        return EMPTY_PROMPT if what == "the prompt" else f"{what} is empty: type something to generate from"
+    at = surrogate_at(prompt)
+    if at is not None:
+        return (f"{what} holds text that is not valid Unicode (a lone surrogate at character {at + 1}); "
+                "type or paste it again")
+    return None
+
+
+def check_prompt(prompt, what: str = "the prompt") -> None:
+    """Raise ValueError with `prompt_refusal`'s line unless `prompt` can run."""
+    refusal = prompt_refusal(prompt, what)
+    if refusal:
+        raise ValueError(refusal)
 
 
 @dataclass
@@ -166,11 +198,11 @@ def encode_prompt(tokenizer, prompt: str | list[dict], system: str = "", chat: b
     without a chat template are joined as plain text (`plain_conversation`).
 
     Raises:
-        ValueError: empty prompt, or longer than MAX_PROMPT_TOKENS.
+        ValueError: empty prompt, one that is not valid Unicode (a lone surrogate), or longer than
+            MAX_PROMPT_TOKENS.
     """
     if isinstance(prompt, str):
-        if not prompt.strip():
-            raise ValueError("the prompt is empty: type something to generate from")
+        check_prompt(prompt)
         if chat and getattr(tokenizer, "chat_template", None):
             messages = ([{"role": "system", "content": system}] if system.strip() else []) + [
                 {"role": "user", "content": prompt}
@@ -182,6 +214,9 @@ def encode_prompt(tokenizer, prompt: str | list[dict], system: str = "", chat: b
         messages = list(prompt)
         if not messages or not any(str(m.get("content", "")).strip() for m in messages):
             raise ValueError("the conversation is empty: add a message")
+        for message in messages:
+            if surrogate_at(str(message.get("content", ""))) is not None:
+                check_prompt(str(message.get("content", "")), "a message")
     if messages is not None and not getattr(tokenizer, "chat_template", None):
         prompt, messages = plain_conversation(messages), None
     if messages is None:

@@ -43,15 +43,14 @@ def add_parser(sub, parents) -> None:
 
 def _session(args):
     """(loaded model, InspectSession). Raises ValueError (StrategyError, InspectError) or ModelLoadError."""
-    from ..generation import GenerationSettings, encode_prompt
+    from ..generation import GenerationSettings, check_prompt, encode_prompt
     from ..inspect.inspector import InspectSession
     from ..models.loading import ModelSpec, load_model
     from ..strategies import make_strategy
     from ..strategies.base import parse_strategy_item
     from .outputs import check_writable
 
-    if not args.prompt.strip():
-        raise ValueError("the prompt is empty: type something to generate from")
+    check_prompt(args.prompt)
     check_writable(args.json)
     strategy = make_strategy(parse_strategy_item(args.strategy.strip()))
     settings = GenerationSettings(max_new_tokens=args.steps, do_sample=args.sample, temperature=args.temperature,

@@ -59,18 +59,13 @@ def _token_counts(text: str, flag: str) -> tuple[int, ...]:
 
 def build_request(args):
     """The `PlanRequest` of the parsed arguments. Raises ValueError with the reason (bad numbers or strategies)."""
-    from ..plan.planner import GIB, PlanRequest
+    from ..plan.budget_input import budget_bytes
+    from ..plan.planner import PlanRequest
     from ..strategies.base import parse_strategy_list
 
     budget = None
     if args.budget_gib is not None:
-        try:
-            budget = float(args.budget_gib)
-        except ValueError:
-            raise ValueError(f"--budget-gib must be a number of GiB, got {args.budget_gib!r}") from None
-        if budget <= 0:
-            raise ValueError(f"--budget-gib must be above 0, got {args.budget_gib}")
-        budget = int(budget * GIB)
+        budget = budget_bytes(args.budget_gib, "--budget-gib")
     specs = parse_strategy_list(args.strategies)
     if not specs:
         raise ValueError("--strategies is empty: name at least one, e.g. dynamic")

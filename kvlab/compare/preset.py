@@ -18,7 +18,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from ..columns import MAX_COLUMNS, Column
-from ..generation import GenerationSettings
+from ..generation import GenerationSettings, check_prompt
 from ..presets import ModelSection, PresetError, presets_dir, read_preset_yaml
 from ..strategies import STRATEGIES, StrategyError
 from .columns import MODES
@@ -131,10 +131,10 @@ def strategies_preset(prompt: str, items: list[str], name: str, model: dict | No
     left to `strategy_columns`; `model` and `generation` are the preset's sections (defaults when None).
 
     Raises:
-        ValueError: an empty prompt; PresetError: a section that fails the schema.
+        ValueError: an empty prompt or one that is not valid Unicode; PresetError: a section that fails the
+            schema.
     """
-    if not (prompt or "").strip():
-        raise ValueError("the prompt is empty: type something to generate from")
+    check_prompt(prompt)
     data = {"name": name, "prompt": {"text": prompt}, "columns": [{"strategy": item.split(":")[0]} for item in items]}
     data.update({key: section for key, section in (("model", model), ("generation", generation)) if section})
     return parse_preset(data, name, lenient_columns=True)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 
-from ..generation import GenerationSettings, encode_prompt
+from ..generation import GenerationSettings, check_prompt, encode_prompt
 from .diverge import MAX_DIVERGE_STEPS, DivergeSession
 from .loops import LOOP_VARIANTS
 
@@ -58,11 +58,11 @@ class DivergeRequest:
         """(strategy, reference strategy, GenerationSettings), checked without a model.
 
         Raises:
-            ValueError: an empty prompt, steps outside 1..MAX_DIVERGE_STEPS, a strategy that does not parse
-                (StrategyError), or a reference that is not an exact cache; one line saying what to change.
+            ValueError: an empty prompt or one that is not valid Unicode, steps outside 1..MAX_DIVERGE_STEPS, a
+                strategy that does not parse (StrategyError), or a reference that is not an exact cache; one line
+                saying what to change.
         """
-        if not (self.prompt or "").strip():
-            raise ValueError("the prompt is empty: type something to generate from")
+        check_prompt(self.prompt)
         if not 1 <= self.steps <= MAX_DIVERGE_STEPS:
             raise ValueError(f"{self.flag_prefix}steps must be from 1 to {MAX_DIVERGE_STEPS}, got {self.steps}")
         strategy, reference = parse_strategy(self.strategy), parse_strategy(self.reference)

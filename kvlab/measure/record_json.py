@@ -11,6 +11,8 @@ records, Needle's record, the command line's `--replay` and `--from`) reads file
 - NaN and ±Infinity (json's `parse_constant`), integers of more than MAX_INT_DIGITS digits (`parse_int`) and
   other numbers past MAX_FLOAT in magnitude or MAX_NUMBER_CHARS characters long (`parse_float`) are refused as
   they are parsed;
+- a string holding a lone surrogate (`"\\ud800"`, valid JSON but not Unicode text: no page can show it) is
+  refused after parsing, when the text has such an escape (UNICODE_REFUSAL);
 - the top level must be an object.
 
 `shaped` then checks a parsed part against a `TypedDict` strictly (pydantic: no number from a string, no
@@ -52,6 +54,8 @@ MAX_FLOAT = 1e15
 """Largest magnitude of a number with a fraction or exponent read (a record's figures are bytes, seconds,
 rates and counts; arithmetic on a larger one, e.g. a squared noise of 1e300, would overflow)."""
 
+UNICODE_REFUSAL = "the record holds text that is not valid Unicode (a lone surrogate)"
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 _ESCAPE = re.compile(r"\\.", re.S)
 _STRING = re.compile(r'"[^"]*"')
 _NOT_BRACKET = re.compile(r"[^\[\]{}]+")
@@ -141,12 +145,15 @@ def parse(data: bytes | str) -> object:
     """The JSON value of `data`, read under the module's depth, count and number limits.
 
     Raises:
-        RecordJSONError: not UTF-8, not JSON, or past a limit; the message says which.
+        RecordJSONError: not UTF-8, not JSON, holding a lone surrogate, or past a limit; the message says which.
     """
     try:
         text = data.decode("utf-8") if isinstance(data, bytes) else data
+        text.encode("utf-8")  # a str given as is may hold a surrogate itself
     except UnicodeDecodeError as err:
         raise RecordJSONError(f"not a JSON file, so not a kvlab record (byte {err.start} is not UTF-8)") from None
+    except UnicodeEncodeError:
+        raise RecordJSONError(UNICODE_REFUSAL) from None
     depth, brackets = nesting(text)
     if brackets > 2 * MAX_CONTAINERS:
         raise RecordJSONError(f"the JSON holds more than {2 * MAX_CONTAINERS:,} brackets, more than any kvlab "
@@ -154,12 +161,24 @@ def parse(data: bytes | str) -> object:
     if depth > MAX_DEPTH:
         raise RecordJSONError(f"the JSON nests {depth} levels deep; a kvlab record nests at most {MAX_DEPTH}")
     try:
-        return json.loads(text, parse_constant=_refuse_constant, parse_int=_parse_int, parse_float=_parse_float)
+        value = json.loads(text, parse_constant=_refuse_constant, parse_int=_parse_int, parse_float=_parse_float)
     except json.JSONDecodeError as err:
         raise RecordJSONError(f"not a JSON file, so not a kvlab record ({err.msg} at line {err.lineno} column "
                               f"{err.colno})") from None
     except RecursionError:  # the scan above keeps json far from this; kept so no traceback can escape
         raise RecordJSONError(f"the JSON nests too deep; a kvlab record nests at most {MAX_DEPTH}") from None
+    if _SURROGATE_ESCAPE.search(text) and not _unicode(value):
+        raise RecordJSONError(UNICODE_REFUSAL)
+    return value
+
+
+def _unicode(value) -> bool:
+    """Whether every string in a parsed JSON value (keys included) is encodable as UTF-8."""
+    try:
+        json.dumps(value, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def load_json(source: str | Path | bytes) -> dict:

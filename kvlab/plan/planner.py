@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .budget_input import GIB, MAX_BUDGET_GIB
 from .config_limits import check_config
 from .explain import explain, strategy_notes
 from .measured import meter_for
@@ -45,6 +46,7 @@ from .meter import FAR_TOKENS, GroupLaw, MeasureError, PlanLimit
 from .probe import Architecture, ProbeError, describe_architecture
 from ..strategies import StrategyError, make_strategy
 from ..strategies.dynamic import Dynamic
+from ..strategies.knob_yaml import shown
 from ..strategies.static import Static
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -54,7 +56,6 @@ MAX_BATCH = 1 << 20
 MAX_CONTEXT_TOKENS = 1 << 32
 MAX_ELEMENTS = 1 << 62
 """Largest key or value tensor the meter may describe (elements); torch sizes are 64-bit."""
-GIB = 1 << 30
 OFFLOADED_RESIDENT_LAYERS = 2
 """Offloaded layers on the GPU at once in transformers' offloading: the one attending and the next, prefetched."""
 
@@ -109,8 +110,10 @@ class PlanRequest:
         _require_ints("batch", [self.batch], 1, MAX_BATCH)
         if self.dtype not in DTYPES:
             raise PlanError(f"dtype must be one of {list(DTYPES)}, got {self.dtype!r}")
-        if self.budget_bytes is not None and (not isinstance(self.budget_bytes, (int, float)) or self.budget_bytes <= 0):
-            raise PlanError(f"the budget must be a positive number of bytes, got {self.budget_bytes!r}")
+        if self.budget_bytes is not None and (not isinstance(self.budget_bytes, (int, float))
+                                              or not 0 < self.budget_bytes <= MAX_BUDGET_GIB * GIB):
+            raise PlanError(f"the budget must be a number of bytes above 0 and at most {MAX_BUDGET_GIB:,} GiB "
+                            f"(MAX_BUDGET_GIB), got {shown(self.budget_bytes)}")
         if self.prefill_tokens is not None:
             _require_ints("prefill", [self.prefill_tokens], 1, min(self.contexts))
         if not self.strategies or len(self.strategies) > MAX_STRATEGIES:

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from ..accounting import layer_windows
+from .knob_yaml import brief, load_knob_value, shown
 
 STRATEGIES: dict[str, type["Strategy"]] = {}
 ENGINE_COLUMNS: dict[str, type["Strategy"]] = {}
@@ -307,8 +308,8 @@ def make_strategy(spec: dict | Strategy) -> Strategy:
     """Build a strategy from `{"strategy": name, **knobs}` (or return a Strategy as is).
 
     Raises:
-        StrategyError: unknown name or knob, or an invalid knob value; the message
-            lists the allowed names, knobs or values.
+        StrategyError: unknown name or knob, or an invalid knob value; the message (one line of at most
+            MESSAGE_CHARS) lists the allowed names, knobs or values.
     """
     if isinstance(spec, Strategy):
         return spec
@@ -317,17 +318,18 @@ def make_strategy(spec: dict | Strategy) -> Strategy:
     cls = STRATEGIES.get(name) or ENGINE_COLUMNS.get(name) if isinstance(name, str) else None
     if cls is None:
         engines = f"; engine columns (Compare): {', '.join(ENGINE_COLUMNS)}" if ENGINE_COLUMNS else ""
-        raise StrategyError(f"unknown strategy {name!r}; allowed: {', '.join(STRATEGIES)}{engines}")
+        raise StrategyError(f"unknown strategy {shown(name)}; allowed: {', '.join(STRATEGIES)}{engines}")
     allowed = [f.name for f in dataclasses.fields(cls)]
     unknown = sorted(set(spec) - set(allowed))
     if unknown:
-        raise StrategyError(f"{name}: unknown setting(s) {unknown}; allowed: {allowed}")
+        raise StrategyError(f"{name}: unknown setting(s) {shown(unknown)}; allowed: {allowed}")
     try:
         return cls(**spec)
-    except StrategyError:
-        raise
     except (TypeError, ValueError) as err:
-        raise StrategyError(f"{name}: {err}") from err
+        message = str(err) if isinstance(err, StrategyError) else f"{name}: {err}"
+        if isinstance(err, StrategyError) and message == brief(message):
+            raise
+        raise StrategyError(brief(message)) from err
 
 
 def names_with(capability: str) -> list[str]:
@@ -363,16 +365,17 @@ def require_int(name: str, value, low: int, high: int | None = None) -> None:
     """Raise StrategyError unless `low <= value (<= high)`, naming the allowed range."""
     if not isinstance(value, int) or isinstance(value, bool) or value < low or (high is not None and value > high):
         allowed = f">= {low}" if high is None else f"{low}..{high}"
-        raise StrategyError(f"{name} must be an integer {allowed}, got {value!r}")
+        raise StrategyError(f"{name} must be an integer {allowed}, got {shown(value)}")
 
 
 def parse_strategy_list(text: str) -> list[dict]:
     """Column specs from the command-line syntax `dynamic,quantized:backend=hqq:nbits=4,static:max_cache_len=128`.
 
-    Knob values are read as YAML scalars (`4` -> int, `true` -> bool).
+    Knob values are read as YAML scalars (`4` -> int, `true` -> bool) by `knob_yaml.load_knob_value`.
 
     Raises:
-        ValueError: a knob not written as key=value, or with nothing after `=`.
+        ValueError: a knob not written as key=value, with nothing after `=`, or whose value is too long or not
+            YAML (anchors and aliases refused); one line naming the knob.
     """
     return [parse_strategy_item(item) for item in split_strategy_list(text)]
 
@@ -388,10 +391,9 @@ def parse_strategy_item(item: str) -> dict:
     the next `key=`, so a URL's colons stay in its value.
 
     Raises:
-        ValueError: a knob not written as key=value, or with nothing after `=`.
+        ValueError: a knob not written as key=value, with nothing after `=`, or whose value is too long or not
+            YAML (`knob_yaml.load_knob_value`); one line naming the knob.
     """
-    import yaml
-
     if item.startswith(ENGINE_PREFIX):
         engine, _, rest = item[len(ENGINE_PREFIX):].partition(":")
         name, pairs = ENGINE_PREFIX + engine, re.split(r":(?=[A-Za-z_]\w*=)", rest) if rest else []
@@ -401,8 +403,8 @@ def parse_strategy_item(item: str) -> dict:
     for pair in pairs:
         key, equals, value = pair.partition("=")
         if not equals:
-            raise ValueError(f"bad knob {pair!r} in {item!r}: write key=value")
+            raise ValueError(f"bad knob {shown(pair)} in {shown(item)}: write key=value")
         if not value.strip():
-            raise ValueError(f"bad knob {pair!r} in {item!r}: give a value after '='")
-        spec[key] = yaml.safe_load(value)
+            raise ValueError(f"bad knob {shown(pair)} in {shown(item)}: give a value after '='")
+        spec[key] = load_knob_value(key, value)
     return spec

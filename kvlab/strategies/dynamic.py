@@ -15,6 +15,7 @@ from ..engines import ServingSetting
 from ..engines.settings import (LLAMA_ARGS, LLAMA_VERSION, SGLANG_MODEL_ARGS, SGLANG_VERSION, TRT_KV_CONFIG,
                                 TRT_VERSION, VLLM_CACHE, VLLM_VERSION)
 from .base import Strategy, StrategyError, register
+from .knob_yaml import shown
 
 LAYER_TYPES = ("model", "full")
 
@@ -34,7 +35,7 @@ class Dynamic(Strategy):
 
     def __post_init__(self):
         if self.layer_types not in LAYER_TYPES:
-            raise StrategyError(f"layer_types must be one of {list(LAYER_TYPES)}, got {self.layer_types!r}")
+            raise StrategyError(f"layer_types must be one of {list(LAYER_TYPES)}, got {shown(self.layer_types)}")
 
     def title(self) -> str:
         return self.name if self.layer_types == "model" else f"{self.name} all-full"

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from ..engines.llamacpp import FLOAT_TYPES, KV_TYPES, is_quantized, rotated
 from .base import StrategyError, register_engine, require_int
 from .engine_column import EngineColumn
+from .knob_yaml import shown
 
 
 @register_engine
@@ -33,10 +34,10 @@ class LlamaCppEngine(EngineColumn):
     def __post_init__(self):
         for knob in ("type_k", "type_v"):
             if getattr(self, knob) not in KV_TYPES:
-                raise StrategyError(f"{knob} must be one of {', '.join(KV_TYPES)}, got {getattr(self, knob)!r}")
+                raise StrategyError(f"{knob} must be one of {', '.join(KV_TYPES)}, got {shown(getattr(self, knob))}")
         for knob, value in dict(flash_attn=self.flash_attn, rotation=self.rotation).items():
             if not isinstance(value, bool):
-                raise StrategyError(f"{knob} must be true or false, got {value!r}")
+                raise StrategyError(f"{knob} must be true or false, got {shown(value)}")
         if self.type_v not in FLOAT_TYPES and not self.flash_attn:
             raise StrategyError(f"type_v={self.type_v} needs flash_attn=true: llama.cpp quantizes V only with "
                                 "flash attention")

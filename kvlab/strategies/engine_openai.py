@@ -8,6 +8,7 @@ from urllib.parse import urlsplit
 
 from .base import StrategyError, register_engine
 from .engine_column import EngineColumn
+from .knob_yaml import shown
 
 SEND = ("text", "ids")
 MAX_TIMEOUT_S = 600.0
@@ -44,15 +45,15 @@ class OpenAIEngine(EngineColumn):
             raise StrategyError("base_url must be the server's http(s) API root, e.g. http://127.0.0.1:8080/v1")
         for knob in ("model", "api_key"):
             if not isinstance(getattr(self, knob), str):
-                raise StrategyError(f"{knob} must be text" + (f", got {self.model!r}" if knob == "model" else ""))
+                raise StrategyError(f"{knob} must be text" + (f", got {shown(self.model)}" if knob == "model" else ""))
         if self.send not in SEND:
-            raise StrategyError(f"send must be one of {', '.join(SEND)}, got {self.send!r}")
+            raise StrategyError(f"send must be one of {', '.join(SEND)}, got {shown(self.send)}")
         if isinstance(self.timeout_s, bool) or not isinstance(self.timeout_s, (int, float)) \
                 or not 0 < self.timeout_s <= MAX_TIMEOUT_S:
             raise StrategyError(f"timeout_s must be a number of seconds in (0, {MAX_TIMEOUT_S:g}], got "
-                                f"{self.timeout_s!r}")
+                                f"{shown(self.timeout_s)}")
         if not isinstance(self.metrics, bool):
-            raise StrategyError(f"metrics must be true or false, got {self.metrics!r}")
+            raise StrategyError(f"metrics must be true or false, got {shown(self.metrics)}")
 
     def knobs(self) -> dict:
         """The knobs, the API key shown as KEY_SHOWN when set."""

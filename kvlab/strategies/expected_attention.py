@@ -7,6 +7,7 @@ matrix), scores each position by its expected attention times its value norm, an
 from dataclasses import dataclass
 
 from .base import StrategyError, register, require_int
+from .knob_yaml import shown
 from .scored import ScoredEviction
 
 
@@ -32,12 +33,12 @@ class ExpectedAttention(ScoredEviction):
         require_int("n_sink", self.n_sink, 0)
         for knob in ("use_covariance", "use_vnorm"):
             if not isinstance(getattr(self, knob), bool):
-                raise StrategyError(f"{knob} must be true or false, got {getattr(self, knob)!r}")
+                raise StrategyError(f"{knob} must be true or false, got {shown(getattr(self, knob))}")
         if 0 < self.compress_every <= self.n_sink:
             raise StrategyError(f"expected_attention: compress_every must be more than n_sink={self.n_sink} (the "
                                 f"query statistics skip the first n_sink tokens fed), got {self.compress_every}")
         if isinstance(self.epsilon, bool) or not isinstance(self.epsilon, (int, float)) or self.epsilon < 0:
-            raise StrategyError(f"epsilon must be a number >= 0, got {self.epsilon!r}")
+            raise StrategyError(f"epsilon must be a number >= 0, got {shown(self.epsilon)}")
 
     def check_fits(self, prompt_tokens: int, max_new_tokens: int) -> None:
         super().check_fits(prompt_tokens, max_new_tokens)

@@ -11,6 +11,7 @@ layers and their snippet; the pruning is `kvlab.eviction`'s.
 from __future__ import annotations
 
 from .base import StrategyError
+from .knob_yaml import shown
 
 OFF = "none"
 
@@ -36,7 +37,7 @@ def parse(value):
         return None
     parsed = parse_quantize(text)
     if parsed is None:
-        raise StrategyError(f"quantize must be one of {allowed()}; got {value!r}")
+        raise StrategyError(f"quantize must be one of {allowed()}; got {shown(value)}")
     return parsed
 
 

@@ -33,6 +33,7 @@ from ..engines import ServingSetting
 from ..engines.settings import (LLAMA_VERSION, SGLANG_VERSION, TRT_TRIATTENTION, TRT_TRIATTENTION_VERSION,
                                 VLLM_VERSION)
 from .base import Strategy, StrategyError, require_int
+from .knob_yaml import shown
 from .quantize_knob import describe as describe_quantize
 
 MIB = 1 << 20
@@ -86,15 +87,15 @@ class ScoredEviction(Strategy):
         ratio = self.compression_ratio
         if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0 <= ratio < 1:
             raise StrategyError(f"compression_ratio must be a number in [0, 1) (fraction of the prompt's pairs "
-                                f"removed), got {ratio!r}")
+                                f"removed), got {shown(ratio)}")
         require_int("target_tokens", self.target_tokens, 0)
         mib = self.target_mib
         if isinstance(mib, bool) or not isinstance(mib, (int, float)) or mib < 0:
-            raise StrategyError(f"target_mib must be a number >= 0 (0: use compression_ratio), got {mib!r}")
+            raise StrategyError(f"target_mib must be a number >= 0 (0: use compression_ratio), got {shown(mib)}")
         if self.target_tokens and mib:
             raise StrategyError("give target_tokens or target_mib, not both (0 turns one off)")
         if not isinstance(self.query_aware, bool):
-            raise StrategyError(f"query_aware must be true or false, got {self.query_aware!r}")
+            raise StrategyError(f"query_aware must be true or false, got {shown(self.query_aware)}")
         require_int("question_tokens", self.question_tokens, 0)
         if not self.query_aware and not self.question_tokens:
             raise StrategyError("query_aware: false needs question_tokens >= 1 (the prompt's last tokens that "

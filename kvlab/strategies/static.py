@@ -7,6 +7,7 @@ from ..engines import ServingSetting
 from ..engines.settings import (LLAMA_ARGS, LLAMA_VERSION, SGLANG_SCHEDULE_ARGS, SGLANG_VERSION, TRT_KV_CONFIG,
                                 TRT_VERSION, VLLM_ARGS, VLLM_VERSION)
 from .base import Strategy, StrategyError, register, require_int
+from .knob_yaml import shown
 
 COMPILE_BUCKET = 256
 """With compile and no max_cache_len, the cache holds prompt + new tokens rounded up to a multiple of this,
@@ -32,7 +33,7 @@ class Static(Strategy):
         if self.max_cache_len is not None:
             require_int("max_cache_len", self.max_cache_len, 1)
         if not isinstance(self.compile, bool):
-            raise StrategyError(f"compile must be true or false, got {self.compile!r}")
+            raise StrategyError(f"compile must be true or false, got {shown(self.compile)}")
 
     def title(self) -> str:
         size = "" if self.max_cache_len is None else f" {self.max_cache_len}"

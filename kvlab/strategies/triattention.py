@@ -25,6 +25,7 @@ from ..engines import ServingSetting
 from ..engines.settings import (LLAMA_VERSION, SGLANG_VERSION, TRT_TRIATTENTION, TRT_TRIATTENTION_VERSION,
                                 VLLM_VERSION)
 from .base import Strategy, StrategyError, register, require_int
+from .knob_yaml import shown
 
 PLUGIN_REASON = ("not in its options (checked in {}); TriAttention's authors ship an out-of-tree plugin for it "
                  "(github.com/WeianMao/triattention)")
@@ -61,9 +62,9 @@ class TriAttention(Strategy):
         require_int("budget", self.budget, 1)
         require_int("beta", self.beta, 1)
         if self.eviction_mode not in _modes():
-            raise StrategyError(f"eviction_mode must be one of {', '.join(_modes())}, got {self.eviction_mode!r}")
+            raise StrategyError(f"eviction_mode must be one of {', '.join(_modes())}, got {shown(self.eviction_mode)}")
         if not isinstance(self.normalize_scores, bool):
-            raise StrategyError(f"normalize_scores must be true or false, got {self.normalize_scores!r}")
+            raise StrategyError(f"normalize_scores must be true or false, got {shown(self.normalize_scores)}")
         if self.eviction_mode == "union" and not self.normalize_scores:
             raise StrategyError("normalize_scores: false needs eviction_mode per_head or per_layer_perhead: "
                                 "TensorRT-LLM always z-normalizes union's scores")

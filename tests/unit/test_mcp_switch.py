@@ -36,7 +36,7 @@ def test_command_line_flags():
     (lambda t: t.compare_strategies("", "hi"), "strategies is empty"),
     (lambda t: t.compare_strategies("dynamic", "  "), "the prompt is empty"),
     (lambda t: t.compare_strategies("dynamic", "hi", 0), "max_new_tokens must be between 1"),
-    (lambda t: t.plan(batch=0), "batch must be 1 or more"),
+    (lambda t: t.plan(batch=0), "batch must be between 1 and"),
     (lambda t: t.plan(contexts="lots"), "lots"),
     (lambda t: t.diverge("quantized:backend=quanto:nbits=2", "hi", reference="sink"), "reference must be an exact"),
     (lambda t: t.diverge("dynamic", "hi", steps=0), "steps must be from 1"),

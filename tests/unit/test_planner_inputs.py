@@ -28,7 +28,7 @@ JSON_FIELDS = {"cache_bytes", "cache_bytes_by_layer_type", "weights_bytes", "tot
     ({"contexts": ()}, "give between 1 and"),
     ({"batch": 0}, "batch must be an integer from 1"),
     ({"dtype": "int8"}, "dtype must be one of ['float32', 'bfloat16', 'float16']"),
-    ({"budget_bytes": -1}, "budget must be a positive number"),
+    ({"budget_bytes": -1}, "budget must be a number of bytes above 0"),
     ({"prefill_tokens": 2048, "contexts": (1024,)}, "prefill must be an integer from 1 to 1,024"),
     ({"strategies": ({"strategy": "paged"},)}, "unknown strategy 'paged'; allowed: no_cache, dynamic"),
     ({"strategies": ({"strategy": "quantized", "nbits": 5},)}, "allowed: [2, 4]"),
@@ -153,7 +153,7 @@ def test_cli_prints_the_plan_and_writes_json(tmp_path, capsys):
     (["--context", "0"], "context must be an integer from 1"),
     (["--context", "1.5k"], "--context: context lengths are whole numbers"),
     (["--batch", "0"], "batch must be an integer from 1"),
-    (["--budget-gib", "-3"], "--budget-gib must be above 0"),
+    (["--budget-gib", "-3"], "--budget-gib must be a finite number of GiB above 0"),
     (["--strategies", "dynamic:window"], "write key=value"),
     (["--model", "nosuchmodel"], "known: "),
 ])

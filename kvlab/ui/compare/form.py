@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from kvlab.budget import require_cache
 from kvlab.columns import MAX_COLUMNS, Column
 from kvlab.compare.columns import MODES
-from kvlab.generation import GenerationSettings
+from kvlab.generation import GenerationSettings, prompt_refusal
 from kvlab.measure import DEFAULT_POLICY
 from kvlab.models.loading import ModelSpec
 from kvlab.compare.preset import Preset, PromptSpec, load_preset
@@ -139,8 +139,9 @@ def plan_run(request: RunRequest) -> RunPlan:
         problems.append(f"mode must be one of {list(MODES)}, got {request.mode!r}")
     if problems:
         raise RunRejected("; ".join(problems))
-    if not (request.prompt or "").strip():
-        raise RunRejected("the prompt is empty: type something to generate from")
+    refusal = prompt_refusal(request.prompt)
+    if refusal:
+        raise RunRejected(refusal)
     try:
         spec = request.model_spec()
     except ValueError as err:

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from kvlab.compare.runner import run_preset as run_compare_preset
 from kvlab.compare.summary import rows_to_csv
-from kvlab.generation import GenerationSettings
+from kvlab.generation import GenerationSettings, check_prompt
 from kvlab.models.atomic import write_atomic
 from kvlab.models.loading import ModelSpec
 from kvlab.compare.preset import Preset, load_preset, parse_preset
@@ -147,8 +147,7 @@ def run_preset(loader, path, name: str, prompt: str | None = None, max_new_token
     """
     data = load_preset(path).model_dump()
     if prompt is not None:
-        if not prompt.strip():
-            raise ValueError("the prompt is empty: type something to generate from")
+        check_prompt(prompt)
         data["prompt"]["text"] = prompt
     if max_new_tokens is not None:
         GenerationSettings(**{**data["generation"], "max_new_tokens": max_new_tokens}).check()

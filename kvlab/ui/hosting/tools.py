@@ -5,8 +5,9 @@ Gradio builds each tool's schema from the function's type hints and its docstrin
 the contract: every tool takes plain strings, numbers and booleans (strategies in compare syntax,
 `quantized:backend=quanto:nbits=4,sink:window_length=64`) and returns the JSON record the matching CLI
 subcommand writes with `--json`, as JSON text (gradio's MCP server hands a tool's result to the client as
-text, and `str()` of a dict is not JSON). Bad input raises `gr.Error` with one line saying what to change (an MCP
-client sees it as the tool's error result), before any model loads where it can be checked without one.
+text, and `str()` of a dict is not JSON). Bad input raises `ToolError` (a `gr.Error`) with one line saying what
+to change (an MCP client sees it, unquoted, as the tool's error result), before any model loads where it can be
+checked without one.
 
 The model-bound tools are held to their own schema (TOOL_MAX_NEW_TOKENS, MAX_COLUMNS, the needle grid's and
 diverge's caps) and to the same caps as the page: each is costed (`kvlab.ui.hosting.costs`) and admitted by
@@ -21,7 +22,6 @@ disconnects stops its run and frees its place within a step.
 from __future__ import annotations
 
 import json
-import math
 import os
 import threading
 
@@ -31,6 +31,7 @@ from kvlab.columns import MAX_COLUMNS
 from kvlab.models.loading import ModelLoadError, ModelSpec
 from kvlab.sharing.cost import RunCost, prompt_tokens
 from kvlab.strategies.base import split_strategy_list
+from kvlab.strategies.knob_yaml import shown
 
 from .costs import compare_cost, needle_cost
 from .turns import tool_turn
@@ -62,17 +63,26 @@ def mcp_enabled(flag: bool | None = None) -> bool:
     raise ValueError(f"{MCP_ENV} must be 1 or 0, got {text!r}")
 
 
-def _refuse(err: Exception) -> gr.Error:
-    return gr.Error(str(err).splitlines()[0] if str(err) else type(err).__name__)
+class ToolError(gr.Error):
+    """A tool's refusal: `gr.Error` whose `str()` is its message. gradio's own `Error.__str__` returns
+    `repr(message)`, and its MCP server hands an agent `str(error)`, so a plain `gr.Error` reaches the agent
+    quoted, with escaped quotes; this one reaches it as the one line written."""
+
+    def __str__(self) -> str:
+        return str(self.message)
+
+
+def _refuse(err: Exception) -> ToolError:
+    return ToolError(str(err).splitlines()[0] if str(err) else type(err).__name__)
 
 
 def _strategy_items(strategies: str, example: str) -> list[str]:
     """The items of a comma list of strategies, 1 to MAX_COLUMNS of them; else `gr.Error`."""
     items = split_strategy_list(strategies or "")
     if not items:
-        raise gr.Error(f"strategies is empty: name at least one, e.g. {example}")
+        raise ToolError(f"strategies is empty: name at least one, e.g. {example}")
     if len(items) > MAX_COLUMNS:
-        raise gr.Error(f"strategies names {len(items)} columns; at most {MAX_COLUMNS} run side by side")
+        raise ToolError(f"strategies names {len(items)} columns; at most {MAX_COLUMNS} run side by side")
     return items
 
 
@@ -80,10 +90,10 @@ def _whole_in(name: str, value, least: int, most: int) -> int:
     """`value` as a whole number in least..most (the tool's schema); else `gr.Error` naming `name`."""
     try:
         number = int(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         number = None
     if number is None or number != value or not least <= number <= most:
-        raise gr.Error(f"{name} must be between {least} and {most}, got {value!r}")
+        raise ToolError(f"{name} must be between {least} and {most}, got {shown(value)}")
     return number
 
 
@@ -93,10 +103,10 @@ def _diverge_steps(steps) -> int:
 
     try:
         count = int(steps)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         count = 0
     if count != steps or not 1 <= count <= MAX_DIVERGE_STEPS:
-        raise gr.Error(f"steps must be from 1 to {MAX_DIVERGE_STEPS}, got {steps!r}")
+        raise ToolError(f"steps must be from 1 to {MAX_DIVERGE_STEPS}, got {shown(steps)}")
     return count
 
 
@@ -163,28 +173,25 @@ class AgentTools:
             model: "bundled", "bundled:gemma-3-270m", a catalog hub id such as "meta-llama/Llama-3.1-8B" (see `python -m kvlab plan --list-models`), or another hub id whose config.json is at most 1 MiB with at most 1024 layers.
             contexts: comma list of context lengths in tokens, k = 1024, e.g. "1k,32k,128k".
             strategies: comma list as compare takes it, e.g. "dynamic,quantized:backend=quanto:nbits=4,sink:window_length=1024".
-            batch: sequences in the batch (1 or more).
+            batch: sequences in the batch (1 to 1048576).
             dtype: "float32", "bfloat16" or "float16".
-            budget_gib: accelerator memory for weights + cache in GiB (2^30 bytes); 0 means no budget.
+            budget_gib: accelerator memory for weights + cache in GiB (2^30 bytes), at most 1048576; 0 means no budget.
         Returns:
             the plan, as JSON text, that `python -m kvlab plan --json` writes.
         """
-        from kvlab.plan.planner import GIB, PlanError, PlanRequest, plan
+        from kvlab.plan.budget_input import budget_bytes
+        from kvlab.plan.planner import MAX_BATCH, PlanError, PlanRequest, plan
         from kvlab.plan.token_counts import parse_token_counts
         from kvlab.strategies.base import parse_strategy_list
 
         try:
-            if int(batch) < 1:
-                raise ValueError(f"batch must be 1 or more, got {batch}")
-            if budget_gib is not None and not (math.isfinite(budget_gib) and budget_gib >= 0):
-                raise ValueError(f"budget_gib must be 0 (no budget) or a finite number of GiB above it, got "
-                                 f"{budget_gib}")
+            count = _whole_in("batch", batch, 1, MAX_BATCH)
+            budget = None if budget_gib in (None, 0) else budget_bytes(budget_gib, "budget_gib", zero_means_none=True)
             specs = parse_strategy_list(strategies or "")
             if not specs:
                 raise ValueError("strategies is empty: name at least one, e.g. dynamic")
-            request = PlanRequest(model=model, contexts=parse_token_counts(contexts), batch=int(batch), dtype=dtype,
-                                  strategies=tuple(specs),
-                                  budget_bytes=int(budget_gib * GIB) if budget_gib else None, prefill_tokens=None)
+            request = PlanRequest(model=model, contexts=parse_token_counts(contexts), batch=count, dtype=dtype,
+                                  strategies=tuple(specs), budget_bytes=budget, prefill_tokens=None)
             return json.dumps(plan(request).to_json())
         except (PlanError, ValueError) as err:
             raise _refuse(err) from None
@@ -197,7 +204,7 @@ class AgentTools:
         tokens = _whole_in("new_tokens", new_tokens, 1, MAX_NEW_TOKENS)
         cells = len(split_items(lengths)) * len(split_items(depths)) * len(split_items(seeds))
         if cells > MAX_CELLS:
-            raise gr.Error(f"{cells} cells (lengths x depths x seeds) is more than the {MAX_CELLS} a run may hold")
+            raise ToolError(f"{cells} cells (lengths x depths x seeds) is more than the {MAX_CELLS} a run may hold")
         return needle_cost(len(items), lengths, depths, seeds, tokens)
 
     def needle(self, strategies: str = "dynamic,sink:window_length=128", lengths: str = "512",

@@ -18,7 +18,7 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field
 
-from kvlab.generation import GenerationSettings
+from kvlab.generation import GenerationSettings, prompt_refusal
 from kvlab.inspect.inspector import MAX_INSPECT_STEPS, STRIP_STATES, InspectSession, StepRecord
 from kvlab.models.loading import ModelSpec
 from kvlab.strategies import Strategy, StrategyError
@@ -82,8 +82,9 @@ class InspectPlan:
 
 def plan_inspect(request: InspectRequest) -> InspectPlan:
     """Check the form. Raises InspectRejected with a message for the status line."""
-    if not (request.prompt or "").strip():
-        raise InspectRejected("the prompt is empty: type something to generate from")
+    refusal = prompt_refusal(request.prompt)
+    if refusal:
+        raise InspectRejected(refusal)
     steps = request.max_new_tokens
     if isinstance(steps, float) and steps.is_integer():
         steps = int(steps)

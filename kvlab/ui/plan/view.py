@@ -32,6 +32,7 @@ from dataclasses import dataclass, field, replace
 from kvlab.models.bundled import MODELS as BUNDLED_MODELS
 from kvlab.columns import MAX_COLUMNS
 from kvlab.models.loading import BUNDLED
+from kvlab.plan.budget_input import budget_bytes
 from kvlab.plan.catalog import ConfigError, known_models, resolve_config
 from kvlab.plan.planner import GIB, Plan, PlanError, PlanRequest, plan_steps
 from kvlab.plan.token_counts import parse_token_counts
@@ -106,7 +107,7 @@ def parse_budget(value) -> int | None:
     """Bytes from a budget card's value or typed GiB (`30`, `30 GiB`, `30GB`); None for no budget.
 
     Raises:
-        PlanRejected: not a number, or not above 0.
+        PlanRejected: not a number, not finite, not above 0 or above MAX_BUDGET_GIB.
     """
     text = str(value or "").strip()
     if not text or text.lower() in (NO_BUDGET, "no budget"):
@@ -117,9 +118,10 @@ def parse_budget(value) -> int | None:
     except ValueError:
         raise PlanRejected(f"the budget is a card ({', '.join(f'{g} GB' for g in BUDGET_CARDS)}) or a number of "
                            f"GiB, got {text!r}") from None
-    if not gib > 0:
-        raise PlanRejected(f"the budget must be above 0 GiB, got {text!r}")
-    return int(gib * GIB)
+    try:
+        return budget_bytes(gib)
+    except ValueError as err:
+        raise PlanRejected(str(err)) from None
 
 
 def _whole(value, name: str) -> int:

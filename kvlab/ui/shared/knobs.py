@@ -18,11 +18,10 @@ from __future__ import annotations
 import dataclasses
 import inspect
 
-import yaml
-
 from kvlab.budget import Budget, format_chain, parse_budget, parse_chain
 from kvlab.strategies import ENGINE_COLUMNS, STRATEGIES, Strategy, StrategyError, make_strategy
 from kvlab.strategies.base import names_with
+from kvlab.strategies.knob_yaml import load_knob_value
 
 from .markup import md_text
 from .theme import status_html
@@ -88,12 +87,14 @@ def knob_text(value) -> str:
 
 
 def parse_knob(text, default):
-    """A knob field's text -> value: empty keeps the default, else YAML scalars (`4`, `true`, `hqq`)."""
+    """A knob field's text -> value: empty keeps the default, else YAML scalars (`4`, `true`, `hqq`) read by
+    `load_knob_value` (no anchors or aliases, length capped); text it refuses stays text, for the strategy's own
+    check to refuse in its column."""
     if text is None or not str(text).strip():
         return default
     try:
-        return yaml.safe_load(str(text).strip())
-    except yaml.YAMLError:
+        return load_knob_value("", str(text).strip())
+    except ValueError:
         return str(text).strip()
 
 
