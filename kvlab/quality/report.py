@@ -260,13 +260,14 @@ def _round(references: list[_Track], tracks: list[_Track], target: int, position
     `ColumnFailed` and (with `curve`) `TokenScored` events. A reference that fails ends the columns scored
     against it."""
     events, bases = [], {}
-    for reference in references:
+    for reference in list(references):
         try:
             step = compute(reference.step)
         except Exception as err:  # noqa: BLE001 - a failing reference ends its own columns only
             message = f"its reference {reference.name} failed: {_message(err)}"
             events += [_fail(t, message, errors) for t in tracks if t.reference is reference and t.index not in errors]
             reference.close()
+            references.remove(reference)
             continue
         if step is not None:
             bases[id(reference)] = step.logits[None]
@@ -324,6 +325,7 @@ def _start(loaded, ids, split: Split, columns: list[Column], names: list[str], d
             if track is dense:
                 raise
             message = f"its reference {track.name} cannot start: {_message(err)}"
+            references.remove(track)
             for column in tracks:
                 if column.reference is track:
                     yield _fail(column, message, errors)
@@ -364,9 +366,10 @@ def run_report(loaded, ids: torch.Tensor, specs, *, scored_tokens: int = DEFAULT
     yield RunStarted(tuple(names), split)
     errors: dict[int, str] = {}
     dense = _Track(-1, reference, make_strategy({"strategy": reference})) if reference is not None else None
-    references, tracks = [], []
+    references, tracks, made = [], [], []
     try:
         references, tracks = yield from _start(loaded, ids, split, columns, names, dense, stop, errors, warm_up)
+        made = list(references)
         targets = ids[0, split.context_tokens:split.context_tokens + split.scored_tokens].tolist()
         for t, target in enumerate(targets):
             if stop.is_set():
@@ -381,8 +384,7 @@ def run_report(loaded, ids: torch.Tensor, specs, *, scored_tokens: int = DEFAULT
         for track in references + tracks:
             track.close()
     wall_s = time.perf_counter() - started
-    record = _record(loaded, split, text_info, zip(names, columns), tracks, references, errors, wall_s,
-                     stop.is_set())
+    record = _record(loaded, split, text_info, zip(names, columns), tracks, made, errors, wall_s, stop.is_set())
     yield RunDone(record, wall_s, stop.is_set())
 
 

@@ -45,6 +45,7 @@ class FakeScorer:
     draw; any other type: that draw plus noise), bytes growing per token, and a record of closing."""
 
     opened: list = []
+    fail_at: dict = {}
 
     def __init__(self, knobs, ids, context_tokens, vocab):
         self.knobs, self.steps, self.index, self.closed = knobs, len(ids) - context_tokens, 0, False
@@ -56,10 +57,12 @@ class FakeScorer:
         return self
 
     def __next__(self):
-        from kvlab.engines.llamacpp import ScoreStep
+        from kvlab.engines.llamacpp import EngineError, ScoreStep
 
         if self.index >= self.steps:
             raise StopIteration
+        if self.index == self.fail_at.get(self.knobs["type_k"]):
+            raise EngineError("llama.cpp failed to evaluate token 35: boom")
         logits = self.base + (0 if self.knobs["type_k"] == "f16" else torch.randn(self.base.shape,
                                                                                   generator=self.noise))
         self.index += 1
@@ -71,7 +74,7 @@ class FakeScorer:
 
 @pytest.fixture
 def fake_llamacpp(tiny, monkeypatch):
-    FakeScorer.opened = []
+    FakeScorer.opened, FakeScorer.fail_at = [], {}
     vocab = tiny.model.config.vocab_size
     monkeypatch.setattr(LlamaCppEngine, "unavailable_reason", lambda self, loaded: None)
     monkeypatch.setattr(LlamaCppEngine, "score_text", lambda self, loaded, ids, context, stop, threads:
@@ -127,3 +130,16 @@ def test_an_engine_without_distributions_and_the_perplexity_view_refuse_engine_c
     with pytest.raises(StrategyError, match="^engine:llamacpp runs a serving engine, not a transformers cache: "
                                             "this view streams kvlab's caches only$"):
         perplexity_columns(f"dynamic,{LLAMA_Q4}")
+
+
+def test_a_failing_engine_reference_ends_its_columns_only(tiny, fake_llamacpp):
+    fake_llamacpp.fail_at["f16"] = 3
+    events = list(run_report(tiny, _ids(), f"dynamic,{LLAMA_Q4}", scored_tokens=8, warm_up=False))
+    failed = [e for e in events if isinstance(e, ColumnFailed)]
+    assert [(e.name, e.message) for e in failed] == [
+        ("engine:llamacpp q4_0", "its reference engine:llamacpp f16 failed: llama.cpp failed to evaluate token 35: "
+                                 "boom")]
+    record = events[-1].record
+    assert [(c["status"], c["split"]["scored_tokens"]) for c in record["columns"]] == [("ok", 8), ("error", 3)]
+    assert record["reference"]["name"] == "dynamic" and record["engine_references"][0]["scored_tokens"] == 3
+    assert all(s.closed for s in fake_llamacpp.opened)
