@@ -59,14 +59,15 @@ def _say(line: str) -> None:
 def _progress(event) -> None:
     """One stderr line per report event worth a line."""
     from ..protocol import ColumnFailed, RunDone, RunStarted
-    from ..quality.report import ReportProgress
+    from ..quality.report import REFERENCE, ReportProgress
 
     if isinstance(event, RunStarted):
         print(f"[report] {len(event.columns)} columns; {event.plan.context_tokens} context tokens, "
               f"{event.plan.scored_tokens} scored", file=sys.stderr, flush=True)
     elif isinstance(event, ReportProgress):
         f = event.figures
-        print(f"[{event.scored}] {event.column}: PPL ratio {f['ppl_ratio']:.4f}, mean KL {f['kld_mean']:.5f}, "
+        vs = f" (vs {event.reference})" if event.reference != REFERENCE else ""
+        print(f"[{event.scored}] {event.column}{vs}: PPL ratio {f['ppl_ratio']:.4f}, mean KL {f['kld_mean']:.5f}, "
               f"top-1 {f['same_top']:.3f}, {event.cache_bytes:,} B", file=sys.stderr, flush=True)
     elif isinstance(event, ColumnFailed):
         _say(f"column {event.name}: {event.message}")

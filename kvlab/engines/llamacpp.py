@@ -11,6 +11,10 @@
   `cache_bytes` what llama.cpp itself reports for the sequence (`llama_state_seq_get_size`: the K and V rows of
   the cells it holds in its cache types, plus 12 bytes of position and sequence id per cell and a small header).
 - `score_continuation`: llama.cpp's log-probabilities for a given continuation (the fidelity pass).
+- `LlamaCppScorer`: a text teacher-forced through llama.cpp as the quality report feeds kvlab's columns (the
+  context in one eval, then one token per eval), each step's last-position logits read with
+  `llama_get_logits_ith` (not `logits_all`, which keeps every position's logits: about 0.8 GB for SmolLM2's
+  49,152-token vocabulary at 4,096 tokens, 4.3 GB for Gemma 3's 262,144).
 
 It does not choose the GGUF file (`kvlab.engines.gguf`) or turn steps into Compare's events
 (`kvlab.compare.engine_steps`).
@@ -23,6 +27,7 @@ import importlib.util
 import os
 import threading
 import time
+from dataclasses import dataclass, field
 
 from ..models.gguf_cache import ModelLoadError
 from .gguf import gguf_file
@@ -209,3 +214,63 @@ def score_continuation(source: str, prompt_ids: list[int], continuation: list[in
     finally:
         llm.close()
     return torch.log_softmax(logits.float(), dim=-1)
+
+
+@dataclass(frozen=True)
+class ScoreStep:
+    """One teacher-forced llama.cpp step, with the fields of `kvlab.engine.Step` the quality report reads.
+
+    index: 0 for the context's eval (it predicts the first scored token). per_token_s: the eval's seconds.
+    cache_bytes: `state_bytes` after it. logits: the last position's logits, (vocab,) float32 torch on the CPU.
+    """
+
+    index: int
+    per_token_s: float
+    cache_bytes: int
+    logits: "torch.Tensor" = field(repr=False)  # noqa: F821 - torch is imported where a step is made
+
+
+class LlamaCppScorer:
+    """`ids` teacher-forced through llama.cpp with the knobs' cache types, as the quality report scores kvlab's
+    columns: step 0 evaluates `ids[:context_tokens]` at once (n_batch 512) and predicts `ids[context_tokens]`;
+    step t evaluates `ids[context_tokens + t - 1]` alone and predicts `ids[context_tokens + t]`; the run ends after
+    `len(ids) - context_tokens` steps or once `stop` is set. Iterate it for `ScoreStep`s; `close()` frees the
+    context (call it whatever happened; closing twice is harmless).
+
+    Raises:
+        EngineError: no GGUF file, or llama.cpp refused it or an eval failed (one line).
+    """
+
+    def __init__(self, source: str, ids: list[int], context_tokens: int, knobs: dict, threads: int, stop=None):
+        if not 1 <= context_tokens < len(ids):
+            raise ValueError(f"need 1 <= context_tokens < len(ids), got {context_tokens} of {len(ids)}")
+        self.ids, self.context, self.stop, self.index = list(ids), context_tokens, stop, 0
+        with _gguf(source) as path:
+            self.llm = open_llama(path, n_ctx=context_size(len(self.ids)), n_threads=threads, **knobs)
+        self.n_vocab = self.llm.n_vocab()
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> ScoreStep:
+        import llama_cpp
+        import numpy as np
+        import torch
+
+        if self.index >= len(self.ids) - self.context or stopping(self.stop):
+            raise StopIteration
+        fed = self.ids[:self.context] if self.index == 0 else [self.ids[self.context + self.index - 1]]
+        started = time.perf_counter()
+        try:
+            self.llm.eval(fed)
+        except RuntimeError as err:
+            raise EngineError(f"llama.cpp failed to evaluate token {self.context + self.index}: {err}") from None
+        pointer = llama_cpp.llama_get_logits_ith(self.llm.ctx, -1)
+        logits = torch.from_numpy(np.ctypeslib.as_array(pointer, shape=(self.n_vocab,)).copy())
+        elapsed = time.perf_counter() - started
+        step = ScoreStep(self.index, elapsed, state_bytes(self.llm), logits)
+        self.index += 1
+        return step
+
+    def close(self) -> None:
+        self.llm.close()

@@ -51,6 +51,12 @@ def write_entry(folder: Path, source: str, record: dict, command: str = "") -> t
     head = (f"# Quality report: {record['model'].get('name', source)}\n\n"
             f"Text: {record['text'].get('title', record['text'].get('name', ''))} ({record['text'].get('licence', '')}); "
             f"{split['context_tokens']} context tokens, {split['scored_tokens']} scored one per forward against "
-            f"dense `dynamic`. Wall time {record['wall_s']:.0f} s.\n\n" + (f"`{command}`\n\n" if command else ""))
+            f"dense `dynamic`{_engine_line(record)}. Wall time {record['wall_s']:.0f} s.\n\n" + (f"`{command}`\n\n" if command else ""))
     md_path.write_text(head + format_markdown(rows_from_record(record, json_path.name)), encoding="utf-8")
     return json_path, md_path
+
+
+def _engine_line(record: dict) -> str:
+    """` (engine columns against ...)` naming the engine references of a record, '' without any."""
+    names = [row["name"] for row in record.get("engine_references") or []]
+    return f" (engine columns against their engine's own run: {', '.join(f'`{n}`' for n in names)})" if names else ""

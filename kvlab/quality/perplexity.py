@@ -48,11 +48,12 @@ def perplexity_columns(specs, window: int = DEFAULT_WINDOW, sinks: int = DEFAULT
 
     Raises:
         StrategyError: an unknown name or knob, a bad knob value or one not written as key=value, a strategy
-            that keeps no cache, two columns with one label, or a cache budget.
+            that keeps no cache, an engine column (a Compare and report column only), two columns with one label,
+            or a cache budget.
         ValueError: nothing picked, or more than the report's MAX_REPORT_COLUMNS.
     """
     return report_columns(specs, strict=True, prepare=lambda spec: _resolve(spec, window, sinks),
-                          empty=f"pick at least one cache, e.g. {DEFAULT_STRATEGIES}")
+                          empty=f"pick at least one cache, e.g. {DEFAULT_STRATEGIES}", engines=False)
 
 
 def refusals(loaded, columns: list[Column], tokens: int) -> dict[str, str]:

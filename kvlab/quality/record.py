@@ -36,7 +36,7 @@ reference's mean, decode tok/s (one token per forward) and the prefill's seconds
 NEEDLE_FIELDS = ("needle_hits", "needle_cells", "needle_hit_rate", "needle_low", "needle_high")
 """A Needle grid's hits over its scored (not gated) cells and seeds, the rate and its Wilson 95 % interval."""
 TABLE_FIELDS = ("model", "column", "status", "context_tokens", *FIGURE_FIELDS, *NEEDLE_FIELDS, "source", "message",
-                "protocol")
+                "protocol", "reference")
 
 _Figures = TypedDict("_Figures", {name: int | float | None for name in FIGURE_FIELDS}, total=False)
 
@@ -53,6 +53,7 @@ class _ReportColumn(TypedDict, total=False):
     note: str
     split: Required[_Split]
     figures: _Figures | None
+    reference: str | None
 
 
 class _Needle(TypedDict, total=False):
@@ -79,10 +80,14 @@ class _Reference(TypedDict, total=False):
 
 REPORT = RecordKind("kvlab.report", "report", 1, (1,), _ReportColumn,
                     {"split": NotRequired[_Split | None], "text": NotRequired[_Text | None],
-                     "reference": NotRequired[_Reference | None], "needle": NotRequired[_Needle | None],
+                     "reference": NotRequired[_Reference | None],
+                     "engine_references": NotRequired[list[_Reference] | None], "needle": NotRequired[_Needle | None],
                      "command": NotRequired[str]}, MAX_RECORD_COLUMNS)
 """The report record (version 1; records written before the envelope lack `measured_at` and `environment`; a
-leaderboard's adds the `command` that made it)."""
+leaderboard's adds the `command` that made it). `reference` is the dense reference's cost; `engine_references`
+(absent before engine columns were scored) the cost of each engine's own reference (llama.cpp's f16 run), and
+each column's `reference` (absent in older records: `reference.name`, the dense one) names the one it was scored
+against."""
 READ = (REPORT, COMPARE, NEEDLE)
 """The records a report table is made from."""
 WANTED = "report, Compare or Needle"
@@ -111,25 +116,31 @@ def figure_row(figures: QualityFigures, cost: dict, dense_bytes_mean: float | No
     return {key: _clean(value) for key, value in row.items()}
 
 
-def column_entry(name: str, column, split, message: str, figures: dict | None, scored: int, note: str = "") -> dict:
+def column_entry(name: str, column, split, message: str, figures: dict | None, scored: int, note: str = "",
+                 reference: str | None = None) -> dict:
     """One column of the record: name, spec, status (`ok`, `stopped` short of the split, `error`), message, the
-    split it was scored on (context_tokens, scored_tokens actually scored), its figure row (None: none) and, when
-    the strategy has one, its `note` (`Strategy.runtime_note`, e.g. TriAttention's calibration cost)."""
+    split it was scored on (context_tokens, scored_tokens actually scored), its figure row (None: none), the name
+    of the reference it is scored against (`dynamic`, `engine:llamacpp f16`; None: no reference) and, when the
+    strategy has one, its `note` (`Strategy.runtime_note`, e.g. TriAttention's calibration cost)."""
     strategy = column.strategy
     status = "error" if message else ("ok" if scored == split.scored_tokens else "stopped")
     entry = {"name": name, "spec": {"strategy": strategy.name, **strategy.knobs()} if strategy is not None else {},
              "status": status, "message": message,
-             "split": {"context_tokens": split.context_tokens, "scored_tokens": scored}, "figures": figures}
+             "split": {"context_tokens": split.context_tokens, "scored_tokens": scored}, "figures": figures,
+             "reference": reference}
     return {**entry, "note": note} if note else entry
 
 
 def build_record(model: dict, split, text: dict, columns: list[dict], reference: dict | None, wall_s: float,
-                 stopped: bool, needle: dict | None = None, environment: dict | None = None) -> dict:
-    """The JSON record of a report run (`REPORT`, in the envelope of `kvlab.record.new_record`)."""
+                 stopped: bool, needle: dict | None = None, environment: dict | None = None,
+                 engine_references: list[dict] | None = None) -> dict:
+    """The JSON record of a report run (`REPORT`, in the envelope of `kvlab.record.new_record`); the
+    `engine_references` rows only when there are some."""
+    extra = {"engine_references": engine_references} if engine_references else {}
     return new_record(REPORT, model=model, environment=environment, columns=columns, wall_s=wall_s,
                       stopped=stopped, split={"context_tokens": split.context_tokens,
                                               "scored_tokens": split.scored_tokens},
-                      text=text, reference=reference, needle=needle)
+                      text=text, reference=reference, needle=needle, **extra)
 
 
 def needle_figures(summary_row: dict) -> dict:
@@ -168,7 +179,9 @@ def rows_from_record(record: dict, source: str = "") -> list[dict]:
 
 def _report_rows(record: dict) -> list[dict]:
     needle = {row["strategy"]: needle_figures(row) for row in (record.get("needle") or {}).get("summary", [])}
+    dense = (record.get("reference") or {}).get("name")
     return [{**(column.get("figures") or {}), **needle.get(column["name"], {}), "column": column["name"],
+             "reference": column.get("reference") or dense,
              "status": column["status"], "context_tokens": column["split"]["context_tokens"],
              "message": column.get("message", ""), "protocol": "report"} for column in record["columns"]]
 

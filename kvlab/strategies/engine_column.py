@@ -6,8 +6,9 @@ An engine column is a `Strategy` (its fields are its knobs, checked in `__post_i
 but it keeps no transformers cache: `open_run` starts the engine and returns its `kvlab.engines.EngineRun`,
 whose steps Compare streams (`kvlab.compare.engine_steps`). The engines themselves live in `kvlab.engines`
 (imported when a run starts, so listing the columns needs no engine package). Engine columns are registered in
-`ENGINE_COLUMNS`, apart from `STRATEGIES`, so only Compare offers them; elsewhere (Chat, Perplexity, Needle, the
-report) one is refused in its column with ENGINE_ONLY.
+`ENGINE_COLUMNS`, apart from `STRATEGIES`, so only Compare offers them; elsewhere (Chat, Perplexity, Needle) one
+is refused in its column with ENGINE_ONLY. The quality report scores an engine that gives distributions
+(`report_reference`, `score_text`) against the engine's own unquantized run.
 """
 
 from __future__ import annotations
@@ -82,6 +83,27 @@ class EngineColumn(Strategy):
             StrategyError: the engine gives no distributions (the column is then not scored, and says why).
         """
         raise StrategyError(f"{self.engine_name} gives no distributions to score")
+
+    def report_reference(self) -> "EngineColumn":
+        """The engine's own unquantized run this column is scored against in the quality report (llama.cpp: its
+        f16 cache with the column's other knobs).
+
+        Raises:
+            StrategyError: the engine gives no distributions to score (the report refuses the column with it).
+        """
+        raise StrategyError(f"{self.name} gives no distributions to score, so the report cannot score it (it "
+                            "streams text only)")
+
+    def score_text(self, loaded, ids: list[int], context_tokens: int, stop, threads: int):
+        """The quality report's protocol inside the engine: `ids[:context_tokens]` at once, then one id per step;
+        an iterator of steps with `index`, `per_token_s`, `cache_bytes` and `logits` ((vocab,) float32, CPU) whose
+        `close()` frees the engine's resources.
+
+        Raises:
+            StrategyError: as `report_reference`. kvlab.engines.EngineError: the engine cannot start (one line).
+        """
+        self.report_reference()
+        raise NotImplementedError
 
     def engine_code(self, settings, model_source: str) -> tuple[list[str], list[str]]:
         """(imports, lines) of the "view code" snippet that reproduce this column with the engine's own Python

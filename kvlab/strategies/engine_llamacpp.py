@@ -1,7 +1,9 @@
-"""`engine:llamacpp`: the loaded model's own GGUF file run by llama.cpp in this process, as a Compare column."""
+"""`engine:llamacpp`: the loaded model's own GGUF file run by llama.cpp in this process, as a Compare column and
+as a quality-report column scored against llama.cpp's own f16 run."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from ..engines.llamacpp import FLOAT_TYPES, KV_TYPES, is_quantized, rotated
@@ -108,6 +110,17 @@ class LlamaCppEngine(EngineColumn):
         return score_continuation(loaded.spec.source, prompt_ids, continuation, self.engine_knobs(),
                                   self.threads(threads))
 
+
+    def report_reference(self) -> "LlamaCppEngine":
+        """llama.cpp's f16 cache (K and V) with this column's flash attention, rotation and threads: what
+        `llama-perplexity --kl-divergence` scores a quantized cache against."""
+        return dataclasses.replace(self, type_k="f16", type_v="f16", label="")
+
+    def score_text(self, loaded, ids: list[int], context_tokens: int, stop, threads: int):
+        from ..engines.llamacpp import LlamaCppScorer
+
+        return LlamaCppScorer(loaded.spec.source, ids, context_tokens, self.engine_knobs(), self.threads(threads),
+                              stop)
 
     def engine_code(self, settings, model_source: str) -> tuple[list[str], list[str]]:
         from ..models.bundled import bundled_model

@@ -1,7 +1,8 @@
 """Every record format kvlab has written still loads through the one reader (`kvlab.record`), in today's layout.
 
 The files: the shipped leaderboards (`records/*.json`, `records/smoke/*.json`: report version 1, before the
-envelope carried `measured_at` and `environment`); tests/fixtures/record_v1_compare.json (`kvlab compare
+envelope carried `measured_at` and `environment`; `records/engines/*.json`: version 1 with engine columns, each
+column's `reference` and `engine_references`); tests/fixtures/record_v1_compare.json (`kvlab compare
 --json` from the kvlab before records were versioned: no format key at all), record_v2_quickstart.json
 (`format_version` 2, flat timing fields), record_v3_compare.json (`format_version` 3) and record_v1_needle.json
 (`kvlab needle --json`, version 1, before the envelope); a version-4 Compare record written now; and a share
@@ -26,12 +27,12 @@ from kvlab.record import RecordError, check_record
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures"
-SHIPPED = sorted((ROOT / "records").glob("*.json")) + sorted((ROOT / "records" / "smoke").glob("*.json"))
+SHIPPED = [path for folder in ("", "smoke", "engines") for path in sorted((ROOT / "records" / folder).glob("*.json"))]
 COMPARE_FILES = {1: "record_v1_compare.json", 2: "record_v2_quickstart.json", 3: "record_v3_compare.json"}
 
 
 def test_the_shipped_records_are_there():
-    assert len(SHIPPED) == 4 and all(json.loads(path.read_text())["kind"] == "kvlab.report" for path in SHIPPED)
+    assert len(SHIPPED) == 6 and all(json.loads(path.read_text())["kind"] == "kvlab.report" for path in SHIPPED)
 
 
 @pytest.mark.parametrize("path", SHIPPED, ids=lambda path: str(path.relative_to(ROOT)))
@@ -41,6 +42,8 @@ def test_every_shipped_report_loads_into_its_table(path):
     assert record["kind"] == "kvlab.report" and record["version"] == 1 and record["command"] == saved["command"]
     rows = rows_from_record(record, path.name)
     assert [row["column"] for row in rows] == [column["name"] for column in saved["columns"]]
+    assert [row["reference"] for row in rows] == [column.get("reference", saved["reference"]["name"])
+                                                  for column in saved["columns"]]
     assert rows[0]["model"] == saved["model"]["name"] and all(row["protocol"] == "report" for row in rows)
 
 

@@ -30,7 +30,7 @@ from kvlab.quality.defaults import CHARS_PER_TOKEN, SHIPPED_TEXT_INFO, pasted_te
 from kvlab.quality.record import TABLE_FIELDS, load_record, merge_rows, rows_from_record
 from kvlab.quality.report import REFERENCE, ReportProgress, Split, check_split, report_columns
 from kvlab.quality.stats import pareto_front
-from kvlab.quality.table import HEADERS, MIB, cells, pareto_marks
+from kvlab.quality.table import HEADERS, MIB, cells, column_label, front_group, pareto_marks
 
 from ..shared.markup import md_code, md_text
 
@@ -156,7 +156,8 @@ class ReportView:
             self._rows = {name: blank_row(self.model, name, "waiting", context_tokens=event.plan.context_tokens)
                           for name in event.columns}
         elif isinstance(event, ReportProgress):
-            self._rows[event.column] = {**self._rows[event.column], **event.figures, "status": "scoring"}
+            self._rows[event.column] = {**self._rows[event.column], **event.figures, "reference": event.reference,
+                                        "status": "scoring"}
         elif isinstance(event, ColumnFailed):
             self._rows[event.name] = {**blank_row(self.model, event.name, "error", event.message,
                                                   self._rows.get(event.name, {}).get("context_tokens"))}
@@ -262,7 +263,7 @@ def table_frame(rows: list[dict]) -> pd.DataFrame:
     for row, mark in zip(rows, marks):
         text = cells({**row, "status": "ok"}, mark)
         figures = text[2:12] + ([text[12]] if needle else [])
-        records.append([*([row["model"]] if several else []), row["column"], row["status"] or "-",
+        records.append([*([row["model"]] if several else []), column_label(row), row["status"] or "-",
                         _count(row.get("context_tokens")), _count(row.get("scored_tokens")), *figures,
                         "★" if mark else "", row.get("message") or ""])
     headers = [*(["model"] if several else []), "column", "status", "context", "scored", *figure_headers, "front",
@@ -286,11 +287,11 @@ def _bytes(row: dict) -> tuple[float | None, str]:
 
 
 def plot_front(rows: list[dict], y: str) -> list[bool]:
-    """Per row: on its model's Pareto front of (bytes, |y|) (lower is better on both; |ΔPPL| since a cache's
-    perplexity below dense is noise, not gain). Rows without both are never on it."""
+    """Per row: on its (model, reference)'s Pareto front of (bytes, |y|) (lower is better on both; |ΔPPL| since a
+    cache's perplexity below dense is noise, not gain). Rows without both are never on it."""
     marks = [False] * len(rows)
-    for model in _models(rows):
-        index = [i for i, row in enumerate(rows) if row["model"] == model and _bytes(row)[0] is not None
+    for group in {front_group(row) for row in rows}:
+        index = [i for i, row in enumerate(rows) if front_group(row) == group and _bytes(row)[0] is not None
                  and row.get(y) is not None]
         points = [(_bytes(rows[i])[0], abs(rows[i][y])) for i in index]
         for i, on in zip(index, pareto_front(points)):
