@@ -10,14 +10,10 @@ import types
 
 import pytest
 
-from pagekit import ARTIFACTS, open_page, serving  # noqa: F401  (the fixtures below use them)
+from pagekit import ARTIFACTS, TEST_RUN_STEPS, open_page, serving  # noqa: F401  (the fixtures below use them)
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
-TEST_RUN_STEPS = 200_000
-"""The app's per-run cap here (KVLAB_MAX_RUN_STEPS): the long runs some tests stop or abandon (6 columns × 1,500
-or 2,000 tokens: up to 143,000 steps) cost more than the default; the sharing test's over-cap requests
-(300,000 steps and more) cost more than this."""
 
 
 @pytest.fixture(scope="session")

@@ -17,6 +17,11 @@ APP_START_TIMEOUT_S = 240
 APP_STOP_TIMEOUT_S = 20
 
 
+TEST_RUN_STEPS = 200_000
+"""The app's per-run cap here (KVLAB_MAX_RUN_STEPS): the long runs some tests stop or abandon (6 columns × 1,500
+or 2,000 tokens: up to 143,000 steps) cost more than the default; the sharing test's over-cap requests
+(300,000 steps and more) cost more than this."""
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
