@@ -49,6 +49,7 @@ def conversation(page) -> str:
     return page.locator("#kvlab-chatbot").inner_text()
 
 
+@pytest.mark.slow  # CI time: kept under 25 minutes; make test-slow runs it
 def test_two_sessions_chatting_at_once_never_see_each_others_history(app_url, browser):
     (context_a, a), (context_b, b) = open_chat(browser, app_url), open_chat(browser, app_url)
     try:

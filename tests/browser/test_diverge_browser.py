@@ -12,6 +12,8 @@ No wall-clock time is asserted; waits only guard against a hung run.
 from pathlib import Path
 from urllib.parse import parse_qsl, urljoin, urlsplit
 
+import pytest
+
 from pagekit import wait_until
 from test_compare_browser import SAMPLING_PROMPT, pick_preset, wait_for_model, wait_for_status
 
@@ -22,6 +24,7 @@ ARTIFACTS = REPO_ROOT / "artifacts"
 SCREENSHOT = ARTIFACTS / "inspect-diverge.png"
 
 
+@pytest.mark.slow  # CI time: kept under 25 minutes; make test-slow runs it
 def test_the_first_divergence_link_opens_inspect_at_that_step_with_both_strategies(page):
     wait_for_model(page)
     pick_preset(page, "sampling")

@@ -4,12 +4,15 @@ every outcome in the legend from the start), the Pareto plot shows every column.
 import re
 from pathlib import Path
 
+import pytest
+
 ARTIFACTS = Path(__file__).resolve().parents[2] / "artifacts"
 COLUMNS = ("dynamic", "sink 4+60", "quantized quanto int4 r128")
 MARKS = "g.mark-symbol.role-mark path"
 """Vega's drawn points (a blank row of the frame draws none); legend swatches are `.role-legend-symbol`."""
 
 
+@pytest.mark.slow  # CI time: kept under 25 minutes; make test-slow runs it
 def test_needle_heatmaps_fill_live_and_the_pareto_plot_shows_every_column(page):
     page.get_by_role("tab", name="Needle").click()
     page.locator("#needle-columns textarea").fill("dynamic, sink:window_length=64, quantized:backend=quanto:nbits=4")

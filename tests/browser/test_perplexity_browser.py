@@ -3,6 +3,8 @@
 import re
 from pathlib import Path
 
+import pytest
+
 ARTIFACTS = Path(__file__).resolve().parents[2] / "artifacts"
 
 
@@ -12,6 +14,7 @@ def set_slider(page, elem_id: str, value: int) -> None:
     box.press("Enter")
 
 
+@pytest.mark.slow  # CI time: kept under 25 minutes; make test-slow runs it
 def test_perplexity_streams_dense_window_and_sink(page):
     page.get_by_role("tab", name="Perplexity").click()
     set_slider(page, "ppl-tokens", 128)

@@ -7,6 +7,8 @@ ready and Stop idle; after a replay of the exported record in a third context, t
 No wall-clock time is asserted; waits only guard against a hung run.
 """
 
+import pytest
+
 from pagekit import open_page
 from test_compare_browser import snapshot, strategies, wait_for_model, wait_for_status
 from test_native_plots_browser import newest_record
@@ -39,6 +41,7 @@ def open_link(browser, app_url: str, page) -> object:
     return other
 
 
+@pytest.mark.slow  # CI time: kept under 25 minutes; make test-slow runs it
 def test_a_share_link_shows_the_same_result_in_another_browser(page, browser, app_url):
     wait_for_model(page)
     page.locator("#kv-max-new input").fill("8")

@@ -56,6 +56,7 @@ def test_every_cli_command_says_which_folder_in_one_line(tmp_path, command):
     assert "Traceback" not in proc.stderr
 
 
+@pytest.mark.slow  # CI time: kept under 25 minutes; make test-slow runs it
 @pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"), reason="needs root to run as another user")
 def test_a_non_root_user_with_a_read_only_home_gets_a_working_run():
     base = Path(tempfile.mkdtemp(prefix="kvlab-readonly-home-"))

@@ -116,6 +116,7 @@ def leave_what_a_killed_start_leaves(cache: Path, ready_file: Path) -> list[Path
     return [conversion, assembly, temporary]
 
 
+@pytest.mark.slow  # CI time: kept under 25 minutes; make test-slow runs it
 def test_sigkill_mid_run_then_a_restart_is_ready_and_serves_a_compare_run(launch_app, tmp_path):
     cache = cache_with_the_converted_model(tmp_path / "cache")
     first = launch_app("app", KVLAB_CACHE_DIR=str(cache)).start()
@@ -151,6 +152,7 @@ def test_sigkill_mid_conversion_then_a_restart_converts_again_and_serves_a_run(l
     assert_compare_runs(second)
 
 
+@pytest.mark.slow  # CI time: kept under 25 minutes; make test-slow runs it
 def test_a_half_assembled_gemma_file_left_by_a_killed_start_is_assembled_again(tmp_path, monkeypatch):
     """Earlier versions assembled Gemma's file into the fixed folder `gguf/gemma-3-270m`; a start killed there left
     half a file, which every later start refused ("unexpected sha256") until the folder was deleted by hand."""

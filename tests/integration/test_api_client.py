@@ -87,6 +87,7 @@ def value(update) -> str:
 
 # ----- the compare API -----
 
+@pytest.mark.slow  # CI time: kept under 25 minutes; make test-slow runs it
 def test_compare_api_matches_the_cli(client, tmp_path):
     record = client.predict("quickstart", None, MATCH_TOKENS, api_name="/compare")
     cli_json = tmp_path / "cli.json"

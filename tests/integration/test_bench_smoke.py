@@ -173,6 +173,7 @@ def test_unwritable_outputs_are_refused_before_measuring(tmp_path):
     assert not (tmp_path / "ok.json").exists()
 
 
+@pytest.mark.slow  # CI time: kept under 25 minutes; make test-slow runs it
 def test_sigterm_stops_the_app_child_and_removes_temp_folders(tmp_path):
     import os
     import signal

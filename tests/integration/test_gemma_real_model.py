@@ -100,6 +100,7 @@ def test_the_planner_reads_the_bundled_gemma(gemma):
     assert cells[1].cache_bytes_by_layer_type["full_attention"] == FULL_LAYERS * PER_LAYER_TOKEN * 1024
 
 
+@pytest.mark.slow  # CI time: kept under 25 minutes; make test-slow runs it
 def test_the_hybrid_preset_runs_from_the_command_line_with_bytes_by_layer_type(gemma, tmp_path):
     out = tmp_path / "run.json"
     done = subprocess.run([sys.executable, "-m", "kvlab", "compare", "--preset", "hybrid_sliding",
@@ -136,8 +137,9 @@ def test_a_local_gguf_file_loads_through_the_convert_once_cache(bundled, tmp_pat
 
 
 @pytest.mark.parametrize("spec", [pytest.param({"strategy": "expected_attention", "compression_ratio": 0.5},
-                                               marks=pytest.mark.slow),  # CI runs the snapkv case (time budget)
-                                  {"strategy": "snapkv", "compression_ratio": 0.5, "compress_every": 70}])
+                                               marks=pytest.mark.slow),
+                                  pytest.param({"strategy": "snapkv", "compression_ratio": 0.5, "compress_every": 70},
+                                               marks=pytest.mark.slow)])  # both in the slow tier (CI time)
 def test_eviction_prunes_the_full_layers_and_leaves_the_sliding_ones(gemma, spec):
     """As kvpress leaves them, the 15 sliding layers keep their window; the 3 full layers hold half the prompt plus
     what was fed since (with compress_every 70, back at the budget after 70 tokens)."""

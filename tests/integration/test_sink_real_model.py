@@ -135,6 +135,7 @@ def streamed_by_hand(loaded, ids, strategy) -> list[float]:
     return nll
 
 
+@pytest.mark.slow  # CI time: kept under 25 minutes; make test-slow runs it
 def test_the_perplexity_view_is_the_streaming_loop_token_for_token_on_the_real_model(bundled):
     """The report with a one-token context gives, bit for bit, the NLL the token-by-token loop gives (it replaced
     one that did exactly that), for dense, window attention and attention sinks."""
