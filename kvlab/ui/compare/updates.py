@@ -26,6 +26,7 @@ from kvlab.compare.events import FidelityScored, RunPhase, SummaryReady
 from kvlab.strategies import StrategyError
 
 from ..shared.cards import StrategyCard
+from ..shared.exports import offered_copies
 from .form import RunPlan
 from ..shared.live_plots import LivePlots
 from .view import RunView
@@ -152,7 +153,7 @@ class CompareUpdater:
         rows, _ = view.summary()
         exports = exports or write_exports(record, rows, owner)
         return {self.summary: gr.update(value=table, headers=headers), self.results: gr.update(visible=True),
-                self.exports: exports, self.share: share_html(share_id(exports), policy_text()),
+                self.exports: offered_copies(exports), self.share: share_html(share_id(exports), policy_text()),
                 self.summary_notes: view.summary_notes()}
 
     def recorded_cards(self, view: RunView, record: dict | None = None) -> dict:

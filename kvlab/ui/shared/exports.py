@@ -41,3 +41,15 @@ def fresh_export_folder(prefix: str) -> Path:
     folder = EXPORTS_DIR / f"{prefix}{secrets.token_hex(EXPORT_TOKEN_BYTES)}"
     folder.mkdir(mode=0o700)
     return folder
+
+
+def offered_copies(paths: list[str]) -> list[str]:
+    """Copies of kept files (`kvlab.ui.compare.kept_runs`: a folder gradio will not take, e.g. ~/.local/share or a
+    Space's /data) in a fresh folder under EXPORTS_DIR, the system's temporary folder, from which gradio copies
+    what a component offers into its cache; the kept files stay where they are, and their folder stays the share
+    id. Paths already under the temporary folder are returned as they are."""
+    temporary = Path(tempfile.gettempdir()).resolve()
+    if all(Path(path).resolve().is_relative_to(temporary) for path in paths):
+        return list(paths)
+    folder = fresh_export_folder("offer-")
+    return [str(shutil.copy2(path, folder / Path(path).name)) for path in paths]
