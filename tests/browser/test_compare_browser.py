@@ -153,9 +153,8 @@ def test_stop_halts_every_column_a_second_tab_waits_and_the_next_run_works(page,
 
     # Another tab's run waits in line (one model-bound run at a time) and shows its place and wait.
     other_page.click("#kv-run")
-    other_page.wait_for_function(
-        "document.querySelector('#kv-run-status').innerText.startsWith('waiting: position 1, about ')",
-        polling=250)  # a page not in front gets no animation frames
+    wait_until(other_page, "document.querySelector('#kv-run-status').innerText.startsWith('waiting: position 1, "
+               "about ')", 60)  # read from here: a page not in front gets no animation frames or timers
     other_page.click("#kv-stop")
 
     page.click("#kv-stop")
@@ -164,8 +163,8 @@ def test_stop_halts_every_column_a_second_tab_waits_and_the_next_run_works(page,
     assert snap["badges"][:6] == ["stopped"] * 6
     time.sleep(2)
     assert snapshot(page)["texts"] == snap["texts"], "a column kept generating after Stop"
-    other_page.wait_for_function(
-        "document.querySelector('#kv-run-status').innerText.includes('stopped before the run started')", polling=250)
+    wait_until(other_page, "document.querySelector('#kv-run-status').innerText.includes('stopped before the run "
+               "started')", 60)
 
     page.locator("#kv-run:not([disabled])").wait_for()
     page.locator("#kv-max-new input").fill("24")
