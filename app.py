@@ -28,7 +28,7 @@ import os
 import sys
 
 from kvlab import SETUP_HINT
-from kvlab.sharing.limits import Limits
+from kvlab.sharing.limits import Limits, whole_setting
 from kvlab.ui.hosting.shutdown import SigtermExit
 
 EARLY_LOADER = None
@@ -86,16 +86,7 @@ def state_sessions() -> int:
     Raises:
         ValueError: the setting is not a whole number >= 1; the message names it and its value.
     """
-    text = os.environ.get(STATE_SESSIONS_ENV, "").strip()
-    if not text:
-        return DEFAULT_STATE_SESSIONS
-    try:
-        sessions = int(text)
-    except ValueError:
-        sessions = 0
-    if sessions < 1:
-        raise ValueError(f"{STATE_SESSIONS_ENV} must be a whole number >= 1, got {text!r}")
-    return sessions
+    return whole_setting(STATE_SESSIONS_ENV, DEFAULT_STATE_SESSIONS)
 
 
 DEFAULT_PORT = 7860

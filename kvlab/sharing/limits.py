@@ -28,7 +28,12 @@ FAIR_WINDOW_S = 600.0
 """How far back a client's use of the model counts when the next run is picked (seconds)."""
 
 
-def _setting(name: str, default: int, least: int) -> int:
+def whole_setting(name: str, default: int, least: int = 1) -> int:
+    """The whole number the environment setting `name` holds, `default` when it is unset or blank.
+
+    Raises:
+        ValueError: the setting is not a whole number >= `least`; the message names it and its value.
+    """
     text = os.environ.get(name, "").strip()
     if not text:
         return default
@@ -61,7 +66,7 @@ class Limits:
         Raises:
             ValueError: a setting is not a whole number >= 1 (>= 0 for KVLAB_MAX_WAITING); the message names it.
         """
-        return cls(run_steps=_setting(MAX_RUN_STEPS_ENV, MAX_RUN_STEPS, 1),
-                   runs_per_client=_setting(MAX_RUNS_PER_CLIENT_ENV, MAX_RUNS_PER_CLIENT, 1),
-                   waiting=_setting(MAX_WAITING_ENV, MAX_WAITING, 0),
-                   slots=_setting(MODEL_SLOTS_ENV, MODEL_SLOTS, 1))
+        return cls(run_steps=whole_setting(MAX_RUN_STEPS_ENV, MAX_RUN_STEPS, 1),
+                   runs_per_client=whole_setting(MAX_RUNS_PER_CLIENT_ENV, MAX_RUNS_PER_CLIENT, 1),
+                   waiting=whole_setting(MAX_WAITING_ENV, MAX_WAITING, 0),
+                   slots=whole_setting(MODEL_SLOTS_ENV, MODEL_SLOTS, 1))

@@ -33,6 +33,8 @@ import threading
 import time
 from pathlib import Path
 
+from kvlab.sharing.limits import whole_setting
+
 from ..shared.exports import EXPORT_TOKEN_BYTES
 
 logger = logging.getLogger(__name__)
@@ -55,18 +57,6 @@ MIB = 1 << 20
 _lock = threading.Lock()
 
 
-def _whole(env: str, default: int) -> int:
-    text = os.environ.get(env, "").strip()
-    if not text:
-        return default
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise ValueError(f"{env} must be a whole number >= 1, got {text!r}")
-    return value
-
 
 def keep_days() -> int:
     """Days a shared result is kept (`KVLAB_RUNS_KEEP_DAYS`, default 7).
@@ -74,7 +64,7 @@ def keep_days() -> int:
     Raises:
         ValueError: the setting is not a whole number >= 1; the message names it and its value.
     """
-    return _whole(KEEP_DAYS_ENV, DEFAULT_KEEP_DAYS)
+    return whole_setting(KEEP_DAYS_ENV, DEFAULT_KEEP_DAYS)
 
 
 def max_bytes() -> int:
@@ -83,7 +73,7 @@ def max_bytes() -> int:
     Raises:
         ValueError: the setting is not a whole number >= 1; the message names it and its value.
     """
-    return _whole(MAX_MB_ENV, DEFAULT_MAX_MB) * MIB
+    return whole_setting(MAX_MB_ENV, DEFAULT_MAX_MB) * MIB
 
 
 def client_max_bytes() -> int:
@@ -92,7 +82,7 @@ def client_max_bytes() -> int:
     Raises:
         ValueError: the setting is not a whole number >= 1; the message names it and its value.
     """
-    return _whole(CLIENT_MAX_MB_ENV, DEFAULT_CLIENT_MAX_MB) * MIB
+    return whole_setting(CLIENT_MAX_MB_ENV, DEFAULT_CLIENT_MAX_MB) * MIB
 
 
 def owner_tag(address: str) -> str:
