@@ -16,11 +16,14 @@ Runs are kept small where the picture allows; the quickstart run is the preset's
 
 A picture shows what a visitor on a quiet machine gets, or it is not taken: before each picture the script waits
 (up to QUIET_WAIT_S) until the machine is quiet by the app's own busy rule (`kvlab.measure.noise.busy_reasons`:
-the 1-minute load average beyond this run's threads by more than half a core per core), each picture is first
-written to artifacts/ and copied into docs/ only when the load during it stayed quiet too, and the Compare
+other processes taking more than half a core per core, measured over QUIET_WINDOW_S by
+`kvlab.measure.environment.OtherWork`), each picture is first written to artifacts/ and copied into docs/ only when
+the processes outside this script, its app and its browser stayed as quiet while it was taken, and the Compare
 picture only when its status line carries no busy mark and its summary came within SUMMARY_SLACK x
-QUIET_SUMMARY_S (`--quiet-summary-s`). A refused picture is named on stderr with its reason, docs/ keeps the
-old one, and the exit status is 3.
+QUIET_SUMMARY_S (`--quiet-summary-s`). A Space visitor's browser runs on their own machine; here it shares the
+app's cores, so the browser runs at the lowest priority (`BROWSER_NICE`): it draws in the time the app leaves
+idle, as a visitor's would, and the app's run is timed as on a Space. A refused picture is named on stderr with
+its reason, docs/ keeps the old one, and the exit status is 3.
 """
 
 from __future__ import annotations
@@ -54,9 +57,10 @@ SUMMARY_SLACK = 1.5
 """A Compare picture whose summary took longer than this many times QUIET_SUMMARY_S is refused."""
 QUIET_WAIT_S = 600
 """How long the script waits for a quiet machine before a picture."""
-PICTURE_THREADS = 2
-"""Threads the app's run uses on a 2-vCPU machine, which the busy rule discounts from the load while a picture's
-run is going."""
+QUIET_WINDOW_S = 5.0
+"""Seconds over which the other processes' work is measured before a picture."""
+BROWSER_NICE = 19
+"""The browser's scheduling priority (`nice`): the lowest, so the app's run never waits for the page's drawing."""
 SNAPKV_PROMPT = (
     "Read the notes below and answer the question at the end.\n"
     "The lighthouse on Gull Rock was built in 1871 from granite quarried on the mainland. Its first keeper, "
@@ -71,20 +75,78 @@ class Refused(Exception):
     """A picture that would not show what a visitor on a quiet machine gets; the message says why."""
 
 
-def busy_now(threads: int) -> list[str]:
-    """The app's busy rule on the load average now, `threads` of it this script's own run ([] when quiet)."""
-    from kvlab.measure.noise import busy_reasons, sample_load
+def busy_now() -> list[str]:
+    """The app's busy rule on the other processes' work over the next QUIET_WINDOW_S ([] when quiet); the app and
+    the browser count as other processes here, so a picture also waits for the app's own background work."""
+    from kvlab.measure.environment import OtherWork, cores_available
+    from kvlab.measure.noise import busy_reasons
 
-    return busy_reasons(sample_load(), None, threads, os.cpu_count() or 1)
+    others = OtherWork()
+    time.sleep(QUIET_WINDOW_S)
+    return busy_reasons(None, None, 0, cores_available(), others.cores())
 
 
 def wait_for_quiet(timeout_s: float = QUIET_WAIT_S) -> None:
     """Return once the machine is quiet with no run of ours going; raises Refused after `timeout_s`."""
     deadline = time.monotonic() + timeout_s
-    while reasons := busy_now(0):
+    while reasons := busy_now():
         if time.monotonic() > deadline:
             raise Refused(f"the machine stayed busy for {timeout_s:.0f} s ({'; '.join(reasons)})")
-        time.sleep(5)
+
+
+class OutsideWork:
+    """The cores processes outside this script's own tree (it, its app, its browser) took from creation to
+    `reasons()`: the CPUs' taken seconds less the tree's, over the wall seconds. A process of the tree that ended
+    meanwhile counts as outside (its seconds leave the tree's sum), which errs towards refusing."""
+
+    def __init__(self):
+        from kvlab.measure.environment import taken_cpu_s
+
+        self._start = (time.perf_counter(), taken_cpu_s(), tree_cpu_s())
+
+    def cores(self) -> float | None:
+        """The outside processes' mean cores since creation, or None where the CPUs' times cannot be read."""
+        from kvlab.measure.environment import taken_cpu_s
+
+        wall0, taken0, tree0 = self._start
+        taken, wall = taken_cpu_s(), time.perf_counter() - wall0
+        if taken is None or taken0 is None or wall <= 0:
+            return None
+        return max(0.0, (taken - taken0) - (tree_cpu_s() - tree0)) / wall
+
+    def reasons(self) -> list[str]:
+        """The app's busy rule on `cores()` ([] when quiet)."""
+        from kvlab.measure.environment import cores_available
+        from kvlab.measure.noise import busy_reasons
+
+        return busy_reasons(None, None, 0, cores_available(), self.cores())
+
+
+def tree_cpu_s() -> float:
+    """CPU seconds this script and every process under it (the app, Playwright's driver, the browser) used."""
+    import psutil
+
+    total = 0.0
+    me = psutil.Process()
+    for process in (me, *me.children(recursive=True)):
+        try:
+            times = process.cpu_times()
+        except psutil.Error:
+            continue
+        total += times.user + times.system
+    return total
+
+
+def lower_browser_priority() -> None:
+    """Every browser process under this script gets nice BROWSER_NICE (the pages it opens later inherit it)."""
+    import psutil
+
+    for process in psutil.Process().children(recursive=True):
+        try:
+            if "chrom" in process.name().lower() or "headless_shell" in process.name().lower():
+                process.nice(BROWSER_NICE)
+        except psutil.Error:
+            continue
 
 
 def compare_refusal(status: str, quiet_summary_s: float) -> str | None:
@@ -101,9 +163,10 @@ def compare_refusal(status: str, quiet_summary_s: float) -> str | None:
     return None
 
 
-def keep(shot: Path) -> None:
-    """Copy a picture taken into artifacts/ over docs/' one, unless the load while it was taken was busy."""
-    if reasons := busy_now(PICTURE_THREADS):
+def keep(shot: Path, outside: OutsideWork) -> None:
+    """Copy a picture taken into artifacts/ over docs/' one, unless processes `outside` this script's tree were
+    busy while it was taken."""
+    if reasons := outside.reasons():
         raise Refused(f"{shot.name}: the machine got busy while it was taken ({'; '.join(reasons)})")
     shutil.copyfile(shot, DOCS / shot.name)
     print("wrote", DOCS / shot.name)
@@ -180,27 +243,29 @@ def hover_cache_plot(page) -> None:
     print("native-plots: no tooltip appeared; the picture shows none", file=sys.stderr)
 
 
-def take_compare(browser, url: str, names: set[str], quiet_summary_s: float) -> None:
+def take_compare(browser, url: str, names: set[str], quiet_summary_s: float, outside: OutsideWork) -> None:
     """One run of the default quickstart preset (the page opens on it): the whole page, then its plots hovered;
-    refused (Refused) when the run's status line is not a quiet one."""
+    refused (Refused) when the run's status line is not a quiet one (the app's reasons are printed)."""
     page = open_page(browser, url)
     wait_for_model(page)
     page.click("#kv-run")
     status = wait_for_run(page)
     print("compare:", status.splitlines()[0])
     if reason := compare_refusal(status, quiet_summary_s):
+        notes = page.locator("#kv-summary").inner_text()
+        print("compare:", *[line for line in notes.splitlines() if "too busy" in line], file=sys.stderr)
         page.context.close()
         raise Refused(f"screenshot, native-plots: {reason}")
     page.locator("#kv-plot-cache svg.marks").wait_for(state="visible")
     page.wait_for_timeout(1000)
     if "screenshot" in names:
         page.screenshot(path=str(ARTIFACTS / "screenshot.png"), full_page=True)
-        keep(ARTIFACTS / "screenshot.png")
+        keep(ARTIFACTS / "screenshot.png", outside)
     if "native-plots" in names:
         page.locator("#kv-plots").scroll_into_view_if_needed()
         hover_cache_plot(page)
         page.locator("#kv-plots").screenshot(path=str(ARTIFACTS / "native-plots.png"))
-        keep(ARTIFACTS / "native-plots.png")
+        keep(ARTIFACTS / "native-plots.png", outside)
     page.context.close()
 
 
@@ -312,17 +377,19 @@ def main(argv=None) -> int:
     try:
         with sync_playwright() as playwright:
             browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+            lower_browser_priority()
             try:
-                takes = [(None, lambda: take_compare(browser, url, names, args.quiet_summary_s))] \
+                takes = [(None, lambda outside: take_compare(browser, url, names, args.quiet_summary_s, outside))] \
                     if names & set(COMPARE) else []
-                takes += [(name, lambda take=take: take(browser, url)) for name, take in PICTURES.items()
+                takes += [(name, lambda outside, take=take: take(browser, url)) for name, take in PICTURES.items()
                           if name in names]
                 for name, take in takes:
                     try:
                         wait_for_quiet()
-                        take()
+                        outside = OutsideWork()
+                        take(outside)
                         if name is not None:
-                            keep(ARTIFACTS / f"{name}.png")
+                            keep(ARTIFACTS / f"{name}.png", outside)
                     except Refused as refusal:
                         refused.append(str(refusal))
                         print(f"refused: {refusal}; docs/ keeps the picture it had", file=sys.stderr)

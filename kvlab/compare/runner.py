@@ -56,6 +56,7 @@ from ..columns import MAX_COLUMNS, Column, parse_columns
 from ..compute import compute, compute_iter
 from ..engine import Decoder, RunStopped
 from ..generation import GenerationSettings, IncrementalDetokenizer, encode_prompt
+from ..measure.environment import OtherWork
 from ..measure.noise import sample_load
 from ..protocol import ColumnFailed, RunDone, RunStarted
 from ..strategies import Strategy, StrategyError
@@ -241,7 +242,7 @@ def run_compare(loaded, prompt_ids: torch.Tensor, columns: list, settings: Gener
     settings, stop = settings or GenerationSettings(), stop or threading.Event()
     events, results = queue.Queue(), [None] * len(columns)  # results: a ColumnResult per column, in order
     turns = FreeTurns() if mode == "parallel" else ComputeTurns()
-    started, loads = time.perf_counter(), [sample_load()]
+    started, loads, others = time.perf_counter(), [sample_load()], OtherWork()
     measurement = for_policy(settings.timing_policy)
     sampler = _Sampler(MemoryTracker(loaded.device), started)
 
@@ -264,7 +265,7 @@ def run_compare(loaded, prompt_ids: torch.Tensor, columns: list, settings: Gener
         used = yield from measurement.finish(loaded, columns, results, prompt_ids, settings, mode, stop)
         loads.append(sample_load())
         threads = compute(torch.get_num_threads) if mode != "parallel" else torch.get_num_threads()
-        timing = measurement.run_record(results, used, loads, threads)
+        timing = measurement.run_record(results, used, loads, threads, others.cores())
         # 4. The summary, then the teacher-forced fidelity pass filling its figures in.
         order, summary_s = yield from _summary_then_fidelity(loaded, prompt_ids, columns, results, settings,
                                                              baseline, stop, (events, sampler, workers), timing)

@@ -71,10 +71,10 @@ class Measurement:
         return used
 
     @staticmethod
-    def run_record(results: list, used: str, loads: list, threads: int) -> dict:
+    def run_record(results: list, used: str, loads: list, threads: int, other_cores: float | None = None) -> dict:
         """The run's timing record (`kvlab.measure.noise.run_timing`), with the quiet figures when `used` is
-        `quiet`."""
-        record = run_timing(results, used, loads, threads)
+        `quiet`; `other_cores` as `run_timing` takes it."""
+        record = run_timing(results, used, loads, threads, other_cores=other_cores)
         if used == "quiet":
             record.update(quiet_summary(results))
         return record

@@ -12,6 +12,7 @@ import importlib.metadata
 import os
 import platform
 import subprocess
+import time
 from pathlib import Path
 
 import kvlab
@@ -28,6 +29,51 @@ def cores_available() -> int:
 def load_average() -> list[float] | None:
     """The 1, 5 and 15 minute load averages, or None where the platform has none."""
     return list(os.getloadavg()) if hasattr(os, "getloadavg") else None
+
+
+BUSY_FIELDS = ("user", "nice", "system", "irq", "softirq", "steal")
+"""The fields of a `psutil.cpu_times` record counted as a CPU taken: work done on it (guest time is already inside
+user and nice) and steal, the time a virtual machine's CPU waited for the host to run it."""
+
+
+def taken_cpu_s() -> float | None:
+    """CPU seconds taken so far on the CPUs this process may run on (`os.sched_getaffinity`), summed over them
+    (BUSY_FIELDS of `psutil.cpu_times(percpu=True)`); None where the platform reports no per-CPU times."""
+    import psutil
+
+    try:
+        per_cpu = psutil.cpu_times(percpu=True)
+    except (AttributeError, NotImplementedError, OSError):
+        return None
+    mine = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else range(len(per_cpu))
+    return sum(getattr(per_cpu[i], name, 0.0) for i in mine if i < len(per_cpu) for name in BUSY_FIELDS)
+
+
+def process_cpu_s(pid: int | None = None) -> float:
+    """CPU seconds (user + system, every thread) process `pid` (default: this one) has used so far."""
+    import psutil
+
+    times = psutil.Process(pid).cpu_times()
+    return times.user + times.system
+
+
+class OtherWork:
+    """How much of the machine other processes took while this one measured: from its creation to `cores()`,
+    the CPU seconds taken on this process's CPUs (`taken_cpu_s`) less this process's own (`process_cpu_s`),
+    over the wall seconds, in cores (1.0: one whole core all the time). Unlike the load average, it counts
+    neither this process's own work before the run nor its threads waiting for the interpreter, and it has no
+    minute-long lag. Reads `/proc` through psutil; on a platform without per-CPU times `cores()` is None."""
+
+    def __init__(self):
+        self._start = (time.perf_counter(), taken_cpu_s(), process_cpu_s())
+
+    def cores(self) -> float | None:
+        """Other processes' mean cores since creation (≥ 0), or None where it cannot be told."""
+        wall0, taken0, own0 = self._start
+        taken, wall = taken_cpu_s(), time.perf_counter() - wall0
+        if taken is None or taken0 is None or wall <= 0:
+            return None
+        return max(0.0, (taken - taken0) - (process_cpu_s() - own0)) / wall
 
 
 def cpu_model() -> str:

@@ -15,7 +15,8 @@ from .environment import cores_available, load_average
 NOISE_FLOOR = 0.01
 """No figure is taken to be more precise than this fraction (fair mode agrees with a column alone to ~1 %)."""
 BUSY_EXCESS_PER_CORE = 0.5
-"""Busy: the 1-minute load average exceeds this run's own torch threads by more than this many per core."""
+"""Busy: other processes took more than this many cores per core while the run was timed (`OtherWork`); where
+that cannot be measured, the 1-minute load average exceeded this run's own torch threads by more than this."""
 BUSY_STEP_NOISE = 0.15
 """Busy: the median column's decode steps vary by more than this fraction (`robust_step_noise`); other
 processes competing for the cores make the steps vary (docs/timing.md gives the readings behind it)."""
@@ -69,19 +70,25 @@ def sample_load() -> float | None:
     return loads[0] if loads else None
 
 
-def busy_reasons(load: float | None, noise: float | None, threads: int, cores: int) -> list[str]:
-    """Why the machine was too busy for a fair comparison ([] when it was not): a load average beyond this run's
-    own `threads` by more than BUSY_EXCESS_PER_CORE per core, or the median column's `robust_step_noise` above
-    BUSY_STEP_NOISE."""
+def busy_reasons(load: float | None, noise: float | None, threads: int, cores: int,
+                 other_cores: float | None = None) -> list[str]:
+    """Why the machine was too busy for a fair comparison ([] when it was not): other processes taking more
+    than BUSY_EXCESS_PER_CORE cores per core during the run (`other_cores`, from
+    `kvlab.measure.environment.OtherWork`; when it is None, a `load` average beyond this run's own `threads` by
+    more than that), or the median column's `robust_step_noise` above BUSY_STEP_NOISE."""
     reasons = []
-    if load is not None and load - threads > BUSY_EXCESS_PER_CORE * cores:
+    if other_cores is not None:
+        if other_cores > BUSY_EXCESS_PER_CORE * cores:
+            reasons.append(f"other processes took {other_cores:.1f} of {cores} cores during the run")
+    elif load is not None and load - threads > BUSY_EXCESS_PER_CORE * cores:
         reasons.append(f"load average {load:.1f} on {cores} cores, this run's own {threads} threads included")
     if noise is not None and noise > BUSY_STEP_NOISE:
         reasons.append(f"decode steps varied by ±{100 * noise:.0f}% within a column")
     return reasons
 
 
-def run_timing(results: list, policy: str, loads: list, threads: int, cores: int | None = None) -> dict:
+def run_timing(results: list, policy: str, loads: list, threads: int, cores: int | None = None,
+               other_cores: float | None = None) -> dict:
     """The run's timing record (the `timing` of `RunDone` and of the JSON record).
 
     Args:
@@ -90,9 +97,12 @@ def run_timing(results: list, policy: str, loads: list, threads: int, cores: int
         loads: 1-minute load averages sampled during the run (None entries where the platform has none).
         threads: torch intra-op threads this run's forwards used (its own share of the load).
         cores: CPU cores this process may use (default: `kvlab.measure.environment.cores_available()`).
+        other_cores: cores other processes took while the run was timed (`OtherWork.cores()`; None: not
+            measured, the load average is judged instead).
 
-    Returns {policy, load_average, cores, torch_threads, decode_noise, step_noise, warm_up_s, busy, note}, plus the
-    policy's own figures (`quiet`: max_tokens, live_vs_quiet, replaced_steps; see `kvlab.compare.quiet`):
+    Returns {policy, load_average, other_cores, cores, torch_threads, decode_noise, step_noise, warm_up_s, busy,
+    note}, plus the policy's own figures (`quiet`: max_tokens, live_vs_quiet, replaced_steps; see
+    `kvlab.compare.quiet`):
     decode_noise is the median column's relative noise of its decode tok/s (what ties are judged by),
     step_noise the median column's `robust_step_noise` (what busy is judged by; None when no column had
     MIN_JUDGED_STEPS steps), warm_up_s the one-time set-up this run did (seconds),
@@ -107,11 +117,12 @@ def run_timing(results: list, policy: str, loads: list, threads: int, cores: int
                                 else r.per_token_s)[1:]) for r in ok]
     judged = [value for value in steps if value is not None]
     step_noise_value = statistics.median(judged) if judged else None
-    reasons = busy_reasons(load, step_noise_value, threads, cores)
+    reasons = busy_reasons(load, step_noise_value, threads, cores, other_cores)
     note = ""
     if reasons:
         note = (f"⚠ the machine was too busy for a fair comparison ({'; '.join(reasons)}): differences within "
                 "the noise are marked as ties, others may still come from other work; run again when it is quieter")
-    return {"policy": policy, "load_average": load, "cores": cores, "torch_threads": threads,
-            "decode_noise": noise, "step_noise": step_noise_value, "warm_up_s": sum(r.timing.warm_up_s or 0.0 for r in ok),
+    return {"policy": policy, "load_average": load, "other_cores": other_cores, "cores": cores,
+            "torch_threads": threads, "decode_noise": noise, "step_noise": step_noise_value,
+            "warm_up_s": sum(r.timing.warm_up_s or 0.0 for r in ok),
             "busy": bool(reasons), "note": note}

@@ -2,6 +2,7 @@
 and the quiet re-timing pass with spike re-timing), noise-aware best marks and the busy-machine note.
 Behaviour only: no test asserts how long anything took."""
 
+import os
 import threading
 import time
 from html import unescape
@@ -247,13 +248,39 @@ def quiet_result(index, name, live, quiet, noise=0.01):
 
 
 @pytest.mark.parametrize("loads, busy", [([9.0, 8.5], True), ([1.5, None], False), ([None], False)])
-def test_busy_note_follows_the_load_average(loads, busy):
+def test_busy_note_follows_the_load_average_where_other_work_is_not_measured(loads, busy):
     results = [quiet_result(0, "dynamic", [0.1, 0.08, 0.08], [0.1, 0.04, 0.04])]
     timing = run_timing(results, "quiet", loads, threads=2, cores=2)
     assert timing["busy"] is busy and bool(timing["note"]) is busy
     assert quiet_summary(results)["live_vs_quiet"] == pytest.approx(0.5)
     if busy:
         assert "too busy for a fair comparison" in timing["note"] and "load average 9.0 on 2 cores" in timing["note"]
+
+
+@pytest.mark.parametrize("other_cores, busy", [(1.4, True), (0.3, False), (0.0, False)])
+def test_busy_note_follows_the_other_processes_work_not_the_load_average(other_cores, busy):
+    """The load average counts this process's own work before the run (its warm-up) and lags a minute; where
+    the other processes' cores were measured, they decide, whatever the load average says."""
+    results = [quiet_result(0, "dynamic", [0.1, 0.08, 0.08], [0.1, 0.04, 0.04])]
+    timing = run_timing(results, "quiet", [9.0], threads=2, cores=2, other_cores=other_cores)
+    assert timing["busy"] is busy and timing["other_cores"] == other_cores and timing["load_average"] == 9.0
+    assert ("other processes took 1.4 of 2 cores during the run" in timing["note"]) is busy
+    assert "load average" not in timing["note"]
+
+
+def test_taken_cpu_counts_this_process_work_which_other_work_leaves_out():
+    """`taken_cpu_s` (the CPUs' taken seconds) includes this process's own work, so `OtherWork` subtracting it
+    leaves the other processes' share; a second of this process's own spinning is not 'other work'."""
+    from kvlab.measure.environment import OtherWork, process_cpu_s, taken_cpu_s
+
+    taken0, own0, other = taken_cpu_s(), process_cpu_s(), OtherWork()
+    deadline = process_cpu_s() + 0.5
+    while process_cpu_s() < deadline:  # spin on this process's CPU time, whatever else the machine runs
+        sum(range(1000))
+    own, taken = process_cpu_s() - own0, taken_cpu_s() - taken0
+    assert own >= 0.5 and taken >= 0.9 * own
+    cores = other.cores()
+    assert cores is not None and 0.0 <= cores <= len(os.sched_getaffinity(0))
 
 
 def test_busy_note_follows_the_step_noise_not_one_hiccup():
@@ -269,19 +296,24 @@ def test_busy_note_follows_the_step_noise_not_one_hiccup():
 
 
 def test_the_runner_and_the_page_say_when_the_machine_was_busy(tiny, monkeypatch):
+    class Others:  # other processes took 1.8 of the cores while the run was timed
+        cores = staticmethod(lambda: 1.8)
+
+    monkeypatch.setattr("kvlab.compare.runner.OtherWork", Others)
     monkeypatch.setattr("kvlab.compare.runner.sample_load", lambda: 50.0)
     done = collect(run_compare(tiny, PROMPT, [{"strategy": "dynamic"}], QUIET))
     assert done.record["timing"]["busy"] and done.record["timing"]["load_average"] == 50.0
+    assert done.record["timing"]["other_cores"] == 1.8
     view = RunView(["dynamic"])
     view.apply(done)
     assert "too busy for a fair comparison" in view.progress_text()
     assert "quiet re-timing" in view.progress_text()
     timing = done.record["timing"]
     assert "\n" not in view.progress_text() and timing["note"] in unescape(view.summary_notes())  # the why, below
-    monkeypatch.setattr("kvlab.compare.runner.sample_load", lambda: 0.0)
+    Others.cores = staticmethod(lambda: 0.0)
     calm = collect(run_compare(tiny, PROMPT, [{"strategy": "dynamic"}], GREEDY))
     calm_timing = calm.record["timing"]
-    assert calm_timing["load_average"] == 0.0 and "load average" not in calm_timing["note"]  # (noise may still)
+    assert calm_timing["other_cores"] == 0.0 and "other processes" not in calm_timing["note"]  # (noise may still)
 
 
 def test_the_page_shows_phases_quiet_rates_and_tied_marks():

@@ -1,7 +1,8 @@
 """The README pictures' refusal rules (scripts/readme_pictures.py): a Compare run the app marked busy or whose
 summary came later than 1.5x the quiet figure is not a picture; a picture taken while the machine got busy is
-not copied into docs/; the wait for a quiet machine gives up with the load in its reason. The pictures
-themselves are taken by running the script on a quiet machine."""
+not copied into docs/; the wait for a quiet machine gives up with the other processes' cores in its reason; the
+script's own app and browser are not other processes. The pictures themselves are taken by running the script on
+a quiet machine."""
 
 import importlib.util
 import sys
@@ -41,33 +42,63 @@ def test_a_stopped_run_without_a_summary_is_refused():
     assert "no summary" in pictures.compare_refusal("stopped in 3.0 s: 4 tokens (6 stopped)", 32.0)
 
 
+class Outside:
+    """An `OutsideWork` stand-in with the reasons given."""
+
+    def __init__(self, reasons):
+        self._reasons = reasons
+
+    def reasons(self):
+        return self._reasons
+
+
 def test_a_picture_taken_while_the_machine_got_busy_is_not_copied(tmp_path, monkeypatch):
     shot = tmp_path / "needle.png"
     shot.write_bytes(b"png")
     docs = tmp_path / "docs"
     docs.mkdir()
     monkeypatch.setattr(pictures, "DOCS", docs)
-    monkeypatch.setattr(pictures, "busy_now", lambda threads: ["load average 7.8 on 2 cores"])
-    with pytest.raises(pictures.Refused, match="load average 7.8"):
-        pictures.keep(shot)
+    with pytest.raises(pictures.Refused, match="took 1.6 of 2 cores"):
+        pictures.keep(shot, Outside(["other processes took 1.6 of 2 cores during the run"]))
     assert not (docs / "needle.png").exists()
-    monkeypatch.setattr(pictures, "busy_now", lambda threads: [])
-    pictures.keep(shot)
+    pictures.keep(shot, Outside([]))
     assert (docs / "needle.png").read_bytes() == b"png"
 
 
 def test_the_busy_rule_is_the_apps_own(monkeypatch):
-    import kvlab.measure.noise as noise
+    import kvlab.measure.environment as environment
 
-    monkeypatch.setattr(noise, "sample_load", lambda: 4.0)
-    monkeypatch.setattr(pictures.os, "cpu_count", lambda: 2)
-    assert pictures.busy_now(2) and pictures.busy_now(0)  # 4.0 - 2 > 0.5 x 2
-    monkeypatch.setattr(noise, "sample_load", lambda: 1.9)
-    assert pictures.busy_now(0) and not pictures.busy_now(2)
+    class Others:
+        cores_now = 1.6
+
+        def cores(self):
+            return Others.cores_now
+
+    monkeypatch.setattr(environment, "OtherWork", Others)
+    monkeypatch.setattr(environment, "cores_available", lambda: 2)
+    monkeypatch.setattr(pictures.time, "sleep", lambda s: None)
+    assert pictures.busy_now() == ["other processes took 1.6 of 2 cores during the run"]  # 1.6 > 0.5 x 2
+    Others.cores_now = 0.9
+    assert pictures.busy_now() == []
+
+
+def test_the_scripts_own_app_and_browser_are_not_outside_work():
+    """A process under the script (here a child spinning half a second of CPU, as the app or the browser does)
+    adds to the tree's seconds, so `OutsideWork` does not count it as other work."""
+    import subprocess
+
+    spin = ("import time\nt = time.process_time() + 0.5\nwhile time.process_time() < t: pass\n"
+            "print('spun', flush=True)\ninput()")
+    tree0 = pictures.tree_cpu_s()
+    child = subprocess.Popen([sys.executable, "-c", spin], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline() == "spun\n"
+        assert pictures.tree_cpu_s() - tree0 >= 0.5
+    finally:
+        child.communicate("")
 
 
 def test_waiting_for_quiet_gives_up_with_the_reason(monkeypatch):
-    monkeypatch.setattr(pictures, "busy_now", lambda threads: ["load average 9.0 on 2 cores"])
-    monkeypatch.setattr(pictures.time, "sleep", lambda s: None)
-    with pytest.raises(pictures.Refused, match="stayed busy.*load average 9.0"):
+    monkeypatch.setattr(pictures, "busy_now", lambda: ["other processes took 1.8 of 2 cores during the run"])
+    with pytest.raises(pictures.Refused, match="stayed busy.*took 1.8 of 2"):
         pictures.wait_for_quiet(timeout_s=0)
