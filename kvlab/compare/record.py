@@ -40,6 +40,7 @@ class _Fidelity(TypedDict, total=False):
 class _RunTiming(TypedDict, total=False):
     policy: str
     load_average: float | None
+    other_cores: float | None
     cores: int | None
     torch_threads: int | None
     decode_noise: float | None
