@@ -19,7 +19,8 @@ run: setup
 	$(PYTHON) app.py
 
 test: setup-test
-	$(PYTHON) -m pytest -q --durations=60 tests
+	$(PYTHON) -m pytest -q -n 2 -m unit tests
+	$(PYTHON) -m pytest -q --durations=60 -m 'not unit and not slow' tests
 
 test-fast: setup-test
 	$(PYTHON) -m pytest -q -m unit tests

@@ -253,7 +253,10 @@ def test_makefile_targets_use_the_venv_python() -> None:
     assert "PYTHON := .venv/bin/python" in text
     for target in ["run", "test", "test-fast", "bench", "clean"]:
         assert re.search(rf"^{target}:", text, re.MULTILINE), f"no '{target}' target"
-    assert re.search(r"^test: setup-test\n\t\$\(PYTHON\) -m pytest -q (--durations=\d+ )?tests$", text, re.MULTILINE)
+    # the unit tier on two workers, then every other tier but the slow one serially (they share one app)
+    assert re.search(r"^test: setup-test\n\t\$\(PYTHON\) -m pytest -q -n 2 -m unit tests\n"
+                     r"\t\$\(PYTHON\) -m pytest -q (--durations=\d+ )?-m 'not unit and not slow' tests$",
+                     text, re.MULTILINE)
     assert re.search(r"^test-fast: setup-test\n\t\$\(PYTHON\) -m pytest -q -m unit tests$", text, re.MULTILINE)
     assert re.search(r"^test-slow: setup-test\n\t\$\(PYTHON\) -m pytest -q -m slow tests$", text, re.MULTILINE)
     assert "activate" not in text
