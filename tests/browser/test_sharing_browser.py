@@ -19,7 +19,7 @@ import time
 import pytest
 from gradio_client import Client
 
-from pagekit import TEST_RUN_STEPS, open_page, serving, wait_until
+from pagekit import TEST_RUN_STEPS, serving, wait_until
 from test_compare_browser import RUN_TIMEOUT_S, pick_preset, snapshot, wait_for_model
 
 PRESET = "sampling"
@@ -51,26 +51,17 @@ def until(condition, guard_s: float = GUARD_S):
 
 
 @pytest.fixture
-def fresh_app_url():
-    """An app of its own, with no history of use: the fair order counts a page by its address, and every page of
-    the session's app comes from 127.0.0.1, so the tests before this one make that address a recent user there."""
+def app_url():
+    """An app of its own, with no history of use, in place of the session's (the conftest's `page` opens on it):
+    the fair order counts a page by its address, and every page of the session's app comes from 127.0.0.1, so
+    the tests before this one make that address a recent user there."""
     with serving("app-sharing", KVLAB_MAX_RUN_STEPS=str(TEST_RUN_STEPS)) as url:
         yield url
 
 
-@pytest.fixture
-def fresh_page(browser, fresh_app_url):
-    page = open_page(browser, fresh_app_url)
-    try:
-        yield page
-    finally:
-        page.context.close()
-
-
-def test_a_page_queues_ahead_of_an_api_clients_runs_and_over_cap_requests_are_refused(fresh_page, fresh_app_url):
+def test_a_page_queues_ahead_of_an_api_clients_runs_and_over_cap_requests_are_refused(page, app_url):
     from gradio_client.exceptions import AppError
 
-    page, app_url = fresh_page, fresh_app_url
     wait_for_model(page)
     page.locator("#kv-max-new input").fill("3000")  # the quickstart the page opens on: 6 columns
     page.click("#kv-run")
