@@ -123,6 +123,7 @@ def port_refusal(port: int) -> str | None:
 if __name__ == "__main__":
     from kvlab.measure.record_json import max_record_bytes
     from kvlab.ui.compare.kept_runs import check_settings as check_kept_runs
+    from kvlab.ui.hosting.turns import proxy_hops
 
     try:
         queue_max_size()  # bad settings are said before anything loads
@@ -130,6 +131,7 @@ if __name__ == "__main__":
         Limits.from_env()
         max_record_bytes()
         check_kept_runs()
+        proxy_hops()
         refusal = port_refusal(server_port())
     except ValueError as bad:
         sys.exit(f"kvlab: {bad}")

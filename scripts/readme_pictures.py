@@ -252,8 +252,10 @@ def take_compare(browser, url: str, names: set[str], quiet_summary_s: float, out
     status = wait_for_run(page)
     print("compare:", status.splitlines()[0])
     if reason := compare_refusal(status, quiet_summary_s):
-        notes = page.locator("body").inner_text()  # the timing note sits in the summary's notes, wherever drawn
-        print("compare:", *[line for line in notes.splitlines() if "machine was too busy" in line], file=sys.stderr)
+        text = page.locator("body").text_content() or ""  # the timing note may sit in a closed accordion
+        why = re.findall(r"machine was too busy for a fair comparison \(([^)]*)\)", text)
+        print("compare: busy because", "; ".join(dict.fromkeys(why)) or "(no timing note on the page)",
+              file=sys.stderr)
         page.context.close()
         raise Refused(f"screenshot, native-plots: {reason}")
     page.locator("#kv-plot-cache svg.marks").wait_for(state="visible")

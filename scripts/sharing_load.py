@@ -1,6 +1,6 @@
 """Six API clients and one browser page on one app at once: the figures behind docs/spaces.md's bound.
 
-Starts `app.py` (KVLAB_BEHIND_PROXY=1, so each `gradio_client` client is its own visitor by its
+Starts `app.py` (KVLAB_PROXY_HOPS=1, so each `gradio_client` client is its own visitor by its
 `X-Forwarded-For` address, as on a Space), lets six clients loop the `quickstart` preset through the `/compare`
 API, then opens the app in headless Chromium and presses Run on the page's own quickstart. Prints, as one JSON
 object: the page's wait (click to "running", seconds), the position and wait its status line showed, the API
@@ -40,7 +40,7 @@ def free_port() -> int:
 
 def start_app(port: int, log) -> subprocess.Popen:
     env = {**os.environ, "GRADIO_SERVER_PORT": str(port), "GRADIO_ANALYTICS_ENABLED": "False",
-           "KVLAB_BEHIND_PROXY": "1", "PYTHONUNBUFFERED": "1"}
+           "KVLAB_PROXY_HOPS": "1", "PYTHONUNBUFFERED": "1"}
     process = subprocess.Popen([sys.executable, "app.py"], cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:

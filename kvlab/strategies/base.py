@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from ..accounting import layer_windows
-from .knob_yaml import brief, load_knob_value, shown
+from .knob_yaml import brief, load_knob_value, shown, typed_knob
 
 STRATEGIES: dict[str, type["Strategy"]] = {}
 ENGINE_COLUMNS: dict[str, type["Strategy"]] = {}
@@ -324,6 +324,7 @@ def make_strategy(spec: dict | Strategy) -> Strategy:
     if unknown:
         raise StrategyError(f"{name}: unknown setting(s) {shown(unknown)}; allowed: {allowed}")
     try:
+        spec = {key: typed_knob(key, value) for key, value in spec.items()}
         return cls(**spec)
     except (TypeError, ValueError) as err:
         message = str(err) if isinstance(err, StrategyError) else f"{name}: {err}"
@@ -371,7 +372,8 @@ def require_int(name: str, value, low: int, high: int | None = None) -> None:
 def parse_strategy_list(text: str) -> list[dict]:
     """Column specs from the command-line syntax `dynamic,quantized:backend=hqq:nbits=4,static:max_cache_len=128`.
 
-    Knob values are read as YAML scalars (`4` -> int, `true` -> bool) by `knob_yaml.load_knob_value`.
+    Knob values are read as YAML scalars (`4` -> int, `true` -> bool) by `knob_yaml.load_knob_value`; a `label`
+    is the text as written.
 
     Raises:
         ValueError: a knob not written as key=value, with nothing after `=`, or whose value is too long or not

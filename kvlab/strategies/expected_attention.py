@@ -10,6 +10,10 @@ from .base import StrategyError, register, require_int
 from .knob_yaml import shown
 from .scored import ScoredEviction
 
+MAX_FUTURE_POSITIONS = 65_536
+"""Most future positions `n_future_positions` averages over (kvpress's default is 512; the rotary tables cost
+2 × head_dim × 4 bytes per position)."""
+
 
 @register
 @dataclass
@@ -29,7 +33,7 @@ class ExpectedAttention(ScoredEviction):
 
     def __post_init__(self):
         super().__post_init__()
-        require_int("n_future_positions", self.n_future_positions, 1)
+        require_int("n_future_positions", self.n_future_positions, 1, MAX_FUTURE_POSITIONS)
         require_int("n_sink", self.n_sink, 0)
         for knob in ("use_covariance", "use_vnorm"):
             if not isinstance(getattr(self, knob), bool):

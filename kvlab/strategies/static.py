@@ -4,6 +4,7 @@ from dataclasses import dataclass, replace
 from typing import ClassVar
 
 from ..engines import ServingSetting
+from ..generation import MAX_NEW_TOKENS_CAP, MAX_PROMPT_TOKENS
 from ..engines.settings import (LLAMA_ARGS, LLAMA_VERSION, SGLANG_SCHEDULE_ARGS, SGLANG_VERSION, TRT_KV_CONFIG,
                                 TRT_VERSION, VLLM_ARGS, VLLM_VERSION)
 from .base import Strategy, StrategyError, register, require_int
@@ -12,6 +13,11 @@ from .knob_yaml import shown
 COMPILE_BUCKET = 256
 """With compile and no max_cache_len, the cache holds prompt + new tokens rounded up to a multiple of this,
 so runs with different prompt lengths share one compiled forward."""
+MAX_CACHE_LEN = 2 * (MAX_PROMPT_TOKENS + MAX_NEW_TOKENS_CAP)
+"""Largest `max_cache_len` a column takes, in tokens: twice the longest run (KVLAB_MAX_PROMPT_TOKENS +
+KVLAB_MAX_NEW_TOKENS), so a chat can grow its cache, while a typed 10**12 is refused before a cache of that
+size is allocated (a preallocating cache takes all of its memory at once). Plan needs no max_cache_len: it
+sizes a static cache by each context it plans."""
 
 
 @register
@@ -32,6 +38,10 @@ class Static(Strategy):
     def __post_init__(self):
         if self.max_cache_len is not None:
             require_int("max_cache_len", self.max_cache_len, 1)
+            if self.max_cache_len > MAX_CACHE_LEN:
+                raise StrategyError(
+                    f"max_cache_len={self.max_cache_len:,} tokens is past the {MAX_CACHE_LEN:,} a static cache here "
+                    f"may preallocate (twice KVLAB_MAX_PROMPT_TOKENS + KVLAB_MAX_NEW_TOKENS)")
         if not isinstance(self.compile, bool):
             raise StrategyError(f"compile must be true or false, got {shown(self.compile)}")
 

@@ -150,7 +150,7 @@ def test_one_client_past_its_share_loses_its_own_oldest_never_another_clients(ru
 
 def test_a_replayed_upload_is_kept_for_the_uploaders_address(runs, monkeypatch):
     monkeypatch.delenv("SPACE_ID", raising=False)
-    monkeypatch.delenv("KVLAB_BEHIND_PROXY", raising=False)
+    monkeypatch.delenv("KVLAB_PROXY_HOPS", raising=False)
     with gr.Blocks():
         tab = CompareTab(ModelPool(), preload=False).build()
     record = Path(__file__).parent.parent / "fixtures" / "record_v3_compare.json"

@@ -54,16 +54,36 @@ def page_run(session: dict):
 
 def test_who_asks(monkeypatch):
     monkeypatch.delenv("SPACE_ID", raising=False)
-    monkeypatch.delenv(turns.BEHIND_PROXY_ENV, raising=False)
+    monkeypatch.delenv(turns.PROXY_HOPS_ENV, raising=False)
     forged = request(forwarded="1.2.3.4, 10.0.0.1")
     assert turns.visitor_of(forged) == Client("visitor", "10.0.0.9")  # its address, not its made-up session
     assert turns.visitor_of(request(session="s2")) == turns.visitor_of(forged)
-    assert turns.api_client_of(forged) == Client("api", "10.0.0.9")  # not behind a proxy: the header is ignored
+    assert turns.api_client_of(forged) == Client("api", "10.0.0.9")  # no proxy in front: the header is ignored
     assert turns.api_client_of(request(path="/gradio_api/mcp/")).kind == "mcp"
     monkeypatch.setenv("SPACE_ID", "user/kvlab")
+    assert turns.client_address(forged) == "10.0.0.1"  # the entry the Space's proxy appended, not the forged one
+    monkeypatch.setenv(turns.PROXY_HOPS_ENV, "2")
     assert turns.client_address(forged) == "1.2.3.4"
-    monkeypatch.setenv(turns.BEHIND_PROXY_ENV, "0")
+    assert turns.client_address(request(forwarded="10.0.0.1")) == "10.0.0.9"  # fewer entries than hops
+    monkeypatch.setenv(turns.PROXY_HOPS_ENV, "0")
     assert turns.client_address(forged) == "10.0.0.9"
+
+
+def test_forged_forwarded_hops_do_not_make_one_client_many(monkeypatch):
+    """Break-it round 7: the first X-Forwarded-For hop was read as the address, so a client writing a new one
+    per run was a new client each time and never held to the per-client cap."""
+    monkeypatch.setenv("SPACE_ID", "user/kvlab")
+    monkeypatch.delenv(turns.PROXY_HOPS_ENV, raising=False)
+    addresses = {turns.client_address(request(forwarded=f"203.0.113.{n}, 198.51.100.7")) for n in range(20)}
+    assert addresses == {"198.51.100.7"}
+
+
+@pytest.mark.parametrize("text", ["-1", "9", "one", "1.5"])
+def test_a_bad_proxy_hops_setting_is_one_line_naming_it(monkeypatch, text):
+    monkeypatch.setenv(turns.PROXY_HOPS_ENV, text)
+    with pytest.raises(ValueError, match=turns.PROXY_HOPS_ENV) as err:
+        turns.proxy_hops()
+    assert "\n" not in str(err.value)
 
 
 def test_a_page_run_over_a_cap_is_refused_in_one_status_line(fresh):
@@ -76,7 +96,7 @@ def test_a_page_run_over_a_cap_is_refused_in_one_status_line(fresh):
 
 def test_a_page_run_is_told_the_address_it_was_admitted_for(fresh, monkeypatch):
     monkeypatch.delenv("SPACE_ID", raising=False)
-    monkeypatch.delenv(turns.BEHIND_PROXY_ENV, raising=False)
+    monkeypatch.delenv(turns.PROXY_HOPS_ENV, raising=False)
     told = []
     run = turns.page_turn(page_run, lambda session: SMALL, "status", line, admitted=lambda c, s: told.append((c, s)))
     session = {}

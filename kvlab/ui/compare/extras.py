@@ -29,6 +29,8 @@ from kvlab.sharing.cost import RunCost
 
 from ..hosting import zerogpu
 from ..hosting.costs import compare_cost, whole
+from ..hosting.turns import ToolError
+from kvlab.strategies.knob_yaml import shown
 from .replay import form_values, replay_code, view_from_record
 from .updates import CompareUpdater
 from ..shared.knobs import NO_STRATEGY
@@ -159,9 +161,9 @@ class CompareApi:
         after its (or the given) prompt. An unknown preset or max_new_tokens out of range is a `gr.Error` here,
         before the call is queued; a preset that does not load costs one step (the call then says why)."""
         if preset not in self.presets:
-            raise gr.Error(f"unknown preset {preset!r}; available: {', '.join(self.presets)}")
+            raise ToolError(f"unknown preset {shown(preset)}; available: {', '.join(self.presets)}")
         if max_new_tokens is not None and not 1 <= whole(max_new_tokens, 0) <= MAX_NEW_TOKENS_CAP:
-            raise gr.Error(f"max_new_tokens must be between 1 and {MAX_NEW_TOKENS_CAP}, got {max_new_tokens!r}")
+            raise ToolError(f"max_new_tokens must be between 1 and {MAX_NEW_TOKENS_CAP}, got {shown(max_new_tokens)}")
         try:
             loaded = load_preset(self.presets[preset])
         except PresetError:
@@ -181,8 +183,8 @@ class CompareApi:
             max_new_tokens: replaces the preset's max_new_tokens when given.
         """
         if preset not in self.presets:
-            raise gr.Error(f"unknown preset {preset!r}; available: {', '.join(self.presets)}")
+            raise ToolError(f"unknown preset {shown(preset)}; available: {', '.join(self.presets)}")
         try:
             return run_preset(self.loader, self.presets[preset], preset, prompt, max_new_tokens, stop)
         except (PresetError, ModelLoadError, ValueError) as err:
-            raise gr.Error(str(err)) from None
+            raise ToolError(str(err)) from None

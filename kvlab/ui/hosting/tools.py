@@ -34,7 +34,7 @@ from kvlab.strategies.base import split_strategy_list
 from kvlab.strategies.knob_yaml import shown
 
 from .costs import compare_cost, needle_cost
-from .turns import tool_turn
+from .turns import ToolError, tool_turn
 
 MCP_ENV = "KVLAB_MCP"
 TOOL_MAX_NEW_TOKENS = 2048
@@ -63,17 +63,8 @@ def mcp_enabled(flag: bool | None = None) -> bool:
     raise ValueError(f"{MCP_ENV} must be 1 or 0, got {text!r}")
 
 
-class ToolError(gr.Error):
-    """A tool's refusal: `gr.Error` whose `str()` is its message. gradio's own `Error.__str__` returns
-    `repr(message)`, and its MCP server hands an agent `str(error)`, so a plain `gr.Error` reaches the agent
-    quoted, with escaped quotes; this one reaches it as the one line written."""
-
-    def __str__(self) -> str:
-        return str(self.message)
-
-
 def _refuse(err: Exception) -> ToolError:
-    return ToolError(str(err).splitlines()[0] if str(err) else type(err).__name__)
+    return ToolError(str(err) or type(err).__name__)
 
 
 def _strategy_items(strategies: str, example: str) -> list[str]:

@@ -18,10 +18,11 @@ the caps and the wait estimates are kvlab's:
   inside the agent's own request; an agent that disconnects cancels it, which sets its stop event and frees
   its place. The client is the agent's address (kind `mcp`; `api` when called through gradio's queue).
 
-A client's address is the first X-Forwarded-For hop behind a proxy (on a Hugging Face Space, or with
-KVLAB_BEHIND_PROXY=1: a proxy puts the visitor's address there), else the connection's address. A client can
-prepend its own X-Forwarded-For hop, so per-client caps are no defence against one that forges addresses: the
-line's total cap (KVLAB_MAX_WAITING) is.
+A client's address is the connection's, or behind KVLAB_PROXY_HOPS trusted proxies (1 on a Hugging Face
+Space, else 0) the X-Forwarded-For entry that many from the right: each proxy appends the address it was
+connected from, so that entry is the one the outermost trusted proxy saw, and hops a client writes itself
+(any entry further left) are never read. Two visitors behind one address (a NAT, an office proxy) are one
+client.
 """
 
 from __future__ import annotations
@@ -37,8 +38,9 @@ import anyio
 import gradio as gr
 
 from kvlab.sharing.cost import RunCost
-from kvlab.sharing.limits import Limits
+from kvlab.sharing.limits import Limits, whole_setting
 from kvlab.sharing.scheduler import Client, Refused, Scheduler, Ticket
+from kvlab.strategies.knob_yaml import brief
 
 WAIT_UPDATE_S = 1.0
 """Seconds between a waiting or running call's updates (gradio's own heartbeat comes every 15 s)."""
@@ -46,7 +48,9 @@ TOOL_POLL_S = 0.25
 """Seconds between an MCP tool's looks at its place in line."""
 MIN_SAMPLE_S = 2.0
 """A run that ended sooner (refused input, a model that failed to load) does not teach the rate."""
-BEHIND_PROXY_ENV = "KVLAB_BEHIND_PROXY"
+PROXY_HOPS_ENV = "KVLAB_PROXY_HOPS"
+MAX_PROXY_HOPS = 8
+"""Most proxies KVLAB_PROXY_HOPS may name."""
 MODEL_BOUND = {"concurrency_limit": None}
 """gradio settings of a model-bound event: every one starts at once and waits for its turn here."""
 _SCHEDULER = Scheduler()
@@ -64,19 +68,33 @@ def configure(limits: Limits) -> None:
 
 # ----- who asks -----
 
-def behind_proxy() -> bool:
-    """KVLAB_BEHIND_PROXY (1/0), else whether this runs on a Hugging Face Space."""
-    text = os.environ.get(BEHIND_PROXY_ENV, "").strip().lower()
-    return text in ("1", "true", "yes", "on") if text else bool(os.environ.get("SPACE_ID"))
+def proxy_hops() -> int:
+    """KVLAB_PROXY_HOPS: how many proxies in front of the app append to X-Forwarded-For (0 to MAX_PROXY_HOPS);
+    unset or blank: 1 on a Hugging Face Space (SPACE_ID set, its own proxy in front), else 0.
+
+    Raises:
+        ValueError: the setting is not a whole number from 0 to MAX_PROXY_HOPS; the message names it.
+    """
+    if not os.environ.get(PROXY_HOPS_ENV, "").strip():
+        return 1 if os.environ.get("SPACE_ID") else 0
+    hops = whole_setting(PROXY_HOPS_ENV, 0, least=0)
+    if hops > MAX_PROXY_HOPS:
+        raise ValueError(f"{PROXY_HOPS_ENV} must be a whole number from 0 to {MAX_PROXY_HOPS}, got {hops}")
+    return hops
 
 
 def client_address(request) -> str:
-    """The caller's address (see the module's docstring); "unknown" when the request has none."""
+    """The caller's address (see the module's docstring); "unknown" when the request has none. With proxy hops
+    and fewer X-Forwarded-For entries than hops (a request that did not come through them all), the
+    connection's address."""
     headers = getattr(request, "headers", None) or {}
-    if behind_proxy():
-        first = (headers.get("x-forwarded-for") or "").split(",")[0].strip()
-        if first:
-            return first
+    hops = proxy_hops()
+    if hops:
+        values = headers.getlist("x-forwarded-for") if hasattr(headers, "getlist") else \
+            [headers.get("x-forwarded-for") or ""]
+        entries = [entry.strip() for value in values for entry in value.split(",") if entry.strip()]
+        if len(entries) >= hops:
+            return entries[-hops]
     return getattr(getattr(request, "client", None), "host", None) or "unknown"
 
 
@@ -183,11 +201,26 @@ class _Job:
             self.done.set()
 
 
+class ToolError(gr.Error):
+    """A refusal an API or MCP caller gets: `gr.Error` whose message is `knob_yaml.brief(message)` (one line of
+    at most MESSAGE_CHARS characters, control characters and lone surrogates escaped) and whose `str()` is
+    that line. gradio's own `Error.__str__` returns `repr(message)`, and its MCP server hands an agent
+    `str(error)`, so a plain `gr.Error` reaches the agent quoted, with escaped quotes; this one reaches it as
+    the one line written."""
+
+    def __init__(self, message, *args, **kwargs):
+        kwargs.setdefault("print_exception", False)
+        super().__init__(brief(str(message)), *args, **kwargs)
+
+    def __str__(self) -> str:
+        return str(self.message)
+
+
 def _admit_or_refuse(client: Client, cost: RunCost) -> Ticket:
     try:
         return _SCHEDULER.admit(client, cost)
     except Refused as err:
-        raise gr.Error(str(err), print_exception=False) from None
+        raise ToolError(str(err)) from None
 
 
 def api_turn(fn, cost):

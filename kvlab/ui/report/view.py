@@ -208,10 +208,18 @@ class ReportView:
         return line + (f" · {errors} column(s) could not run: see their rows" if errors else "")
 
 
+MAX_SAVED_RECORDS = 32
+"""Most saved records one load merges (a leaderboard is one record; each may be up to the record cap)."""
+
+
 def rows_from_files(paths) -> tuple[list[dict], list[str]]:
     """The merged table rows of saved records (report, Compare, Needle) and one line per file that could not be
-    read (its name and why)."""
+    read (its name and why). More than MAX_SAVED_RECORDS files are refused whole, in one line, before any is
+    read."""
     groups, problems = [], []
+    if len(paths or []) > MAX_SAVED_RECORDS:
+        return [], [f"{len(paths)} files picked: one load merges at most {MAX_SAVED_RECORDS} saved records "
+                    f"(MAX_SAVED_RECORDS); pick fewer"]
     for path in paths or []:
         name = str(path).replace("\\", "/").rsplit("/", 1)[-1]
         try:
