@@ -4,7 +4,8 @@ Starts `python app.py` from this repository on a free localhost port (the enviro
 use, tests/browser/conftest.py), drives Debian's chromium (`/usr/bin/chromium`, never a downloaded browser)
 with Playwright, and writes each PNG into docs/. NAME is a picture's file name without `.png`:
 
-- screenshot: the Compare tab after a run of the default quickstart preset, as it ships;
+- screenshot: the Compare tab showing a run of the default quickstart preset, as it ships (run through the app's
+  `compare` API with no browser beside it, then opened from its record);
 - native-plots: the same run's plots, hovering the cache plot (taken from the same run as `screenshot`);
 - plan-tab: the Plan tab, gemma-3-27b-it at 1k-128k tokens with a 24 GB budget;
 - inspect: Inspect stepping a sink cache past its 32-token window (step 20);
@@ -19,16 +20,18 @@ A picture shows what a visitor on a quiet machine gets, or it is not taken: befo
 other processes taking more than half a core per core, measured over QUIET_WINDOW_S by
 `kvlab.measure.environment.OtherWork`), each picture is first written to artifacts/ and copied into docs/ only when
 the processes outside this script, its app and its browser stayed as quiet while it was taken, and the Compare
-picture only when its status line carries no busy mark and its summary came within SUMMARY_SLACK x
-QUIET_SUMMARY_S (`--quiet-summary-s`). A Space visitor's browser runs on their own machine; here it shares the
-app's cores, so the browser runs at the lowest priority (`BROWSER_NICE`): it draws in the time the app leaves
-idle, as a visitor's would, and the app's run is timed as on a Space. A refused picture is named on stderr with
+picture only when the app did not mark its run busy and its summary came within SUMMARY_SLACK x
+QUIET_SUMMARY_S (`--quiet-summary-s`). A Space visitor's browser runs on their own machine; here it would share the
+app's two cores, so the quickstart runs with no browser open (`quickstart_record`) and the page then shows its
+record, with the run's own figures in the status line; the other pictures' browser runs at the lowest priority
+(`BROWSER_NICE`). A refused picture is named on stderr with
 its reason, docs/ keeps the old one, and the exit status is 3.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import shutil
@@ -149,16 +152,17 @@ def lower_browser_priority() -> None:
             continue
 
 
-def compare_refusal(status: str, quiet_summary_s: float) -> str | None:
-    """Why a Compare run's status line cannot be a README picture (None when it can): the app's busy mark, or a
+def compare_refusal(record: dict, quiet_summary_s: float) -> str | None:
+    """Why a quickstart run's record cannot be a README picture (None when it can): the app's busy verdict, or a
     summary later than SUMMARY_SLACK x `quiet_summary_s` seconds."""
-    if "too busy" in status:
-        return "the app marked the run too busy for a fair comparison"
-    found = re.search(r"summary after ([0-9.]+) s", status)
-    if found is None:
-        return "the status line gives no summary time"
-    if float(found.group(1)) > SUMMARY_SLACK * quiet_summary_s:
-        return (f"the summary came after {float(found.group(1)):.1f} s, more than {SUMMARY_SLACK} x the quiet "
+    timing = record.get("timing") or {}
+    if timing.get("busy"):
+        return f"the app marked the run too busy for a fair comparison: {timing.get('note', '')}"
+    summary_s = record.get("summary_s")
+    if summary_s is None:
+        return "the record gives no summary time"
+    if summary_s > SUMMARY_SLACK * quiet_summary_s:
+        return (f"the summary came after {summary_s:.1f} s, more than {SUMMARY_SLACK} x the quiet "
                 f"{quiet_summary_s:.0f} s")
     return None
 
@@ -243,22 +247,40 @@ def hover_cache_plot(page) -> None:
     print("native-plots: no tooltip appeared; the picture shows none", file=sys.stderr)
 
 
+def quickstart_record(url: str) -> Path:
+    """One run of the default quickstart preset through the app's `compare` API (the run a visitor's Run makes,
+    on the same app), with no browser beside it: a Space visitor's browser draws on their own machine, while
+    here it would share the app's two cores and make the decode steps vary (±27 % against ±10 % alone, which the
+    app rightly calls too busy). Returns the record's path under artifacts/."""
+    from gradio_client import Client
+
+    client = Client(url, verbose=False)
+    try:
+        record = client.predict("quickstart", None, None, api_name="/compare")
+    finally:
+        client.close()
+    path = ARTIFACTS / "quickstart-run.json"
+    path.write_text(json.dumps(record if isinstance(record, dict) else json.loads(record)))
+    return path
+
+
 def take_compare(browser, url: str, names: set[str], quiet_summary_s: float, outside: OutsideWork) -> None:
-    """One run of the default quickstart preset (the page opens on it): the whole page, then its plots hovered;
-    refused (Refused) when the run's status line is not a quiet one (the app's reasons are printed)."""
+    """The default quickstart preset run through the app's API, then opened in the Compare tab from its record
+    (the status line: `replayed: measured on … · finished in … · summary after …`): the whole page, then its
+    plots hovered; refused (Refused) when the app marked the run busy or its summary came late."""
+    path = quickstart_record(url)
+    record = json.loads(path.read_text())
+    print(f"compare: summary after {record.get('summary_s', 0):.1f} s, finished in {record.get('wall_s', 0):.1f} s")
+    if reason := compare_refusal(record, quiet_summary_s):
+        raise Refused(f"screenshot, native-plots: {reason}")
     page = open_page(browser, url)
     wait_for_model(page)
-    page.click("#kv-run")
-    status = wait_for_run(page)
+    page.locator("#kv-replay-box").click()
+    page.locator("#kv-replay input[type=file]").set_input_files(str(path))
+    status = wait_for_run(page, ("replayed", "✖"))
     print("compare:", status.splitlines()[0])
-    if reason := compare_refusal(status, quiet_summary_s):
-        text = page.locator("body").text_content() or ""  # the timing note may sit in a closed accordion
-        why = re.findall(r"machine was too busy for a fair comparison \(([^)]*)\)", text)
-        print("compare: busy because", "; ".join(dict.fromkeys(why)) or "(no timing note on the page)",
-              file=sys.stderr)
-        page.context.close()
-        raise Refused(f"screenshot, native-plots: {reason}")
     page.locator("#kv-plot-cache svg.marks").wait_for(state="visible")
+    page.locator("#kv-replay-box").click()  # closed again, as the page opens
     page.wait_for_timeout(1000)
     if "screenshot" in names:
         page.screenshot(path=str(ARTIFACTS / "screenshot.png"), full_page=True)

@@ -271,8 +271,8 @@ def run_compare(loaded, prompt_ids: torch.Tensor, columns: list, settings: Gener
                                                              baseline, stop, (events, sampler, workers), timing)
         yield sampler.sample()
         wall_s, fidelity = time.perf_counter() - started, _fidelity_record(settings, results, order, stop)
-        yield RunDone(run_record(loaded, preset, settings, results, wall_s, stop.is_set(), timing, fidelity, summary_s),
-                      wall_s, stop.is_set(), list(results))
+        yield RunDone(run_record(loaded, preset, settings, results, wall_s, stop.is_set(), timing, fidelity, summary_s,
+                                 sampler.record()), wall_s, stop.is_set(), list(results))
     finally:
         _end_workers(workers, stop)
 
@@ -366,11 +366,18 @@ class _Sampler:
 
     def __init__(self, tracker: MemoryTracker, started: float):
         self.tracker, self.started, self.next_at = tracker, started, 0.0
+        self.taken: list[MemorySample] = []
 
     def sample(self) -> MemorySample:
         now = time.perf_counter() - self.started
         self.next_at = now + MEMORY_SAMPLE_EVERY_S
-        return MemorySample(now, *self.tracker.sample())
+        self.taken.append(MemorySample(now, *self.tracker.sample()))
+        return self.taken[-1]
+
+    def record(self) -> dict:
+        """The samples taken, as the record's `memory` (`kvlab.compare.summary.run_record`)."""
+        return {"elapsed_s": [s.elapsed_s for s in self.taken], "rss_bytes": [s.rss_bytes for s in self.taken],
+                "cuda_allocated_bytes": [s.cuda_allocated_bytes for s in self.taken]}
 
     def due(self) -> bool:
         return time.perf_counter() - self.started >= self.next_at

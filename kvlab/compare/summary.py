@@ -184,14 +184,15 @@ def rows_to_csv(rows: list[dict]) -> str:
 
 
 def run_record(loaded, preset, settings, results: list[ColumnResult], wall_s: float, stopped: bool, timing: dict,
-               fidelity: dict, summary_s: float | None) -> dict:
+               fidelity: dict, summary_s: float | None, memory: dict | None = None) -> dict:
     """The JSON record of a run, in the envelope every wing writes (`kvlab.record.new_record`, kind
     `kvlab.compare`, `kvlab.compare.record.COMPARE`): where and when it was measured
     (`kvlab.measure.environment`), model info, the preset's name, prompt and mode (null without a preset), the
     settings, every column's result (each with its `fidelity_status`), how the run was timed (`timing`,
     `kvlab.measure.noise.run_timing`: the policy, load average, noise, whether the machine was too busy, and
-    its note), `summary_s` (seconds from the start to the summary) and `fidelity` (the fidelity pass: state,
-    scored and to_score)."""
+    its note), `summary_s` (seconds from the start to the summary), `fidelity` (the fidelity pass: state,
+    scored and to_score) and, when given, `memory`: the run's process memory samples (`elapsed_s` in seconds since
+    the start, `rss_bytes` and `cuda_allocated_bytes` in bytes, one entry each per sample), whatever front ran it."""
     from dataclasses import asdict
 
     from ..measure.environment import environment
@@ -203,4 +204,5 @@ def run_record(loaded, preset, settings, results: list[ColumnResult], wall_s: fl
                       preset=preset.name if preset is not None else None,
                       prompt=preset.prompt.model_dump() if preset is not None else None,
                       mode=preset.mode if preset is not None else None, settings=asdict(settings),
-                      summary_s=summary_s, fidelity=fidelity, timing=timing)
+                      summary_s=summary_s, fidelity=fidelity, timing=timing,
+                      **({"memory": memory} if memory is not None else {}))

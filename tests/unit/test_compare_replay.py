@@ -60,6 +60,8 @@ def test_the_exported_record_replays_in_a_fresh_app_into_the_same_summary(measur
     assert replayed[fresh.summary]["headers"] == final[tab.summary]["headers"]
     status = replayed[fresh.run_status]
     assert "replayed: measured on " in status and record["measured_at"] in status
+    assert f"finished in {record['wall_s']:.1f} s" in status  # the run's own figures, as it ended
+    assert f"summary after {record['summary_s']:.1f} s" in status
     for plot in (fresh.plots.cache, fresh.plots.latency, fresh.plots.memory):
         original = final[getattr(tab.plots, plot.elem_id.split("-")[-1])]
         assert value(replayed[plot]).equals(value(original))

@@ -55,6 +55,16 @@ def test_a_record_says_its_kind_and_where_it_was_measured(record):
     assert column["itl_ms_p50"] > 0 and column["e2e_latency_s"] > 0
 
 
+def test_every_front_s_record_keeps_the_run_s_memory_samples(record):
+    """The run itself keeps its process memory samples, so a CLI or API record replays with the memory plot a
+    page run shows (they were the page's alone)."""
+    memory = record["memory"]
+    count = len(memory["elapsed_s"])
+    assert count >= 1 and len(memory["rss_bytes"]) == len(memory["cuda_allocated_bytes"]) == count
+    assert memory["elapsed_s"] == sorted(memory["elapsed_s"]) and memory["elapsed_s"][-1] <= record["wall_s"]
+    assert all(rss > 10 * 2**20 for rss in memory["rss_bytes"])  # a process with torch loaded holds more than 10 MiB
+
+
 def test_a_record_replays_into_the_same_summary(record, tmp_path):
     path = tmp_path / "run.json"
     path.write_text(json.dumps(record))

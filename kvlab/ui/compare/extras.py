@@ -2,7 +2,7 @@
 
 - `replay`: an uploaded run record (`kvlab.compare.replay`) shown as it was measured: the cards set to the recorded
   strategies, the columns' text and status, the native plots, the summary, the code, and the status line
-  `replayed: measured on <machine> at <time>`; a file that cannot be replayed says why there.
+  `replayed: measured on <machine> at <time> · ` and the run's own finished line; a file that cannot be replayed says why there.
 - `open_shared`: the result a share link names (`?run=<id>`), shown as `replay` shows it; an id not of the exact
   form kvlab makes (`kvlab.ui.compare.records.valid_share_id`) is refused in one line before any file is touched.
 - `run_gpu_s`: the GPU seconds a Run asks ZeroGPU for (`kvlab.ui.hosting.zerogpu.estimate_s`, columns × tokens).
@@ -95,7 +95,8 @@ def takes(component, value) -> bool:
 def replay(updater: CompareUpdater, path: str | None, session: dict, exports: list[str] | None = None,
            owner: str | None = None) -> dict:
     """A record uploaded: its columns, plots, summary and code as measured, and the form it was made with (prompt,
-    settings, model; refused cards with their reasons), labelled `replayed: measured on <machine> at <time>`; a
+    settings, model; refused cards with their reasons), labelled `replayed: measured on <machine> at <time> ·`
+    and the run's own finished line (its wall time, summary time, fidelity and timing marks, as it ended); a
     file that is not a replayable record, or holds a field of the wrong type, says why in the status line, in one
     line. `exports`: the result's files when they are already kept here (a share link), else they are written
     from the record as read (its known fields only), kept for the client at address `owner`. The replayed view is kept in `session["view"]` (for the PNG
@@ -112,7 +113,8 @@ def replay(updater: CompareUpdater, path: str | None, session: dict, exports: li
                 if name in updater.form and takes(updater.form[name], value)}
         updates = {**form, **updater.plots.cleared(), **updater.columns(view, set(range(len(view.columns)))),
                    **updater.plots.updates(view), **updater.summary_updates(view, replayed.record, exports, owner),
-                   updater.code: replay_code(replayed.record), updater.run_status: line_html(replayed.label, "ok")}
+                   updater.code: replay_code(replayed.record),
+                   updater.run_status: line_html(f"{replayed.label} · {view.progress_text()}", "ok")}
         updates = {**updater.recorded_cards(view, replayed.record), **updates}
     except Exception:  # a record of the right types whose values no run makes: the page says so and keeps serving
         logger.exception("a record that passed its checks could not be shown")

@@ -59,9 +59,9 @@ def page_preset(plan: RunPlan) -> Preset:
 
 def record_for(plan: RunPlan, done: RunDone, view: RunView | None = None) -> dict:
     """The JSON run record of a page run (the run's own, as `python -m kvlab compare --json` writes it); with
-    the run's `view`, also what only the page has: `slots` (the page column of each run column, its colour) and
-    `memory` (process memory samples: `elapsed_s` in seconds, `rss_bytes` and `cuda_allocated_bytes`); and
-    `refused`, the cards that were not run (slot, strategy, the knob fields as typed, why), when there were any."""
+    the run's `view`, also what only the page has: `slots` (the page column of each run column, its colour); and
+    `refused`, the cards that were not run (slot, strategy, the knob fields as typed, why), when there were any.
+    Its `memory` samples are the run's own (`kvlab.compare.summary.run_record`), as every front writes them."""
     request = plan.request
     record = dict(done.record)
     if plan.slot_errors:
@@ -70,7 +70,6 @@ def record_for(plan: RunPlan, done: RunDone, view: RunView | None = None) -> dic
                              if slot < len(request.slots)]
     if view is not None:
         record["slots"] = list(view.slots)
-        record["memory"] = dataclasses.asdict(view.memory)
     return record
 
 

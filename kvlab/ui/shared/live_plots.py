@@ -26,7 +26,7 @@ PLOT_HEIGHT_PX = 300
 BUTTONS = ["fullscreen", "export"]
 NO_COLOR = "#888888"
 """Colour of a series missing from the colour map given."""
-NOT_RECORDED = "process memory not recorded: this record has no samples (a command-line run keeps none)"
+NOT_RECORDED = "process memory not recorded: this record has no samples (records written before they kept them)"
 """The memory plot's caption for a finished run (a replayed CLI record) with no memory samples."""
 SHARED_LEGEND = "kv-shared-legend"
 """Class of the plots whose series the shared HTML legend names; the theme hides their own vega legend (one
