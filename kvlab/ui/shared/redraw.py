@@ -15,10 +15,9 @@ the {component: update} of one frame:
 
 - a live run, whose frames are spaced by its compute: `live` (a primer until the run has a point, upper case
   after), `ahead` (one upper-case frame with no point before the event that may bring the first one, so that
-  point is drawn in the update that carries it), `finish` (the last frame, then once more as a primer, back to
-  back, so the spec is rebuilt from the finished frame);
+  point is drawn in the update that carries it), `finish` (SETTLE's frames back to back);
 - rows shown at once (a replay): `replay` (REPLAY's frames, FRAME_GAP_S apart);
-- the same rows against another figure: `switch` (SWITCH's frames, FRAME_GAP_S apart).
+- the same rows against another figure: `switch` (SETTLE's frames, FRAME_GAP_S apart).
 
 `time.sleep` makes the gaps, so the calling generator holds its worker thread for them (gradio's usual
 streaming handler). No gradio import: `draw` builds the updates.
@@ -37,10 +36,9 @@ ones are skipped, leaving an empty plot. A live run's frames are spaced by its c
 REPLAY = (dict(primer=True, blank=True), dict(blank=True), {}, dict(primer=True))
 """A replay's frames: a blank primer (every series, no point), a blank frame (upper case: the spec is rebuilt
 from the primer), the rows, the rows as a primer (the spec is rebuilt from the rows)."""
-SWITCH = ({}, dict(primer=True))
-"""A figure switch's frames: the rows against the new figure, then as a primer (the spec is rebuilt from them)."""
-FINISH = ({}, dict(primer=True))
-"""A live run's last frames, sent back to back: the finished rows, then as a primer."""
+SETTLE = ({}, dict(primer=True))
+"""The frames that end a run or switch the figure: the rows, then the rows as a primer (the spec is rebuilt from
+them: a fresh layout, titles and legends as they end)."""
 
 
 @dataclass(frozen=True)
@@ -72,13 +70,13 @@ class Redraw:
             yield self.draw()
 
     def finish(self, last: dict | None = None) -> Iterator[dict]:
-        """A live run's end: FINISH's two frames back to back, `last` (e.g. the download) with the first."""
-        return self.frames(FINISH, last, gap_s=0)
+        """A live run's end: SETTLE's two frames back to back, `last` (e.g. the download) with the first."""
+        return self.frames(SETTLE, last, gap_s=0)
 
     def replay(self, first: dict | None = None) -> Iterator[dict]:
         """Rows shown at once: REPLAY's four frames FRAME_GAP_S apart, `first` (status, table…) with the first."""
         return self.frames(REPLAY, first)
 
     def switch(self) -> Iterator[dict]:
-        """The same rows against another figure: SWITCH's two frames FRAME_GAP_S apart."""
-        return self.frames(SWITCH)
+        """The same rows against another figure: SETTLE's two frames FRAME_GAP_S apart."""
+        return self.frames(SETTLE)
