@@ -20,13 +20,11 @@ import threading
 
 import gradio as gr
 
-from kvlab.models.loading import ModelLoadError, ModelSpec
 from kvlab.protocol import RunDone
 from kvlab.quality.report import ReportProgress, run_report
 from kvlab.quality.table import rows_to_csv
 from kvlab.measure.record_json import cap_text
 from kvlab.sharing.cost import RunCost
-from kvlab.strategies import StrategyError
 
 from ..hosting import zerogpu
 from ..hosting.costs import stream_cost
@@ -35,7 +33,7 @@ from ..shared.live_plots import plot_update, roster_colors
 from ..shared.markup import md_text
 from ..shared.model_picker import model_dropdown
 from ..shared.redraw import Redraw
-from ..shared.runs import PRIVATE, session_stop, wire_run
+from ..shared.runs import PRIVATE, load_and_plan, session_stop, wire_run
 from ..shared.theme import COLORS
 from .view import (BUILT_IN, CLI_COLUMN_COUNT, DEFAULT_COLUMNS, DEFAULT_CONTEXT_TOKENS, DEFAULT_SCORED_TOKENS,
                    HOVER_FIELDS, MAX_CONTEXT_TOKENS, MAX_SCORED_TOKENS, PASTED, Y_CHOICES, Y_TITLES, ReportRequest,
@@ -155,13 +153,10 @@ class ReportTab:
         leaves the table and plot as they were. The plot's figure is the session's `y` (the radio's, which may
         change while the run goes on; mean KL by default)."""
         session = session if session is not None else {}
-        yield {self.status: "loading the model…"}
-        try:
-            loaded = self.pool.get(ModelSpec.from_field(request.source))
-            plan = plan_report(request, loaded)
-        except (ValueError, ModelLoadError, StrategyError) as err:
-            yield {self.status: f"⚠️ {md_text(err)}"}
+        ready = yield from load_and_plan(self.pool, request.source, self.status, lambda m: plan_report(request, m))
+        if ready is None:
             return
+        loaded, plan = ready
         view, y = ReportView(loaded.info()["name"]), session.get("y", "kld_mean")
         redraw = Redraw(lambda primer=False: self.show(view, y, primer))  # the figure `y` as it is when drawn
         yield {self.status: "warming up the caches and prefilling the context…", self.download: None}
