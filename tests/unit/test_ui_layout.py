@@ -18,7 +18,8 @@ ROOT = Path(__file__).resolve().parents[2]
 PURE = ["kvlab.ui", "kvlab.ui.shared.loader", "kvlab.ui.shared.knobs", "kvlab.ui.shared.theme",
         "kvlab.ui.shared.figures", "kvlab.ui.shared.code", "kvlab.ui.shared.exports", "kvlab.ui.shared.inspect_links",
         "kvlab.ui.compare.view", "kvlab.ui.compare.records", "kvlab.ui.chat.view", "kvlab.ui.perplexity.view",
-        "kvlab.ui.plan.view", "kvlab.ui.inspect.view", "kvlab.ui.shared.plot_frames", "kvlab.ui.compare.replay"]
+        "kvlab.ui.plan.view", "kvlab.ui.inspect.view", "kvlab.ui.shared.plot_frames", "kvlab.ui.compare.replay",
+        "kvlab.ui.shared.redraw"]
 
 
 def imports_gradio(path: Path) -> bool:

@@ -32,6 +32,7 @@ from ..shared.live_plots import plot_update, roster_colors
 from ..shared.exports import fresh_export_folder
 from ..shared.markup import md_text
 from ..shared.model_picker import model_dropdown
+from ..shared.redraw import Redraw
 from ..shared.runs import PRIVATE, session_stop, wire_run
 from .view import NO_PRESET, OUTCOME_COLORS, RATE_LIMITS, NeedleView, preset_fields
 from ..shared.theme import COLORS
@@ -134,18 +135,11 @@ class NeedleTab:
                 f"preset **{md_text(name)}**: {md_text(fields['description'])}")
 
     def redraw(self, view: NeedleView, primer: bool = False) -> dict:
-        """Every heatmap, the Pareto plot, the status and the table, from `view`.
-
-        A native plot fixes its colour domain to the series of the frame it builds its vega spec from, so every
-        frame holds every series of its roster (every outcome; every column that runs, see `NeedleView`) and
-        the colour map stays the roster from the first update to the last; `primer` (the updates before the
-        first cell, which draw no point) sends it in lower-case hex and the others in
-        upper case, as `compare_plots.roster_update` does, so the spec is rebuilt from the last primer, whose
-        frames hold the run's whole roster; `stream` sends one upper-case update with no point before the first
-        cell, since the plot rebuilds its spec from the value it held before the update that changed the colour
-        map and would show that cell one update late, and the run ends with the last frame sent twice, the
-        second time in lower case, so the spec is rebuilt once more from the finished frame (a fresh layout,
-        titles and legends as they end). A column that never ran has no heatmap."""
+        """Every heatmap, the Pareto plot, the status and the table, from `view`: one frame of
+        `kvlab.ui.shared.redraw.Redraw`'s live-run protocol, the colour maps in lower-case hex for a `primer`
+        (upper case otherwise). Every frame holds every series of its plot's roster (every outcome; every
+        column that runs, see `NeedleView`), so the colour map is the roster from the first update to the last.
+        A column that never ran has no heatmap."""
         updates = {self.status: view.status_text()}
         outcome_colors = roster_colors(OUTCOME_COLORS, list(OUTCOME_COLORS), primer)
         for i, plot in enumerate(self.heatmaps):
@@ -184,15 +178,15 @@ class NeedleTab:
             yield {self.status: f"⚠️ {md_text(err)}"}
             return
         view = NeedleView()
+        redraw = Redraw(functools.partial(self.redraw, view))
         for event in run_needle(loaded, columns, grid, stop):
-            if isinstance(event, (NeedleCell, RunDone)) and not view.records:
-                yield self.redraw(view)  # no point yet, upper case: the spec is rebuilt from the primer before one
+            if isinstance(event, (NeedleCell, RunDone)):
+                yield from redraw.ahead(bool(view.records))
             view.apply(event)
             if isinstance(event, RunDone):
-                yield {**self.redraw(view), self.download: self.record_files(event.record, event.results)}
-                yield self.redraw(view, primer=True)  # lower case again: the spec is rebuilt from the last frame
+                yield from redraw.finish({self.download: self.record_files(event.record, event.results)})
             else:
-                yield self.redraw(view, primer=not view.records)  # no point drawn yet: still the run's primer
+                yield redraw.live(bool(view.records))
 
 
 def build_needle_tab(pool) -> NeedleTab:

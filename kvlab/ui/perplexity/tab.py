@@ -18,11 +18,9 @@ import time
 
 import gradio as gr
 
-from kvlab.models.loading import ModelLoadError, ModelSpec
 from kvlab.protocol import ColumnFailed
 from kvlab.quality.perplexity import DEFAULT_SINKS, DEFAULT_WINDOW, run_perplexity
 from kvlab.sharing.cost import RunCost
-from kvlab.strategies import StrategyError
 
 from ..hosting import zerogpu
 from ..hosting.costs import stream_cost
@@ -30,7 +28,7 @@ from ..shared.live_plots import line_plot, roster_update
 from ..shared.markup import md_text
 from ..shared.model_picker import model_dropdown
 from ..shared.plot_frames import PPL, PPL_BYTES
-from ..shared.runs import PRIVATE, session_stop, wire_run
+from ..shared.runs import PRIVATE, load_and_plan, session_stop, wire_run
 from .view import (
     default_choices,
     BUILT_IN,
@@ -137,13 +135,11 @@ class PerplexityTab:
     def stream(self, request: PerplexityRequest, stop: threading.Event):
         """Load, plan and stream the run, yielding {component: update}; bad input ends with a message."""
         # 1. Load the model and plan the run; anything that cannot start is a status message.
-        yield {self.status: "loading the model…"}
-        try:
-            loaded = self.pool.get(ModelSpec.from_field(request.source))
-            plan = plan_perplexity(request, loaded)
-        except (ValueError, ModelLoadError, StrategyError) as err:
-            yield {self.status: f"⚠️ {md_text(err)}"}
+        ready = yield from load_and_plan(self.pool, request.source, self.status,
+                                         lambda m: plan_perplexity(request, m))
+        if ready is None:
             return
+        loaded, plan = ready
         # 2. Stream every cache in turns, redrawing at most every PLOT_EVERY_S; a failing cache ends the run.
         view = PerplexityView([c.describe() for c in plan.columns], int(request.window), plan.input_ids.shape[1] - 1,
                               plan.skipped, plan.model_window)

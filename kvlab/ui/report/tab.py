@@ -17,17 +17,14 @@ from __future__ import annotations
 import json
 import logging
 import threading
-import time
 
 import gradio as gr
 
-from kvlab.models.loading import ModelLoadError, ModelSpec
-from kvlab.protocol import RunDone, RunStarted
+from kvlab.protocol import RunDone
 from kvlab.quality.report import ReportProgress, run_report
 from kvlab.quality.table import rows_to_csv
 from kvlab.measure.record_json import cap_text
 from kvlab.sharing.cost import RunCost
-from kvlab.strategies import StrategyError
 
 from ..hosting import zerogpu
 from ..hosting.costs import stream_cost
@@ -35,7 +32,8 @@ from ..shared.exports import fresh_export_folder
 from ..shared.live_plots import plot_update, roster_colors
 from ..shared.markup import md_text
 from ..shared.model_picker import model_dropdown
-from ..shared.runs import PRIVATE, session_stop, wire_run
+from ..shared.redraw import Redraw
+from ..shared.runs import PRIVATE, load_and_plan, session_stop, wire_run
 from ..shared.theme import COLORS
 from .view import (BUILT_IN, CLI_COLUMN_COUNT, DEFAULT_COLUMNS, DEFAULT_CONTEXT_TOKENS, DEFAULT_SCORED_TOKENS,
                    HOVER_FIELDS, MAX_CONTEXT_TOKENS, MAX_SCORED_TOKENS, PASTED, Y_CHOICES, Y_TITLES, ReportRequest,
@@ -54,10 +52,6 @@ COLUMNS_INFO = ("compare syntax, comma-separated; this tab starts with three. `k
                 f"runs the full default set of {CLI_COLUMN_COUNT}: sink and window at two sizes, quanto and hqq "
                 "int2/int4, fp8 and the seven eviction methods (docs/report.md)")
 PLOT_HEIGHT_PX = 340
-FRAME_GAP_S = 0.5
-"""Seconds between the frames of a replay (and of a figure switch). The native plot rebuilds its vega spec
-asynchronously from the data of the frame before; frames sent back to back reach the page in one batch and
-the intermediate ones are skipped, leaving an empty plot. A live run's frames are spaced by its compute."""
 
 
 class ReportTab:
@@ -131,14 +125,9 @@ class ReportTab:
         yield from self.stream(request, session_stop(session), session)
 
     def redraw(self, rows: list[dict], roster: list[str], y: str, primer: bool = False, blank: bool = False) -> dict:
-        """The plot from `rows`, every series of `roster` in its colour from the first frame on, and the line
-        under it naming the Pareto front.
-
-        A native plot fixes its colour domain to the series of the frame it builds its vega spec from, and
-        rebuilds that spec only when a prop (the colour map) changes, from the value it held before; so every
-        frame holds every series of the roster (blank rows), and the colours go in lower-case hex for a `primer`
-        (a run's updates before its first point, and its last frame once more) and upper case otherwise, as the
-        Needle tab's do (`kvlab.ui.shared.live_plots.roster_update`); `blank` draws no point (a replay's primer)."""
+        """The plot from `rows`, every series of `roster` in its colour from the first frame on (blank rows), and
+        the line under it naming the Pareto front: one frame of `kvlab.ui.shared.redraw.Redraw`'s protocol, the
+        colours in lower-case hex for a `primer` (upper case otherwise), no point drawn when `blank`."""
         if not roster:
             return {self.plot: plot_update(None, {}), self.front: ""}
         colors = roster_colors(dict(zip(roster, COLORS * (len(roster) // len(COLORS) + 1))), roster, primer)
@@ -164,48 +153,37 @@ class ReportTab:
         leaves the table and plot as they were. The plot's figure is the session's `y` (the radio's, which may
         change while the run goes on; mean KL by default)."""
         session = session if session is not None else {}
-        yield {self.status: "loading the model…"}
-        try:
-            loaded = self.pool.get(ModelSpec.from_field(request.source))
-            plan = plan_report(request, loaded)
-        except (ValueError, ModelLoadError, StrategyError) as err:
-            yield {self.status: f"⚠️ {md_text(err)}"}
+        ready = yield from load_and_plan(self.pool, request.source, self.status, lambda m: plan_report(request, m))
+        if ready is None:
             return
+        loaded, plan = ready
         view, y = ReportView(loaded.info()["name"]), session.get("y", "kld_mean")
+        redraw = Redraw(lambda primer=False: self.show(view, y, primer))  # the figure `y` as it is when drawn
         yield {self.status: "warming up the caches and prefilling the context…", self.download: None}
         try:
             for event in run_report(loaded, plan.input_ids, request.columns, scored_tokens=plan.split.scored_tokens,
                                     context_tokens=plan.split.context_tokens, stop=stop,
                                     progress_every=plan.progress_every, text_info=plan.text_info):
-                if isinstance(event, (ReportProgress, RunDone)) and not view.has_points():
-                    yield self.show(view, y)  # no point yet, upper case: the spec is rebuilt from the primer
+                if isinstance(event, (ReportProgress, RunDone)):
+                    yield from redraw.ahead(view.has_points())
                 view.apply(event)
                 session["rows"], y = view.rows(), session.get("y", "kld_mean")
-                if isinstance(event, RunStarted):
-                    yield self.show(view, y, primer=True)
-                elif isinstance(event, RunDone):
-                    yield {**self.show(view, y), self.download: self.record_files(event.record, view.rows())}
-                    yield self.show(view, y, primer=True)  # lower case again: the spec is rebuilt from the last frame
-                elif not isinstance(event, ReportProgress) or view.round_complete():
-                    yield self.show(view, y, primer=not view.has_points())
+                if isinstance(event, RunDone):
+                    yield from redraw.finish({self.download: self.record_files(event.record, view.rows())})
+                elif not isinstance(event, ReportProgress) or view.round_complete():  # RunStarted: a primer, no point yet
+                    yield redraw.live(view.has_points())
         except Exception as err:  # the page says what failed and keeps what was scored
             logger.exception("report run failed")
             kept = self.show(view, y) if view.split is not None else {}
             yield {**kept, self.status: f"⚠️ the report failed: {type(err).__name__}: {md_text(err)}"}
 
     def switch_y(self, session: dict, y_label: str):
-        """The radio: the plot redrawn from the rows shown against the other figure (twice, the second time
-        with the colours' case flipped, so the spec is rebuilt from the new frame)."""
+        """The radio: the plot redrawn from the rows shown against the other figure (`Redraw.switch`: twice, the
+        second time as a primer, so the spec is rebuilt from the new frame)."""
         rows = session.get("rows") or []
         y = session["y"] = Y_CHOICES.get(y_label, "kld_mean")
         roster = series_names(rows)
-        first, second = self.redraw(rows, roster, y), self.redraw(rows, roster, y)
-        if rows:
-            second[self.plot]["color_map"] = {name: color.lower() for name, color in
-                                              second[self.plot]["color_map"].items()}
-        yield first
-        time.sleep(FRAME_GAP_S)
-        yield second
+        yield from Redraw(lambda primer=False: self.redraw(rows, roster, y, primer)).switch()
 
     def replay(self, session: dict, paths, y_label: str):
         """Saved records in: the merged table and plot, and the merged table as CSV. A file that cannot be read
@@ -220,12 +198,8 @@ class ReportTab:
         session["y"] = y
         folder = fresh_export_folder("report-merged-")
         (folder / "report-merged.csv").write_text(rows_to_csv(rows))
-        primer = self.redraw(rows, roster, y, primer=True, blank=True)
-        yield {self.status: status, self.table: table_frame(rows), **primer,
-               self.download: [str(folder / "report-merged.csv")]}
-        for frame in (dict(blank=True), {}, dict(primer=True)):
-            time.sleep(FRAME_GAP_S)
-            yield self.redraw(rows, roster, y, **frame)
+        yield from Redraw(lambda primer=False, blank=False: self.redraw(rows, roster, y, primer, blank)).replay(
+            {self.status: status, self.table: table_frame(rows), self.download: [str(folder / "report-merged.csv")]})
 
 
 def build_report_tab(pool) -> ReportTab:
