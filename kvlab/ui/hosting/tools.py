@@ -261,7 +261,11 @@ class AgentTools:
             request.check()
         except ValueError as err:
             raise _refuse(err) from None
-        return json.dumps(run_diverge(self._load(model), request, stop))
+        loaded = self._load(model)
+        try:
+            return json.dumps(run_diverge(loaded, request, stop))
+        except ValueError as err:  # InspectError: a strategy that cannot run here, a model it cannot step
+            raise _refuse(err) from None
 
 
 def register_tools(pool) -> AgentTools:
