@@ -8,6 +8,11 @@ fails on the code it was found on. Reproduction scripts against a running app ar
   checked its size, so one request for a 70B id downloads ~140 GB and loads it in float32 on a 16 GB Space
   (the hub is reachable there); now a hub model's loaded weights are held to `KVLAB_MAX_MODEL_MB`
   (4,096 MiB by default on a public server), read from the hub before anything is downloaded;
+- a needle length of `1e999` (or 400 nines) raised a raw OverflowError in the cost check, and two lengths of
+  `1e308` one in the scheduler (a float division of a whole number past any float): gradio's generic error; a
+  huge but finite length gave a refusal whose 300-digit count pushed the setting's name past the 400-character
+  cut; a needle run's `no_cache` columns were costed as if they had a cache (32 forwards of a 4k sequence
+  counted as one prefill: about 30 times the cap, measured 163 s for a 512-token, 32-token grid costed 64 steps);
 """
 
 import types
@@ -101,3 +106,43 @@ def test_a_hub_model_within_the_cap_loads_and_the_cap_is_a_setting(monkeypatch):
     monkeypatch.setenv("KVLAB_MAX_MODEL_MB", "lots")
     with pytest.raises(ValueError, match="KVLAB_MAX_MODEL_MB must be a whole number >= 0"):
         max_model_mb()
+
+
+@pytest.mark.parametrize("lengths", ["1e999", "9" * 400, "1e308,1e308", "1e308k"])
+def test_a_huge_needle_length_is_refused_in_one_line(lengths):
+    from kvlab.needle.grid import parse_tokens
+    from kvlab.sharing.limits import Limits
+    from kvlab.sharing.scheduler import Refused, Scheduler
+
+    cost = AgentTools(pool=None).needle_cost("dynamic", lengths, "0", "0", 1)  # never a raw OverflowError
+    try:
+        Scheduler(Limits()).admit("someone", cost)
+    except Refused as refused:
+        assert "KVLAB_MAX_RUN_STEPS" in str(refused)
+        assert_one_printable_line(str(refused))
+    else:
+        with pytest.raises(ValueError) as refused:  # let through as unreadable: the grid's own line
+            parse_tokens(lengths)
+        assert_one_printable_line(str(refused.value))
+
+
+def test_a_cost_past_any_float_is_refused_naming_its_setting():
+    from kvlab.sharing.cost import RunCost
+    from kvlab.sharing.limits import Limits
+    from kvlab.sharing.scheduler import Refused, Scheduler
+
+    cost = RunCost(columns=8, new_tokens=32, prompt_tokens=10 ** 320, full_sequence_columns=1)
+    with pytest.raises(Refused) as refused:
+        Scheduler(Limits()).admit("someone", cost)
+    assert "KVLAB_MAX_RUN_STEPS" in str(refused.value) and "about 10^" in str(refused.value)
+    assert_one_printable_line(str(refused.value))
+
+
+def test_a_needle_run_counts_its_no_cache_columns_rereading_their_sequence():
+    from kvlab.sharing.cost import RunCost
+
+    tools = AgentTools(pool=None)
+    cached = tools.needle_cost("dynamic", "4k", "0", "0", 32)
+    uncached = tools.needle_cost("no_cache", "4k", "0", "0", 32)
+    assert uncached.steps == RunCost(columns=1, new_tokens=32, prompt_tokens=4096, full_sequence_columns=1).steps
+    assert uncached.steps > 20 * cached.steps  # 32 forwards of the whole 4k sequence, not one prefill

@@ -196,7 +196,7 @@ class AgentTools:
         cells = len(split_items(lengths)) * len(split_items(depths)) * len(split_items(seeds))
         if cells > MAX_CELLS:
             raise ToolError(f"{cells} cells (lengths x depths x seeds) is more than the {MAX_CELLS} a run may hold")
-        return needle_cost(len(items), lengths, depths, seeds, tokens)
+        return needle_cost(items, lengths, depths, seeds, tokens)
 
     def needle(self, strategies: str = "dynamic,sink:window_length=128", lengths: str = "512",
                depths: str = "0,0.5,1", seeds: str = "0", new_tokens: int = 8, model: str = "bundled", *,
