@@ -13,6 +13,8 @@ fails on the code it was found on. Reproduction scripts against a running app ar
   huge but finite length gave a refusal whose 300-digit count pushed the setting's name past the 400-character
   cut; a needle run's `no_cache` columns were costed as if they had a cache (32 forwards of a 4k sequence
   counted as one prefill: about 30 times the cap, measured 163 s for a 512-token, 32-token grid costed 64 steps);
+- a prompt was tokenized whole before its token count was checked: a 20 MB chat message took 58 s of CPU and a
+  2 MB system prompt raised the app's memory by 1.9 GiB, each only to be refused (any text field of any tab);
 """
 
 import types
@@ -146,3 +148,35 @@ def test_a_needle_run_counts_its_no_cache_columns_rereading_their_sequence():
     uncached = tools.needle_cost("no_cache", "4k", "0", "0", 32)
     assert uncached.steps == RunCost(columns=1, new_tokens=32, prompt_tokens=4096, full_sequence_columns=1).steps
     assert uncached.steps > 20 * cached.steps  # 32 forwards of the whole 4k sequence, not one prefill
+
+
+class CountingTokenizer:
+    """A tokenizer that must not be asked to read anything."""
+
+    chat_template = "{{ messages }}"
+
+    def __call__(self, *args, **kwargs):
+        raise AssertionError("the tokenizer read a prompt past the character cap")
+
+    apply_chat_template = __call__
+
+
+@pytest.mark.parametrize("prompt, system", [
+    ("w" * 20_000_000, ""),
+    ("hi", "word " * 400_000),
+    ([{"role": "user", "content": "hi"}, {"role": "assistant", "content": "x" * 2_000_000}], ""),
+])
+def test_a_prompt_past_the_character_cap_is_refused_before_the_tokenizer_reads_it(prompt, system):
+    from kvlab.generation import encode_prompt
+
+    with pytest.raises(ValueError) as refused:
+        encode_prompt(CountingTokenizer(), prompt, system)
+    assert "KVLAB_MAX_PROMPT_TOKENS" in str(refused.value)
+    assert_one_printable_line(str(refused.value))
+
+
+def test_a_prompt_within_the_character_cap_is_read(tiny_tokenizer):
+    from kvlab.generation import MAX_PROMPT_TOKENS, encode_prompt
+
+    ids = encode_prompt(tiny_tokenizer, "a b c " * 100, chat=False)
+    assert 0 < ids.shape[1] <= MAX_PROMPT_TOKENS
