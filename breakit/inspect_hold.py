@@ -1,5 +1,5 @@
 """How much memory Inspect runs keep after they end: N runs, each from a new session hash (an API client has
-no page to close, so no `unload`), of a prompt near KVLAB_MAX_PROMPT_TOKENS, with `dynamic` beside a reference;
+no page to close, so no `unload`), of a prompt near KVLAB_MAX_PROMPT_TOKENS, with the default `sink` beside a `dynamic` reference;
 prints the app's resident memory after each.
 
     python breakit/inspect_hold.py BASE PID N [WORDS] [STEPS]
@@ -23,12 +23,12 @@ def rss_mib() -> float:
 
 
 data, _ = event_inputs(BASE, RUN)
-data[1], data[4], data[7], data[21] = "word " * WORDS, STEPS, "dynamic", "dynamic"
+data[1], data[4], data[21] = "word " * WORDS, STEPS, "dynamic"  # sink beside a dynamic reference
 print(f"before: {rss_mib():.0f} MiB", flush=True)
 for run in range(N):
     started = time.monotonic()
     msgs = call(BASE, RUN, data, timeout=600, headers={"X-Forwarded-For": f"10.1.0.{run}"})
     done = next((m for m in msgs if m.get("msg") == "process_completed"), {})
-    err = (done.get("output") or {}).get("error")
+    err = (done.get("output") or {}).get("error") or str((done.get("output") or {}).get("data"))[:300]
     print(f"run {run + 1}: {time.monotonic() - started:.0f}s success={done.get('success')} {str(err)[:120] if err else ''}"
           f" app {rss_mib():.0f} MiB", flush=True)
