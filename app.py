@@ -122,6 +122,7 @@ def port_refusal(port: int) -> str | None:
 
 if __name__ == "__main__":
     from kvlab.measure.record_json import max_record_bytes
+    from kvlab.models.sources import max_model_mb
     from kvlab.ui.compare.kept_runs import check_settings as check_kept_runs
     from kvlab.ui.hosting.turns import proxy_hops
 
@@ -130,6 +131,7 @@ if __name__ == "__main__":
         state_sessions()
         Limits.from_env()
         max_record_bytes()
+        max_model_mb()
         check_kept_runs()
         proxy_hops()
         refusal = port_refusal(server_port())

@@ -17,6 +17,10 @@ from .measure.record import DEFAULT_POLICY, POLICIES
 
 MAX_NEW_TOKENS_CAP = int(os.environ.get("KVLAB_MAX_NEW_TOKENS", "4096"))
 MAX_PROMPT_TOKENS = int(os.environ.get("KVLAB_MAX_PROMPT_TOKENS", "8192"))
+PROMPT_CHARS_PER_TOKEN = 32
+"""Characters read per allowed prompt token: a prompt longer than MAX_PROMPT_TOKENS × this many characters is
+refused before the tokenizer reads it (English runs about 4 per token; tokenizing a 20 MB message took about a
+minute of CPU and gigabytes of memory, only to be refused for its token count)."""
 EMPTY_PROMPT = "the prompt is empty: type something to generate from"
 
 
@@ -198,8 +202,9 @@ def encode_prompt(tokenizer, prompt: str | list[dict], system: str = "", chat: b
     without a chat template are joined as plain text (`plain_conversation`).
 
     Raises:
-        ValueError: empty prompt, one that is not valid Unicode (a lone surrogate), or longer than
-            MAX_PROMPT_TOKENS.
+        ValueError: empty prompt, one that is not valid Unicode (a lone surrogate), longer than
+            MAX_PROMPT_TOKENS × PROMPT_CHARS_PER_TOKEN characters (checked before tokenizing), or longer than
+            MAX_PROMPT_TOKENS tokens.
     """
     if isinstance(prompt, str):
         check_prompt(prompt)
@@ -217,6 +222,12 @@ def encode_prompt(tokenizer, prompt: str | list[dict], system: str = "", chat: b
         for message in messages:
             if surrogate_at(str(message.get("content", ""))) is not None:
                 check_prompt(str(message.get("content", "")), "a message")
+    texts = [prompt, system or ""] if messages is None else [str(m.get("content", "")) for m in messages]
+    chars = sum(len(text) for text in texts)
+    if chars > MAX_PROMPT_TOKENS * PROMPT_CHARS_PER_TOKEN:
+        raise ValueError(f"the prompt has {chars:,} characters; the limit here is "
+                         f"{MAX_PROMPT_TOKENS * PROMPT_CHARS_PER_TOKEN:,} ({PROMPT_CHARS_PER_TOKEN} per token of "
+                         f"KVLAB_MAX_PROMPT_TOKENS={MAX_PROMPT_TOKENS})")
     if messages is not None and not getattr(tokenizer, "chat_template", None):
         prompt, messages = plain_conversation(messages), None
     if messages is None:
@@ -225,7 +236,8 @@ def encode_prompt(tokenizer, prompt: str | list[dict], system: str = "", chat: b
         encoded = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt")
         ids = encoded if isinstance(encoded, torch.Tensor) else encoded["input_ids"]
     if ids.shape[1] > MAX_PROMPT_TOKENS:
-        raise ValueError(f"the prompt has {ids.shape[1]} tokens; the limit here is {MAX_PROMPT_TOKENS}")
+        raise ValueError(f"the prompt has {ids.shape[1]} tokens; the limit here is {MAX_PROMPT_TOKENS} "
+                         "(KVLAB_MAX_PROMPT_TOKENS)")
     return ids
 
 

@@ -10,6 +10,9 @@
   anything touches the file system, so a reply says nothing about the server's files.
 - A file uploaded to the app (gradio's upload folder, `upload_folder`) is never a model source, whatever the
   settings (`in_upload_folder`).
+- A hub model's weights, loaded, may take at most `max_model_mb` MiB (`KVLAB_MAX_MODEL_MB`; on by default on a
+  public server, where one visitor typing a 70B id would otherwise download it and take the machine's memory);
+  `loading.check_hub_size` reads the size from the hub before anything is downloaded.
 - `safe_line` reduces an error text (transformers', huggingface_hub's, the OS's) to one short line with
   absolute paths, home paths and `file://` addresses replaced by `<path>`.
 
@@ -27,6 +30,9 @@ from pathlib import Path
 PUBLIC_ENV = "KVLAB_PUBLIC"
 ALLOW_LOCAL_ENV = "KVLAB_ALLOW_LOCAL"
 ALLOW_HUB_ENV = "KVLAB_ALLOW_HUB"
+MAX_MODEL_MB_ENV = "KVLAB_MAX_MODEL_MB"
+PUBLIC_MAX_MODEL_MB = 4096
+"""`KVLAB_MAX_MODEL_MB`'s default on a public server: about a 1B-parameter model in float32."""
 TRUE_WORDS = ("1", "true", "yes", "on")
 FALSE_WORDS = ("0", "false", "no", "off")
 HUB_ID_MAX_CHARS = 96
@@ -75,6 +81,33 @@ def allow_local_folders() -> bool:
 def allow_hub() -> bool:
     """Whether hub ids may be loaded: off only with `KVLAB_ALLOW_HUB=0` (or false/no/off)."""
     return _switch(ALLOW_HUB_ENV, True, unknown=True)
+
+
+def max_model_mb() -> int:
+    """MiB a hub model's weights may take once loaded (`KVLAB_MAX_MODEL_MB`; 0 = no cap): by default
+    PUBLIC_MAX_MODEL_MB on a public server, else 0.
+
+    Raises:
+        ValueError: the setting is not a whole number >= 0; the message names it and its value.
+    """
+    text = os.environ.get(MAX_MODEL_MB_ENV, "").strip()
+    if not text:
+        return PUBLIC_MAX_MODEL_MB if public_mode() else 0
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise ValueError(f"{MAX_MODEL_MB_ENV} must be a whole number >= 0 (0 = no cap), got {text!r}")
+    return value
+
+
+def too_big(source: str, need_bytes: int | None, cap_mb: int) -> str:
+    """The one line refusing hub model `source` whose loaded weights take `need_bytes` (None: the hub does not
+    say) against a cap of `cap_mb` MiB."""
+    size = "its size is not on the hub" if need_bytes is None else f"its weights take {need_bytes / 2**20:,.0f} MiB"
+    return (f"{source!r} is too big for this server: {size}, and a hub model may take at most {cap_mb:,} MiB here "
+            f"({MAX_MODEL_MB_ENV})")
 
 
 def is_hub_id(text: str) -> bool:

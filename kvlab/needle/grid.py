@@ -7,7 +7,10 @@ refused as a whole (`GridError`). This module does not build prompts or run a mo
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
+
+from ..strategies.knob_yaml import shown
 
 MAX_CELLS = 150
 """Most cells (lengths x depths x seeds) one run may hold; each cell is one prefill per column."""
@@ -30,9 +33,9 @@ def parse_tokens(text: str) -> int:
     try:
         value = float(number)
     except ValueError:
-        raise ValueError(f"length {text!r} is not a token count (e.g. 512, 1k, 2k)") from None
-    if value != int(value * scale) / scale or value <= 0:
-        raise ValueError(f"length {text!r} must be a positive whole number of tokens")
+        raise ValueError(f"length {shown(text)} is not a token count (e.g. 512, 1k, 2k)") from None
+    if not math.isfinite(value * scale) or value != int(value * scale) / scale or value <= 0:
+        raise ValueError(f"length {shown(text)} must be a positive whole number of tokens")
     return int(value * scale)
 
 
@@ -67,7 +70,7 @@ def _depths(depths, problems: list[str]) -> list[float]:
         try:
             value = float(item)
         except ValueError:
-            problems.append(f"depth {item!r} is not a number in [0, 1]")
+            problems.append(f"depth {shown(item)} is not a number in [0, 1]")
             continue
         if not 0.0 <= value <= 1.0:
             problems.append(f"depth {item} is outside [0, 1] (0 = needle first, 1 = needle last); left out")
@@ -109,9 +112,9 @@ def parse_grid(lengths, depths=DEFAULT_DEPTHS, seeds=(0,), new_tokens: int = DEF
         try:
             good_seeds.append(int(item))
         except ValueError:
-            problems.append(f"seed {item!r} is not a whole number; left out")
+            problems.append(f"seed {shown(item)} is not a whole number; left out")
     if not isinstance(new_tokens, int) or not 1 <= new_tokens <= MAX_NEW_TOKENS:
-        raise GridError(f"new tokens must be a whole number in 1..{MAX_NEW_TOKENS}, got {new_tokens!r}")
+        raise GridError(f"new tokens must be a whole number in 1..{MAX_NEW_TOKENS}, got {shown(new_tokens)}")
     missing = [name for name, values in (("length", good_lengths), ("depth", good_depths), ("seed", good_seeds))
                if not values]
     if missing:

@@ -42,6 +42,18 @@ def prompt_tokens(*texts: str | None) -> int:
     return math.ceil(chars / CHARS_PER_TOKEN) + TEMPLATE_TOKENS
 
 
+SHOWN_DIGITS = 15
+"""Counts up to this many digits are written out in full; larger ones as a power of ten."""
+
+
+def count_text(count: int) -> str:
+    """`count` for a message: `1,024`, or `about 10^308` for a count past SHOWN_DIGITS digits (a typed length of
+    1e308 must not push the rest of a one-line refusal past its length cap)."""
+    if abs(count) < 10 ** SHOWN_DIGITS:
+        return f"{count:,}"
+    return f"about 10^{int((abs(count).bit_length() - 1) * math.log10(2))}"
+
+
 @dataclass(frozen=True)
 class RunCost:
     """A run's work before it runs. columns: columns (or caches) it runs; new_tokens: tokens each may generate
@@ -57,15 +69,15 @@ class RunCost:
     def steps(self) -> int:
         """Token steps: columns × (new tokens + prompt tokens ÷ PREFILL_TOKENS_PER_STEP), plus for each column
         without a cache new tokens × (its mean sequence ÷ PREFILL_TOKENS_PER_STEP)."""
-        columns, new = max(1, self.columns), max(0, self.new_tokens)
-        prefill = math.ceil(max(0, self.prompt_tokens) / PREFILL_TOKENS_PER_STEP)
-        rereads = math.ceil(new * (self.prompt_tokens + new / 2) / PREFILL_TOKENS_PER_STEP)
+        columns, new, prompt = max(1, self.columns), max(0, self.new_tokens), max(0, self.prompt_tokens)
+        prefill = -(-prompt // PREFILL_TOKENS_PER_STEP)  # whole-number arithmetic: any count, however large
+        rereads = -(-new * (2 * prompt + new) // (2 * PREFILL_TOKENS_PER_STEP))
         return columns * (new + prefill) + max(0, self.full_sequence_columns) * rereads
 
     def describe(self) -> str:
         """The count in words, e.g. "8 columns × (512 new + 1,024 prompt tokens)"."""
-        words = f"{self.columns} column{'s' if self.columns != 1 else ''} × ({self.new_tokens:,} new"
-        words += f" + {self.prompt_tokens:,} prompt tokens)" if self.prompt_tokens else " tokens)"
+        words = f"{self.columns} column{'s' if self.columns != 1 else ''} × ({count_text(self.new_tokens)} new"
+        words += f" + {count_text(self.prompt_tokens)} prompt tokens)" if self.prompt_tokens else " tokens)"
         if self.full_sequence_columns:
             words += f", {self.full_sequence_columns} without a cache"
         return words

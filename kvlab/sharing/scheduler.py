@@ -23,7 +23,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from .cost import RunCost, Throughput
+from .cost import RunCost, Throughput, count_text
 from .limits import (
     MAX_RUN_STEPS_ENV,
     MAX_RUNS_PER_CLIENT_ENV,
@@ -106,7 +106,7 @@ class Scheduler:
         """
         limits = self.limits
         if cost.steps > limits.run_steps:
-            raise Refused(f"refused: this run costs {cost.steps:,} token steps ({cost.describe()}); the limit per "
+            raise Refused(f"refused: this run costs {count_text(cost.steps)} token steps ({cost.describe()}); the limit per "
                           f"run here is {limits.run_steps:,} ({MAX_RUN_STEPS_ENV}): use fewer columns or tokens")
         with self._cond:
             mine = sum(t.client == client for t in self._waiting + self._running)

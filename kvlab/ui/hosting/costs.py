@@ -33,9 +33,11 @@ def compare_cost(strategies: list[str], max_new_tokens, *texts: str | None) -> R
                    full_sequence_columns=names.count(NO_CACHE))
 
 
-def needle_cost(columns: int, lengths, depths, seeds, new_tokens) -> RunCost:
+def needle_cost(strategies: list[str], lengths, depths, seeds, new_tokens) -> RunCost:
     """A passkey grid: every cell (length × depth × seed) is one prefill of its length and up to `new_tokens`
-    greedy tokens, in each of `columns` columns."""
+    greedy tokens, in each column of `strategies` (compare syntax); a `no_cache` column re-reads its sequence
+    at every step, counted as if every cell's tokens were one sequence (an upper bound)."""
+    names = [str(item).split(":")[0].strip() for item in strategies]
     readable = []
     for item in split_items(lengths):
         try:
@@ -44,7 +46,8 @@ def needle_cost(columns: int, lengths, depths, seeds, new_tokens) -> RunCost:
             continue
     repeats = max(1, len(split_items(depths))) * max(1, len(split_items(seeds)))
     cells = max(1, len(readable)) * repeats
-    return RunCost(columns=columns, new_tokens=cells * whole(new_tokens), prompt_tokens=sum(readable) * repeats)
+    return RunCost(columns=len(names), new_tokens=cells * whole(new_tokens), prompt_tokens=sum(readable) * repeats,
+                   full_sequence_columns=names.count(NO_CACHE))
 
 
 def stream_cost(caches: int, tokens, context=0) -> RunCost:

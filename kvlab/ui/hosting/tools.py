@@ -196,7 +196,7 @@ class AgentTools:
         cells = len(split_items(lengths)) * len(split_items(depths)) * len(split_items(seeds))
         if cells > MAX_CELLS:
             raise ToolError(f"{cells} cells (lengths x depths x seeds) is more than the {MAX_CELLS} a run may hold")
-        return needle_cost(len(items), lengths, depths, seeds, tokens)
+        return needle_cost(items, lengths, depths, seeds, tokens)
 
     def needle(self, strategies: str = "dynamic,sink:window_length=128", lengths: str = "512",
                depths: str = "0,0.5,1", seeds: str = "0", new_tokens: int = 8, model: str = "bundled", *,
@@ -261,7 +261,11 @@ class AgentTools:
             request.check()
         except ValueError as err:
             raise _refuse(err) from None
-        return json.dumps(run_diverge(self._load(model), request, stop))
+        loaded = self._load(model)
+        try:
+            return json.dumps(run_diverge(loaded, request, stop))
+        except ValueError as err:  # InspectError: a strategy that cannot run here, a model it cannot step
+            raise _refuse(err) from None
 
 
 def register_tools(pool) -> AgentTools:

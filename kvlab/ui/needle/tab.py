@@ -120,8 +120,8 @@ class NeedleTab:
     @staticmethod
     def cost(session, source, columns_text, lengths, depths, seeds, new_tokens) -> RunCost:
         """What a run costs before it is queued: its columns × its grid's cells (`costs.needle_cost`)."""
-        columns = len(expand_sweeps(split_items((columns_text or "").replace(" ", ""))))
-        return needle_cost(columns, lengths, depths, seeds, new_tokens)
+        return needle_cost(expand_sweeps(split_items((columns_text or "").replace(" ", ""))), lengths, depths, seeds,
+                           new_tokens)
 
     def apply_preset(self, name: str):
         """Fill the form from needle preset `name` (NO_PRESET leaves it); a broken preset says why in the status."""

@@ -30,6 +30,7 @@ from kvlab.quality.defaults import CHARS_PER_TOKEN, SHIPPED_TEXT_INFO, pasted_te
 from kvlab.quality.record import TABLE_FIELDS, load_record, merge_rows, rows_from_record
 from kvlab.quality.report import REFERENCE, ReportProgress, Split, check_split, report_columns
 from kvlab.quality.stats import pareto_front
+from kvlab.strategies.knob_yaml import shown
 from kvlab.quality.table import HEADERS, MIB, cells, column_label, front_group, pareto_marks
 
 from ..shared.markup import md_code, md_text
@@ -103,9 +104,9 @@ def whole(value, name: str) -> int:
     try:
         number = float(value)
     except (TypeError, ValueError):
-        raise ValueError(f"{name} must be a whole number, got {value!r}") from None
+        raise ValueError(f"{name} must be a whole number, got {shown(value)}") from None
     if not number.is_integer():
-        raise ValueError(f"{name} must be a whole number, got {value!r}")
+        raise ValueError(f"{name} must be a whole number, got {shown(value)}")
     return int(number)
 
 
