@@ -30,12 +30,11 @@ from .sources import (  # noqa: F401 - allow_hub, allow_local_folders, public_mo
     in_upload_folder,
     is_hub_id,
     local_refusal,
-    max_model_mb,
     public_mode,
     safe_line,
-    too_big,
 )
 from ..compute import compute
+from .hub_size import check_hub_size
 from .recurrent import STRUCTURE_ONLY, load_recurrent_model, recurrent_model
 from .whisper import load_speech_model, prepare_speech, speech_model
 from .gguf_cache import (  # noqa: F401 - re-exported: callers import the cache folder helpers from here
@@ -86,16 +85,22 @@ class ModelSpec:
     @classmethod
     def from_field(cls, source: str | None, dtype: str = "float32", device: str = "auto") -> "ModelSpec":
         """The spec a model field asks for: its text stripped, an empty (or None) field meaning the bundled model.
-        Raises ValueError as the constructor does."""
+        Raises ValueError as the constructor does (a field that is not text included)."""
+        if source is not None and not isinstance(source, str):
+            raise ValueError(f"the model field must be text, got {type(source).__name__}")
         return cls((source or "").strip() or BUNDLED, dtype, device)
 
     def __post_init__(self):
+        if not isinstance(self.source, str):
+            raise ValueError(f"model source must be text, got {type(self.source).__name__}")
+        if not isinstance(self.dtype, str) or not isinstance(self.device, str):
+            raise ValueError("dtype and device must be text")
         if not self.source or not self.source.strip():
             raise ValueError("model source is empty: give 'bundled', a hub id, a local folder or a .gguf file")
         if self.dtype not in DTYPES:
-            raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}")
+            raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {self.dtype!r:.60}")
         if self.device not in DEVICES:
-            raise ValueError(f"device must be one of {list(DEVICES)}, got {self.device!r}")
+            raise ValueError(f"device must be one of {list(DEVICES)}, got {self.device!r:.60}")
 
 
 @dataclass
@@ -186,49 +191,6 @@ def prepare_gguf_file(path: Path, progress: ProgressFn | None = None) -> Path:
     notify(0.02, f"hashing {path.name} (the converted copy is keyed by its content)")
     folder_name = gguf_folder_name(path)
     return converted_folder(folder_name) or convert_gguf(path, folder_name, path.stem, notify)
-
-
-WEIGHT_SUFFIXES = (".safetensors", ".bin")
-"""The weight files transformers reads from a hub repository."""
-
-
-def hub_weights_bytes(source: str, dtype: str) -> int | None:
-    """Bytes hub model `source`'s weights take once loaded in `dtype`, read from the hub's metadata (nothing is
-    downloaded): its parameter count times the dtype's size; without a count, its weight files' bytes, doubled
-    for float32 (the files may hold half precision); None when the hub lists neither.
-
-    Raises:
-        ModelLoadError: the hub does not know `source` or will not say (`hub_not_found`'s line).
-    """
-    from huggingface_hub import model_info
-
-    try:
-        info = model_info(source, files_metadata=True, timeout=HUB_PROBE_TIMEOUT_S * 10)
-    except Exception:  # noqa: BLE001 - not found, gated, private, the hub failing: from_pretrained would fail too
-        raise ModelLoadError(hub_not_found(source)) from None
-    size = DTYPES[dtype].itemsize
-    total = getattr(getattr(info, "safetensors", None), "total", None)
-    if isinstance(total, int) and total > 0:
-        return total * size
-    files = [sibling.size for sibling in info.siblings or () if sibling.rfilename.endswith(WEIGHT_SUFFIXES)]
-    if not files or any(not isinstance(each, int) for each in files):
-        return None
-    return sum(files) * max(1, size // 2)
-
-
-def check_hub_size(source: str, dtype: str) -> None:
-    """Refuse hub model `source` when its weights in `dtype` would take more than `max_model_mb` MiB (no cap:
-    nothing is asked of the hub).
-
-    Raises:
-        ModelLoadError: too big, its size unknown while capped (`too_big`), or as `hub_weights_bytes`.
-    """
-    cap = max_model_mb()
-    if not cap:
-        return
-    need = hub_weights_bytes(source, dtype)
-    if need is None or need > cap * 2**20:
-        raise ModelLoadError(too_big(source, need, cap))
 
 
 def hub_reachable(timeout_s: float = HUB_PROBE_TIMEOUT_S) -> bool:
@@ -373,7 +335,7 @@ def _load(spec: ModelSpec, progress: ProgressFn | None) -> LoadedModel:
     if isinstance(folder, str) and not hub_reachable():
         kwargs["local_files_only"] = True
     elif isinstance(folder, str):
-        check_hub_size(folder, spec.dtype)  # before anything is downloaded
+        check_hub_size(folder, spec.dtype, HUB_PROBE_TIMEOUT_S * 10)  # before anything is downloaded
     if spec.device == "auto" and device.type == "cuda":
         kwargs["device_map"] = "auto"
     try:

@@ -12,7 +12,7 @@
   settings (`in_upload_folder`).
 - A hub model's weights, loaded, may take at most `max_model_mb` MiB (`KVLAB_MAX_MODEL_MB`; on by default on a
   public server, where one visitor typing a 70B id would otherwise download it and take the machine's memory);
-  `loading.check_hub_size` reads the size from the hub before anything is downloaded.
+  `hub_size.check_hub_size` reads the size from the hub before anything is downloaded.
 - `safe_line` reduces an error text (transformers', huggingface_hub's, the OS's) to one short line with
   absolute paths, home paths and `file://` addresses replaced by `<path>`.
 

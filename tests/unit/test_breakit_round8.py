@@ -180,3 +180,17 @@ def test_a_prompt_within_the_character_cap_is_read(tiny_tokenizer):
 
     ids = encode_prompt(tiny_tokenizer, "a b c " * 100, chat=False)
     assert 0 < ids.shape[1] <= MAX_PROMPT_TOKENS
+
+
+@pytest.mark.parametrize("field", [7, ["a"], {"source": "bundled"}])
+def test_a_model_field_that_is_not_text_is_one_line(field):
+    """Round 8, left open by the tester and fixed after: a raw API call sending a number or a list as a tab's
+    Model value crashed `ModelSpec.from_field` on `.strip` (gradio's generic error)."""
+    from kvlab.models.loading import ModelSpec
+
+    with pytest.raises(ValueError, match="must be text") as refused:
+        ModelSpec.from_field(field)
+    assert "\n" not in str(refused.value)
+    with pytest.raises(ValueError, match="dtype must be one of") as refused:
+        ModelSpec("bundled", "x" * 5000)
+    assert len(str(refused.value)) < 200
