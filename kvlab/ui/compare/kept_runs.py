@@ -172,7 +172,11 @@ def new_run_folder(prefix: str, owner: str | None = None) -> Path:
     folder = root / f"{prefix}{secrets.token_hex(EXPORT_TOKEN_BYTES)}"
     folder.mkdir(mode=0o700)
     if owner:
-        (folder / OWNER_FILE).write_text(owner_tag(owner), encoding="ascii")
+        try:
+            (folder / OWNER_FILE).write_text(owner_tag(owner), encoding="ascii")
+        except OSError:
+            shutil.rmtree(folder, ignore_errors=True)
+            raise
     return folder
 
 

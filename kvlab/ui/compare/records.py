@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
+import shutil
 import threading
 from pathlib import Path
 
@@ -28,10 +30,12 @@ from kvlab.compare.preset import Preset, load_preset, parse_preset
 from kvlab.protocol import RunDone, collect
 
 from ..shared.code import code_snippet
-from ..shared.exports import export_id_pattern
-from .kept_runs import kept_folder, new_run_folder, prune
+from ..shared.exports import export_id_pattern, fresh_export_folder
+from .kept_runs import RUNS_DIR_ENV, kept_folder, new_run_folder, prune
 from .form import RunPlan
 from .view import RunView
+
+logger = logging.getLogger(__name__)
 
 SHARE_PARAM = "run"
 """The URL query parameter of a share link: `?run=<share id>`."""
@@ -84,10 +88,36 @@ def write_exports(record: dict, rows: list[dict], owner: str | None = None) -> l
     when it expires.
     """
     folder = new_run_folder(SHARE_PREFIX, owner)
-    write_atomic(folder / EXPORT_NAMES[0], json.dumps(record, indent=1))
-    write_atomic(folder / EXPORT_NAMES[1], rows_to_csv(rows))
+    try:
+        write_atomic(folder / EXPORT_NAMES[0], json.dumps(record, indent=1))
+        write_atomic(folder / EXPORT_NAMES[1], rows_to_csv(rows))
+    except OSError:
+        shutil.rmtree(folder, ignore_errors=True)  # no folder without a share link's two files
+        raise
     prune(SHARE_PREFIX, keep=folder)
     return [str(folder / name) for name in EXPORT_NAMES]
+
+
+def keep_exports(record: dict, rows: list[dict], owner: str | None = None) -> tuple[list[str], str | None]:
+    """(export paths, note): `write_exports`' kept files and None; or, when the runs folder cannot take them
+    (full, read-only: any OSError), the same two files in a fresh folder under the system's temporary folder
+    (`kvlab.ui.shared.exports.fresh_export_folder`, offered for download, no share link) and a one-line note saying
+    why, naming `KVLAB_RUNS_DIR` and no server path. What the failed write made in the runs folder is removed.
+
+    Raises:
+        OSError: the temporary folder cannot take them either.
+    """
+    try:
+        return write_exports(record, rows, owner), None
+    except OSError as err:
+        logger.warning("cannot keep a result in the runs folder (%s): %s", RUNS_DIR_ENV, err)
+        reason = err.strerror or type(err).__name__
+    folder = fresh_export_folder("unkept-")
+    (folder / EXPORT_NAMES[0]).write_text(json.dumps(record, indent=1))
+    (folder / EXPORT_NAMES[1]).write_text(rows_to_csv(rows))
+    note = (f"this result has no share link: the server could not keep it ({reason}; "
+            f"{RUNS_DIR_ENV}); its record and CSV are offered below")
+    return [str(folder / name) for name in EXPORT_NAMES], note
 
 
 def share_id(exports: list[str]) -> str:

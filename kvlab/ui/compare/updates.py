@@ -32,7 +32,7 @@ from ..shared.live_plots import LivePlots
 from .view import RunView
 from ..shared.knobs import NO_STRATEGY, card_form, strategy_choices
 from .kept_runs import policy_text
-from .records import code_text, record_for, share_id, write_exports
+from .records import code_text, keep_exports, record_for, share_id
 from ..shared.theme import line_html, share_html, status_html
 
 TEXT_EVERY_S = 0.5
@@ -151,9 +151,12 @@ class CompareUpdater:
         for this result, else written now, kept for the client at address `owner`) and the link that opens this result again (`share_html`)."""
         headers, table = view.summary_table()
         rows, _ = view.summary()
-        exports = exports or write_exports(record, rows, owner)
+        note = None
+        if not exports:
+            exports, note = keep_exports(record, rows, owner)
+        share = line_html(note, "error") if note else share_html(share_id(exports), policy_text())
         return {self.summary: gr.update(value=table, headers=headers), self.results: gr.update(visible=True),
-                self.exports: offered_copies(exports), self.share: share_html(share_id(exports), policy_text()),
+                self.exports: offered_copies(exports), self.share: share,
                 self.summary_notes: view.summary_notes()}
 
     def recorded_cards(self, view: RunView, record: dict | None = None) -> dict:
