@@ -46,3 +46,28 @@ def test_a_writable_runs_folder_keeps_the_result_with_no_note(tmp_path, monkeypa
     monkeypatch.setenv(RUNS_DIR_ENV, str(tmp_path / "runs"))
     exports, note = records.keep_exports({"kind": "compare"}, [{"column": "dynamic"}], owner="10.0.0.1")
     assert note is None and Path(exports[0]).parent.parent == tmp_path / "runs"
+
+
+def test_a_kept_run_another_app_removes_meanwhile_is_skipped_by_prune(tmp_path, monkeypatch):
+    """Round 8, read from the code and fixed after: two apps on one runs folder, one pruning while the other
+    removes a folder, made `prune`'s `stat()` raise FileNotFoundError at the end of a run."""
+    from kvlab.ui.compare import kept_runs
+
+    monkeypatch.setenv("KVLAB_RUNS_DIR", str(tmp_path))
+    gone, kept = tmp_path / "kvlab-run-gone", tmp_path / "kvlab-run-kept"
+    for folder in (gone, kept):
+        folder.mkdir()
+        (folder / "kvlab-run.json").write_text("{}")
+    real_expired = kept_runs._expired
+
+    def expired_while_another_app_removes(folder, now):
+        answer = real_expired(folder, now)
+        if folder == gone:
+            import shutil
+
+            shutil.rmtree(gone)  # the other app removes it between this check and the next stat()
+        return answer
+
+    monkeypatch.setattr(kept_runs, "_expired", expired_while_another_app_removes)
+    assert kept_runs.prune("kvlab-run-", keep=kept) == []
+    assert kept.is_dir() and not gone.exists()

@@ -191,7 +191,8 @@ def _expired(folder: Path, now: float) -> bool:
 def prune(prefix: str, keep: Path | None = None, now: float | None = None) -> list[str]:
     """Remove the kept `<prefix>` folders that expired, then the oldest of `keep`'s client's while they take more
     than `client_max_bytes()`, then the oldest others while all of them take more than `max_bytes()`; `keep`
-    (the result just written) is never removed. Returns the names removed."""
+    (the result just written) is never removed. A folder that vanishes meanwhile (another app pruning the same
+    folder) is skipped. Returns the names removed."""
     now = time.time() if now is None else now
     removed = []
     with _lock:
@@ -200,11 +201,14 @@ def prune(prefix: str, keep: Path | None = None, now: float | None = None) -> li
                    if f.is_dir() and f.name.startswith(prefix)]
         alive = []
         for folder in folders:
-            if folder != keep and _expired(folder, now):
-                shutil.rmtree(folder, ignore_errors=True)
-                removed.append(folder.name)
-            else:
-                alive.append((folder.stat().st_mtime, folder, _size(folder)))
+            try:  # another app on the same folder may remove one meanwhile: it is simply gone
+                if folder != keep and _expired(folder, now):
+                    shutil.rmtree(folder, ignore_errors=True)
+                    removed.append(folder.name)
+                else:
+                    alive.append((folder.stat().st_mtime, folder, _size(folder)))
+            except FileNotFoundError:
+                continue
         alive.sort(key=lambda item: item[0])
         owner = _owner(keep) if keep is not None else None
         if owner is not None:
