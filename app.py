@@ -124,7 +124,7 @@ if __name__ == "__main__":
     from kvlab.measure.record_json import max_record_bytes
     from kvlab.models.sources import max_model_mb
     from kvlab.ui.compare.kept_runs import check_settings as check_kept_runs
-    from kvlab.ui.hosting.turns import proxy_hops
+    from kvlab.sharing.limits import proxy_hops
 
     try:
         queue_max_size()  # bad settings are said before anything loads

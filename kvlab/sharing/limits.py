@@ -70,3 +70,23 @@ class Limits:
                    runs_per_client=whole_setting(MAX_RUNS_PER_CLIENT_ENV, MAX_RUNS_PER_CLIENT, 1),
                    waiting=whole_setting(MAX_WAITING_ENV, MAX_WAITING, 0),
                    slots=whole_setting(MODEL_SLOTS_ENV, MODEL_SLOTS, 1))
+
+
+PROXY_HOPS_ENV = "KVLAB_PROXY_HOPS"
+MAX_PROXY_HOPS = 8
+"""Most proxies KVLAB_PROXY_HOPS may name."""
+
+
+def proxy_hops() -> int:
+    """KVLAB_PROXY_HOPS: how many proxies in front of the app append to X-Forwarded-For (0 to MAX_PROXY_HOPS);
+    unset or blank: 1 on a Hugging Face Space (SPACE_ID set, its own proxy in front), else 0.
+
+    Raises:
+        ValueError: the setting is not a whole number from 0 to MAX_PROXY_HOPS; the message names it.
+    """
+    if not os.environ.get(PROXY_HOPS_ENV, "").strip():
+        return 1 if os.environ.get("SPACE_ID") else 0
+    hops = whole_setting(PROXY_HOPS_ENV, 0, least=0)
+    if hops > MAX_PROXY_HOPS:
+        raise ValueError(f"{PROXY_HOPS_ENV} must be a whole number from 0 to {MAX_PROXY_HOPS}, got {hops}")
+    return hops

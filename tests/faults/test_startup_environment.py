@@ -72,6 +72,8 @@ def test_a_bad_queue_size_is_said_before_anything_loads(bad, tmp_path):
     ("KVLAB_RUNS_MAX_MB", "lots", "KVLAB_RUNS_MAX_MB must be a whole number >= 1, got 'lots'"),
     ("KVLAB_RUNS_DIR", "{blocked}/runs", "KVLAB_RUNS_DIR must be a folder the app can write"),
     ("KVLAB_STATE_SESSIONS", "0", "KVLAB_STATE_SESSIONS must be a whole number >= 1, got '0'"),
+    ("KVLAB_PROXY_HOPS", "9", "KVLAB_PROXY_HOPS must be a whole number from 0 to 8, got 9"),
+    ("KVLAB_MAX_MODEL_MB", "-5", "KVLAB_MAX_MODEL_MB must be a whole number >= 0 (0 = no cap), got '-5'"),
 ])
 def test_a_bad_shared_runs_setting_is_said_before_anything_loads(env, value, said, tmp_path):
     blocked = tmp_path / "a-file"

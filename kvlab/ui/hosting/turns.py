@@ -38,7 +38,7 @@ import anyio
 import gradio as gr
 
 from kvlab.sharing.cost import RunCost
-from kvlab.sharing.limits import Limits, whole_setting
+from kvlab.sharing.limits import PROXY_HOPS_ENV, Limits, proxy_hops  # noqa: F401 - PROXY_HOPS_ENV re-exported
 from kvlab.sharing.scheduler import Client, Refused, Scheduler, Ticket
 from kvlab.strategies.knob_yaml import brief
 
@@ -48,9 +48,6 @@ TOOL_POLL_S = 0.25
 """Seconds between an MCP tool's looks at its place in line."""
 MIN_SAMPLE_S = 2.0
 """A run that ended sooner (refused input, a model that failed to load) does not teach the rate."""
-PROXY_HOPS_ENV = "KVLAB_PROXY_HOPS"
-MAX_PROXY_HOPS = 8
-"""Most proxies KVLAB_PROXY_HOPS may name."""
 MODEL_BOUND = {"concurrency_limit": None}
 """gradio settings of a model-bound event: every one starts at once and waits for its turn here."""
 _SCHEDULER = Scheduler()
@@ -67,21 +64,6 @@ def configure(limits: Limits) -> None:
 
 
 # ----- who asks -----
-
-def proxy_hops() -> int:
-    """KVLAB_PROXY_HOPS: how many proxies in front of the app append to X-Forwarded-For (0 to MAX_PROXY_HOPS);
-    unset or blank: 1 on a Hugging Face Space (SPACE_ID set, its own proxy in front), else 0.
-
-    Raises:
-        ValueError: the setting is not a whole number from 0 to MAX_PROXY_HOPS; the message names it.
-    """
-    if not os.environ.get(PROXY_HOPS_ENV, "").strip():
-        return 1 if os.environ.get("SPACE_ID") else 0
-    hops = whole_setting(PROXY_HOPS_ENV, 0, least=0)
-    if hops > MAX_PROXY_HOPS:
-        raise ValueError(f"{PROXY_HOPS_ENV} must be a whole number from 0 to {MAX_PROXY_HOPS}, got {hops}")
-    return hops
-
 
 def client_address(request) -> str:
     """The caller's address (see the module's docstring); "unknown" when the request has none. With proxy hops
