@@ -194,3 +194,20 @@ def test_a_model_field_that_is_not_text_is_one_line(field):
     with pytest.raises(ValueError, match="dtype must be one of") as refused:
         ModelSpec("bundled", "x" * 5000)
     assert len(str(refused.value)) < 200
+
+
+def test_an_inspect_run_is_costed_for_its_three_caches_and_its_heavy_steps():
+    """Round 8, left open by the tester and fixed after: an Inspect run was costed as 2 columns of plain decode
+    steps, while it prefills three caches (its session and the lockstep pair) and each step (hooks, the pair,
+    per-layer diagnostics) took 0.38 s after a 64-token prompt and 0.97 s after 2,048, about 4 and 11 token
+    steps; an Inspect run near the prompt cap held the model far past its cost."""
+    from kvlab.sharing.cost import PREFILL_TOKENS_PER_STEP, prompt_tokens
+    from kvlab.ui.hosting.costs import INSPECT_CACHES, inspect_cost
+
+    assert INSPECT_CACHES == 3
+    for words, measured_steps_per_step in ((10, 4.4), (1500, 11)):
+        text = " ".join(["word"] * words)
+        prompt = prompt_tokens(text)
+        one, ten = inspect_cost(1, text).steps, inspect_cost(11, text).steps
+        assert (ten - one) / 10 >= measured_steps_per_step  # each step at least what it measured
+        assert one >= INSPECT_CACHES * prompt / PREFILL_TOKENS_PER_STEP  # three prefills

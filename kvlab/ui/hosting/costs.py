@@ -54,3 +54,22 @@ def stream_cost(caches: int, tokens, context=0) -> RunCost:
     """A teacher-forced pass (Perplexity, Report): `tokens` forwards of one token each per cache, after a
     `context` read in prefill."""
     return RunCost(columns=caches, new_tokens=whole(tokens), prompt_tokens=whole(context, 0))
+
+
+INSPECT_CACHES = 3
+"""Caches an Inspect run prefills and steps: its own stepped session and the lockstep pair (the strategy beside
+its reference)."""
+INSPECT_STEP_BASE = 5
+INSPECT_STEP_CONTEXT = 256
+"""One Inspect step costs INSPECT_STEP_BASE token steps plus one per INSPECT_STEP_CONTEXT prompt tokens: the
+hooked step, the lockstep pair and their per-layer diagnostics (on the bundled model with 2 cores a step took
+0.38 s after a 64-token prompt and 0.97 s after 2,048, when a token step takes about 0.09 s)."""
+
+
+def inspect_cost(steps, *texts: str | None) -> RunCost:
+    """An Inspect run: INSPECT_CACHES caches prefilled with a prompt made of `texts` (message, system prompt),
+    then up to `steps` steps, each costing INSPECT_STEP_BASE + prompt tokens ÷ INSPECT_STEP_CONTEXT token steps."""
+    prompt = prompt_tokens(*texts)
+    per_step = INSPECT_STEP_BASE + prompt // INSPECT_STEP_CONTEXT
+    return RunCost(columns=INSPECT_CACHES, new_tokens=-(-whole(steps) * per_step // INSPECT_CACHES),
+                   prompt_tokens=prompt)

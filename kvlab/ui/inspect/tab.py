@@ -21,7 +21,7 @@ from kvlab.inspect.inspector import InspectError, InspectSession
 from kvlab.inspect.loops import LOOP_VARIANTS
 from kvlab.generation import encode_prompt
 from kvlab.models.loading import ModelLoadError
-from kvlab.sharing.cost import RunCost, prompt_tokens
+from kvlab.sharing.cost import RunCost
 from kvlab.strategies import STRATEGIES, StrategyError, make_strategy
 from kvlab.strategies.base import parse_strategy_item
 
@@ -53,7 +53,7 @@ from .view import (
 from ..shared.knobs import card_form, knob_defaults, knob_text, max_knobs, strategy_choices
 from ..shared.model_picker import chat_box
 from ..shared.model_picker import model_dropdown
-from ..hosting.costs import whole
+from ..hosting.costs import inspect_cost, whole
 from ..shared.markup import md_code, md_text
 from ..shared.theme import line_html
 
@@ -170,8 +170,7 @@ class InspectTab:
         """`handler` on ZeroGPU's terms (`gpu_s_for`), taking its turn for the model (`turns.page_turn`): up to
         `count` steps of the strategy beside its reference, after the prompt."""
         def cost(data: dict, request: gr.Request | None = None) -> RunCost:
-            return RunCost(2, min(count, whole(data[self.max_new_tokens])),
-                           prompt_tokens(data[self.prompt], data[self.system]))
+            return inspect_cost(min(count, whole(data[self.max_new_tokens])), data[self.prompt], data[self.system])
         return turns.page_turn(zerogpu.gpu(handler, self.gpu_s_for(count)), cost, self.status, line_html)
 
     def on_step(self, data: dict, request: gr.Request):
